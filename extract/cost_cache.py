@@ -1,0 +1,186 @@
+"""Persistent cache of measured operator costs (one DuckDB file shared by every run).
+
+Owns the ``costs`` table and its import/export. Keys come from
+:meth:`relsat.extract.profile.OpSample.key`, so a row is only reused for the same
+operator signature, provider, thread count and onnxruntime version.
+
+Concurrency: DuckDB lets one process at a time open a database file for writing.
+``CostCache`` therefore never holds a connection between calls: every lookup, store,
+import or export opens the file, does its work in one statement batch and closes it
+again. When another process holds the file, DuckDB raises ``IOException("Could not set
+lock ...")``; the call is retried with a jittered exponential backoff (10 ms doubling up to
+0.5 s) for at most ``lock_timeout_s`` seconds in total, after which the error is re-raised.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import platformdirs
+
+_COLUMNS = "key, provider, threads, op_type, signature, ms, repeats, measured_at, ort_version"
+_SCHEMA = """CREATE TABLE IF NOT EXISTS {table}(
+    key VARCHAR PRIMARY KEY, provider VARCHAR, threads INTEGER, op_type VARCHAR, signature JSON,
+    ms DOUBLE, repeats INTEGER, measured_at TIMESTAMP, ort_version VARCHAR)"""
+_UPSERT = f"""INSERT INTO costs SELECT key::VARCHAR, provider::VARCHAR, threads::INTEGER,
+    op_type::VARCHAR, signature::JSON, ms::DOUBLE, repeats::INTEGER, measured_at::TIMESTAMP,
+    ort_version::VARCHAR FROM {{source}}
+    ON CONFLICT (key) DO UPDATE SET provider = excluded.provider, threads = excluded.threads,
+    op_type = excluded.op_type, signature = excluded.signature, ms = excluded.ms,
+    repeats = excluded.repeats, measured_at = excluded.measured_at,
+    ort_version = excluded.ort_version"""
+
+
+def default_path() -> Path:
+    """``$RELSAT_COST_CACHE`` if set, else ``<user cache dir>/relsat/costs.duckdb``."""
+    env = os.environ.get("RELSAT_COST_CACHE")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("relsat")) / "costs.duckdb"
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """One measured operator cost; ``signature`` is the human-readable ``OpSample.describe()``."""
+
+    key: str
+    provider: str
+    threads: int
+    op_type: str
+    signature: dict
+    ms: float
+    repeats: int
+    ort_version: str
+    measured_at: dt.datetime = field(default_factory=dt.datetime.now)
+
+
+def _object_array(values: Iterable[str]) -> np.ndarray:
+    return np.array(list(values), dtype=object)
+
+
+def _literal(path: str | os.PathLike) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+class CostCache:
+    """DuckDB-backed ``key -> ms`` store; see the module docstring for the locking policy."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, lock_timeout_s: float = 30.0):
+        self.path = Path(path) if path is not None else default_path()
+        self.lock_timeout_s = lock_timeout_s
+        self._closed = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._run(lambda con: con.execute(_SCHEMA.format(table="costs")))
+
+    def _run(self, work):
+        """Run ``work(con)`` on a short-lived connection, retrying while the file is locked."""
+        if self._closed:
+            raise ValueError(f"cost cache {self.path} is closed")
+        deadline, delay = time.monotonic() + self.lock_timeout_s, 0.01
+        while True:
+            try:
+                with duckdb.connect(str(self.path)) as con:
+                    return work(con)
+            except duckdb.IOException as exc:
+                if "Could not set lock" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(delay * random.uniform(0.5, 1.5), max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, 0.5)
+
+    def lookup(self, keys: list[str]) -> dict[str, float]:
+        """Cached ``ms`` for those of ``keys`` that are present (one query)."""
+        if not keys:
+            return {}
+        rows = self._run(lambda con: con.execute(
+            "SELECT key, ms FROM costs WHERE key IN (SELECT unnest(?::VARCHAR[]))", [list(keys)]
+        ).fetchall())
+        return dict(rows)
+
+    def store(self, rows: Iterable[CostRow]) -> int:
+        """Upsert ``rows`` in one statement (later duplicates of a key win); returns the count."""
+        rows = list({r.key: r for r in rows}.values())
+        if not rows:
+            return 0
+        frame = {
+            "key": _object_array(r.key for r in rows),
+            "provider": _object_array(r.provider for r in rows),
+            "threads": np.array([r.threads for r in rows], dtype=np.int32),
+            "op_type": _object_array(r.op_type for r in rows),
+            "signature": _object_array(json.dumps(r.signature, sort_keys=True) for r in rows),
+            "ms": np.array([r.ms for r in rows], dtype=np.float64),
+            "repeats": np.array([r.repeats for r in rows], dtype=np.int32),
+            "measured_at": np.array([r.measured_at for r in rows], dtype="datetime64[us]"),
+            "ort_version": _object_array(r.ort_version for r in rows),
+        }
+
+        def work(con):
+            con.register("new_costs", frame)
+            con.execute(_UPSERT.format(source="new_costs"))
+
+        self._run(work)
+        return len(rows)
+
+    def export(self, path: str | os.PathLike) -> None:
+        """Write the whole table to ``path``: CSV or Parquet by suffix, else a DuckDB file
+        whose ``costs`` table is replaced."""
+        path = Path(path)
+        if path.suffix.lower() in (".csv", ".parquet"):
+            fmt = "FORMAT csv, HEADER" if path.suffix.lower() == ".csv" else "FORMAT parquet"
+            self._run(lambda con: con.execute(f"COPY costs TO {_literal(path)} ({fmt})"))
+            return
+
+        def work(con):
+            con.execute(f"ATTACH {_literal(path)} AS dst")
+            con.execute("DROP TABLE IF EXISTS dst.costs")
+            con.execute(_SCHEMA.format(table="dst.costs"))
+            con.execute(f"INSERT INTO dst.costs SELECT {_COLUMNS} FROM costs")
+            con.execute("DETACH dst")
+
+        self._run(work)
+
+    def import_(self, path: str | os.PathLike) -> int:
+        """Upsert every row of an exported file (CSV, Parquet or DuckDB) into this cache;
+        imported rows replace local ones with the same key. Returns the number of rows read."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(path)
+        suffix = path.suffix.lower()
+
+        def work(con):
+            if suffix == ".csv":
+                source = f"read_csv({_literal(path)}, header = true, all_varchar = true)"
+            elif suffix == ".parquet":
+                source = f"read_parquet({_literal(path)})"
+            else:
+                con.execute(f"ATTACH {_literal(path)} AS src (READ_ONLY)")
+                source = "src.costs"
+            n = con.execute(f"SELECT count(*) FROM {source}").fetchone()[0]
+            con.execute(_UPSERT.format(source=f"(SELECT {_COLUMNS} FROM {source})"))
+            return n
+
+        return self._run(work)
+
+    merge_from = import_
+
+    def count(self) -> int:
+        return self._run(lambda con: con.execute("SELECT count(*) FROM costs").fetchone()[0])
+
+    def close(self) -> None:
+        """Mark the cache unusable; no connection is held between calls, so nothing else to do."""
+        self._closed = True
+
+    def __enter__(self) -> CostCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CostCache({str(self.path)!r})"

@@ -1,0 +1,516 @@
+"""Extraction algorithms: pick one e-node per needed e-class so the result is a cheap, acyclic DAG.
+
+This module owns the storage-independent part of extraction. Its input is an
+:class:`ExtractionProblem` (plain numpy arrays: the e-class and cost of every e-node and
+each node's child e-classes in CSR form, plus the root classes); its output is an
+:class:`Extraction` (class id -> chosen node index, DAG cost, solver status).
+
+* :func:`greedy_extract` -- the bottom-up tree-cost fixpoint of egg / TENSAT, vectorised
+  over the CSR arrays, followed by a sharing-aware local improvement of the DAG cost.
+* :func:`ilp_extract` -- exact DAG-cost extraction as a 0/1 program solved with HiGHS,
+  with topological-order constraints only on cyclic parts of the class graph; it never
+  returns anything worse than its warm start (greedy by default).
+* :func:`dag_cost`, :func:`validate_choice`, :func:`is_acyclic` -- checks on a choice.
+
+The DAG cost of a choice is the sum of the costs of its chosen nodes, each counted once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+_SHARE_ROUNDS = 8  # at most this many sharing-improvement passes after greedy
+
+
+@dataclass(frozen=True)
+class ExtractionProblem:
+    node_class: np.ndarray  # int64 (n,): the e-class id of each e-node (arbitrary ids)
+    node_cost: np.ndarray  # float64 (n,): cost of each e-node, finite and >= 0
+    child_ptr: np.ndarray  # int64 (n+1,): CSR offsets into child_class
+    child_class: np.ndarray  # int64: child e-class ids of each node, in order (may repeat)
+    roots: np.ndarray  # int64: e-classes that must be computed (graph outputs)
+
+
+@dataclass
+class Extraction:
+    choice: dict[int, int]  # e-class id -> chosen node index, exactly the classes reachable from the roots
+    cost: float  # DAG cost: sum of costs of chosen nodes, each counted once
+    method: str  # "greedy" | "ilp"
+    status: str  # "greedy", "optimal", "time_limit", "warm_start_kept", ...
+    bound: float | None  # ILP dual bound (None for greedy)
+    gap: float | None  # relative gap (cost - bound) / cost of the returned choice
+    seconds: float
+
+
+# ----------------------------------------------------------------------------- dense form
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """The problem over dense class indices, with each node's child classes deduplicated."""
+
+    class_ids: np.ndarray  # (C,) sorted original class ids; dense class k is class_ids[k]
+    ncls: np.ndarray  # (n,) dense class of each node
+    cost: np.ndarray  # (n,)
+    eptr: np.ndarray  # (n+1,) CSR offsets into echild
+    enode: np.ndarray  # (E,) node of each distinct (node, child class) edge
+    echild: np.ndarray  # (E,) dense child class of each edge, sorted within a node
+    selfloop: np.ndarray  # (n,) bool: node has its own class as a child (never usable)
+    roots: np.ndarray  # distinct dense root classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_ids)
+
+
+def _dense(p: ExtractionProblem) -> _Dense:
+    node_class = np.asarray(p.node_class, dtype=np.int64)
+    cost = np.asarray(p.node_cost, dtype=np.float64)
+    ptr = np.asarray(p.child_ptr, dtype=np.int64)
+    child = np.asarray(p.child_class, dtype=np.int64)
+    roots = np.asarray(p.roots, dtype=np.int64).ravel()
+    n = len(node_class)
+    if cost.shape != (n,) or ptr.shape != (n + 1,):
+        raise ValueError("node_cost must have shape (n,) and child_ptr shape (n+1,)")
+    if ptr[0] != 0 or ptr[-1] != len(child) or np.any(np.diff(ptr) < 0):
+        raise ValueError("child_ptr must be non-decreasing from 0 to len(child_class)")
+    if not np.all(np.isfinite(cost)) or np.any(cost < 0):
+        raise ValueError("node costs must be finite and >= 0")
+    class_ids = np.unique(np.concatenate([node_class, child, roots]))
+    nc = len(class_ids)
+    ncls = np.searchsorted(class_ids, node_class)
+    raw_node = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+    key = np.unique(raw_node * nc + np.searchsorted(class_ids, child))
+    enode, echild = key // max(nc, 1), key % max(nc, 1)
+    eptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(enode, minlength=n), out=eptr[1:])
+    selfloop = np.zeros(n, dtype=bool)
+    selfloop[enode[echild == ncls[enode]]] = True
+    return _Dense(class_ids, ncls, cost, eptr, enode, echild, selfloop,
+                  np.unique(np.searchsorted(class_ids, roots)))
+
+
+def _gather(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ptr[r]:ptr[r+1] for each r in rows, concatenated; and the segment lengths."""
+    starts, lens = ptr[rows], ptr[rows + 1] - ptr[rows]
+    total = int(lens.sum())
+    offsets = np.repeat(starts - np.cumsum(lens) + lens, lens)
+    return offsets + np.arange(total, dtype=np.int64), lens
+
+
+def _csr(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Group values by key in 0..size-1 as (ptr, values sorted by key)."""
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=size), out=ptr[1:])
+    return ptr, values[order]
+
+
+def _topo_order(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray | None:
+    """Kahn's order (parents first) of the graph v -> idx[ptr[v]:ptr[v+1]]; None if cyclic."""
+    indeg = np.bincount(idx, minlength=n).tolist()
+    ptr_l, idx_l = ptr.tolist(), idx.tolist()
+    order = [v for v in range(n) if indeg[v] == 0]
+    for v in order:  # `order` grows while we walk it
+        for w in idx_l[ptr_l[v]:ptr_l[v + 1]]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                order.append(w)
+    return np.array(order, dtype=np.int64) if len(order) == n else None
+
+
+def _scc(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """Strongly connected component label of each vertex (iterative Tarjan)."""
+    ptr_l, idx_l = ptr.tolist(), idx.tolist()
+    index, low, comp = [-1] * n, [0] * n, [-1] * n
+    on_stack = [False] * n
+    stack: list[int] = []
+    counter = ncomp = 0
+    for s in range(n):
+        if index[s] != -1:
+            continue
+        index[s] = low[s] = counter
+        counter += 1
+        stack.append(s)
+        on_stack[s] = True
+        work = [[s, ptr_l[s]]]
+        while work:
+            frame = work[-1]
+            v, i = frame
+            if i < ptr_l[v + 1]:
+                frame[1] = i + 1
+                w = idx_l[i]
+                if index[w] == -1:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append([w, ptr_l[w]])
+                elif on_stack[w] and index[w] < low[v]:
+                    low[v] = index[w]
+                continue
+            work.pop()
+            if work and low[v] < low[work[-1][0]]:
+                low[work[-1][0]] = low[v]
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    comp[w] = ncomp
+                    if w == v:
+                        break
+                ncomp += 1
+    return np.array(comp, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Best tree cost and chosen node (-1 if none) of every class, using only `usable` nodes.
+
+    Jacobi sweeps: a node's total (cost + sum of its distinct child classes' current costs)
+    is recomputed only when one of its children improved, and a class adopts a node only on
+    a strict improvement. Since class costs only decrease and floating-point sums of
+    non-negative terms are at least each term, a cycle of chosen nodes would force some
+    class's cost to be strictly below itself, so the chosen nodes are acyclic.
+    """
+    usable = usable & ~d.selfloop
+    nc = d.num_classes
+    val = np.full(nc, np.inf)
+    choice = np.full(nc, -1, dtype=np.int64)
+    use_edge = usable[d.enode]
+    rptr, rnode = _csr(d.echild[use_edge], d.enode[use_edge], nc)  # class -> parent nodes
+    nodes = np.flatnonzero(usable & (d.eptr[1:] == d.eptr[:-1]))  # leaves first
+    totals = d.cost[nodes]
+    while len(nodes):
+        cls = d.ncls[nodes]
+        order = np.lexsort((totals, cls))
+        cls, nodes, totals = cls[order], nodes[order], totals[order]
+        first = np.ones(len(cls), dtype=bool)
+        first[1:] = cls[1:] != cls[:-1]
+        cls, nodes, totals = cls[first], nodes[first], totals[first]
+        better = totals < val[cls]
+        cls = cls[better]
+        val[cls], choice[cls] = totals[better], nodes[better]
+        nodes = np.unique(rnode[_gather(rptr, cls)[0]])
+        if not len(nodes):
+            break
+        pos, lens = _gather(d.eptr, nodes)
+        sums = np.add.reduceat(val[d.echild[pos]], np.cumsum(lens) - lens)
+        totals = d.cost[nodes] + sums
+        keep = np.isfinite(totals)
+        nodes, totals = nodes[keep], totals[keep]
+    return val, choice
+
+
+def _reached(d: _Dense, choice: np.ndarray) -> np.ndarray:
+    """Boolean mask of the classes reachable from the roots through chosen nodes."""
+    seen = np.zeros(d.num_classes, dtype=bool)
+    frontier = d.roots
+    while len(frontier):
+        seen[frontier] = True
+        kids = d.echild[_gather(d.eptr, choice[frontier])[0]]
+        frontier = np.unique(kids[~seen[kids]])
+    return seen
+
+
+def _share(d: _Dense, choice: np.ndarray, alive: np.ndarray) -> None:
+    """Sharing-aware local search on the chosen DAG (in place).
+
+    Switches a class to another node whose children are all already chosen (and later in
+    a topological order of the chosen DAG, so no cycle can form) when that lowers the DAG
+    cost, counting the nodes that become unreachable. Reference counts track reachability.
+    """
+    eptr, echild, cost = d.eptr.tolist(), d.echild.tolist(), d.cost.tolist()
+    for _ in range(_SHARE_ROUNDS):
+        cls = np.flatnonzero(alive)
+        sub = np.full(d.num_classes, -1, dtype=np.int64)
+        sub[cls] = np.arange(len(cls))
+        pos, lens = _gather(d.eptr, choice[cls])
+        kid = sub[d.echild[pos]]
+        order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), kid, len(cls))
+        rank = np.full(d.num_classes, -1, dtype=np.int64)
+        rank[cls[order]] = np.arange(len(cls))
+        ok_edge = alive[d.echild] & (rank[d.echild] > rank[d.ncls[d.enode]])
+        bad = np.bincount(d.enode, weights=~ok_edge, minlength=len(d.cost))
+        cand = np.flatnonzero(alive[d.ncls] & (bad == 0) & ~d.selfloop
+                              & (choice[d.ncls] != np.arange(len(d.cost))))
+        refs = np.bincount(d.echild[pos], minlength=d.num_classes)
+        refs[d.roots] += 1
+        refs, alive_l, choice_l = refs.tolist(), alive.tolist(), choice.tolist()
+        improved = False
+        for n in cand.tolist():
+            c = int(d.ncls[n])
+            new_kids = echild[eptr[n]:eptr[n + 1]]
+            if not alive_l[c] or not all(alive_l[k] for k in new_kids):
+                continue
+            old = choice_l[c]
+            for k in new_kids:
+                refs[k] += 1
+            freed, dropped, stack = 0.0, [], [old]
+            while stack:  # release `old`'s children, cascading to classes left unreferenced
+                m = stack.pop()
+                for k in echild[eptr[m]:eptr[m + 1]]:
+                    refs[k] -= 1
+                    dropped.append(k)
+                    if refs[k] == 0:
+                        freed += cost[choice_l[k]]
+                        stack.append(choice_l[k])
+            if cost[n] - cost[old] - freed < -1e-12 * (cost[old] + freed):
+                choice_l[c] = n
+                for k in dropped:
+                    if refs[k] == 0:
+                        alive_l[k] = False
+                improved = True
+            else:
+                for k in dropped:
+                    refs[k] += 1
+                for k in new_kids:
+                    refs[k] -= 1
+        choice[:] = choice_l
+        alive[:] = alive_l
+        if not improved:
+            return
+
+
+def _extraction(d: _Dense, choice: np.ndarray, alive: np.ndarray, **kw) -> Extraction:
+    cls = np.flatnonzero(alive)
+    nodes = choice[cls]
+    return Extraction(choice=dict(zip(d.class_ids[cls].tolist(), nodes.tolist())),
+                      cost=float(d.cost[nodes].sum()), **kw)
+
+
+def _check_roots(d: _Dense, val: np.ndarray) -> None:
+    bad = d.roots[~np.isfinite(val[d.roots])]
+    if len(bad):
+        raise ValueError(f"root classes {d.class_ids[bad].tolist()} have no acyclic extraction")
+
+
+def greedy_extract(problem: ExtractionProblem, *, share: bool = True) -> Extraction:
+    """Greedy (tree-cost) extraction, then, if `share`, a sharing-aware DAG-cost improvement.
+
+    Raises ValueError if a root class has no acyclic extraction.
+    """
+    t0 = time.perf_counter()
+    d = _dense(problem)
+    val, choice = _fixpoint(d, np.ones(len(d.cost), dtype=bool))
+    _check_roots(d, val)
+    alive = _reached(d, choice)
+    if share:
+        _share(d, choice, alive)
+    return _extraction(d, choice, alive, method="greedy", status="greedy", bound=None,
+                       gap=None, seconds=time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- ILP
+
+
+def _relative_gap(cost: float, bound: float | None) -> float | None:
+    if bound is None:
+        return None
+    return max(0.0, cost - bound) / cost if cost > 0 else 0.0
+
+
+def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap: float = 1e-4,
+                warm_start: Extraction | None = None, threads: int = 1) -> Extraction:
+    """Minimum DAG-cost extraction as a 0/1 program solved by HiGHS.
+
+    Variables: x_n in {0,1} per node, and t_c in [0,1] per class in a cyclic strongly
+    connected component of the class graph. Constraints: each root class has a chosen node;
+    a chosen node's every child class has a chosen node; and for a chosen node of class a
+    with child class b in the same component, t_a - t_b >= eps (so chosen nodes are
+    acyclic). Nodes that are their own child, have a child class with no acyclic
+    extraction, or are unreachable from the roots are dropped first.
+
+    The warm start (greedy_extract's result if None) is passed to HiGHS and is returned,
+    with status "warm_start_kept", whenever the ILP yields no solution or a costlier one.
+    `threads` is HiGHS's thread count; HiGHS fixes it per process at the first solve, so
+    later calls with another value keep the first one.
+    """
+    t0 = time.perf_counter()
+    d = _dense(problem)
+    n = len(d.cost)
+    val, _ = _fixpoint(d, np.ones(n, dtype=bool))
+    _check_roots(d, val)
+    if warm_start is None:
+        warm_start = greedy_extract(problem)
+    else:
+        validate_choice(problem, warm_start.choice)
+
+    def finish(ext: Extraction, status: str, bound: float | None) -> Extraction:
+        return Extraction(choice=ext.choice, cost=ext.cost, method="ilp", status=status,
+                          bound=bound, gap=_relative_gap(ext.cost, bound),
+                          seconds=time.perf_counter() - t0)
+
+    if not len(d.roots):
+        return finish(warm_start, "optimal", 0.0)
+
+    # Candidate nodes, then those reachable from the roots through candidates.
+    bad_child = np.bincount(d.enode, weights=~np.isfinite(val[d.echild]), minlength=n) > 0
+    cand = ~d.selfloop & ~bad_child
+    cptr, cnode = _csr(d.ncls[cand], np.flatnonzero(cand), d.num_classes)
+    reached = np.zeros(d.num_classes, dtype=bool)
+    frontier = d.roots
+    while len(frontier):
+        reached[frontier] = True
+        kids = d.echild[_gather(d.eptr, cnode[_gather(cptr, frontier)[0]])[0]]
+        frontier = np.unique(kids[~reached[kids]])
+    keep = cand & reached[d.ncls]
+    nodes = np.flatnonzero(keep)  # column j <-> node nodes[j]
+    nx = len(nodes)
+    col = np.full(n, -1, dtype=np.int64)
+    col[nodes] = np.arange(nx)
+    kptr, kcol = _csr(d.ncls[nodes], np.arange(nx), d.num_classes)  # class -> its columns
+
+    # Root rows: sum of the class's x >= 1.
+    pos, lens = _gather(kptr, d.roots)
+    rows = [(lens, kcol[pos], np.ones(len(pos)), np.ones(len(lens)), np.full(len(lens), np.inf))]
+    # Child rows: x_n - sum_{m in child class} x_m <= 0.
+    edge = np.flatnonzero(keep[d.enode])
+    e_col, e_cls, e_par = col[d.enode[edge]], d.echild[edge], d.ncls[d.enode[edge]]
+    pos, lens = _gather(kptr, e_cls)
+    idx = np.empty(len(pos) + len(edge), dtype=np.int64)
+    vals = np.full(len(idx), -1.0)
+    heads = np.cumsum(lens + 1) - lens - 1
+    idx[heads], vals[heads] = e_col, 1.0
+    body = np.ones(len(idx), dtype=bool)
+    body[heads] = False
+    idx[body] = kcol[pos]
+    rows.append((lens + 1, idx, vals, np.full(len(edge), -np.inf), np.zeros(len(edge))))
+    # Order rows on class-graph edges inside cyclic components:
+    # t_a - t_b - (1 + eps) x_n >= -1, eps = 1 / component size.
+    gkey = np.unique(e_par * d.num_classes + e_cls)
+    gptr, gidx = _csr(gkey // d.num_classes, gkey % d.num_classes, d.num_classes)
+    comp = _scc(gptr, gidx, d.num_classes)
+    size = np.bincount(comp)
+    cyc = comp[e_par] == comp[e_cls]
+    tcls = np.flatnonzero(size[comp] > 1)
+    tcol = np.full(d.num_classes, -1, dtype=np.int64)
+    tcol[tcls] = nx + np.arange(len(tcls))
+    if cyc.any():
+        eps = 1.0 / size[comp[e_par[cyc]]]
+        m = int(cyc.sum())
+        rows.append((np.full(m, 3), np.stack([tcol[e_par[cyc]], tcol[e_cls[cyc]], e_col[cyc]], 1).ravel(),
+                     np.stack([np.ones(m), -np.ones(m), -(1.0 + eps)], 1).ravel(),
+                     np.full(m, -1.0), np.full(m, np.inf)))
+    row_len, a_index, a_value, row_lo, row_hi = (np.concatenate(z) for z in zip(*rows))
+    ncol, nrow = nx + len(tcls), len(row_len)
+    a_start = (np.cumsum(row_len) - row_len).astype(np.int32)
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("threads", int(threads))
+    h.passModel(ncol, nrow, len(a_index), int(highspy.MatrixFormat.kRowwise),
+                int(highspy.ObjSense.kMinimize), 0.0,
+                np.concatenate([d.cost[nodes], np.zeros(len(tcls))]), np.zeros(ncol), np.ones(ncol),
+                row_lo, row_hi, a_start, a_index.astype(np.int32), a_value,
+                np.concatenate([np.ones(nx), np.zeros(len(tcls))]).astype(np.int32))
+
+    # Warm start: x from the choice; t decreasing along a topological order of the choice.
+    ws_cls = np.searchsorted(d.class_ids, np.fromiter(warm_start.choice, np.int64))
+    ws_node = np.fromiter(warm_start.choice.values(), np.int64)
+    sub = np.full(d.num_classes, -1, dtype=np.int64)
+    sub[ws_cls] = np.arange(len(ws_cls))
+    pos, lens = _gather(d.eptr, ws_node)
+    order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), sub[d.echild[pos]], len(ws_cls))
+    start = np.zeros(ncol)
+    start[col[ws_node]] = 1.0
+    rank = np.full(d.num_classes, d.num_classes, dtype=np.int64)  # unchosen classes last
+    rank[ws_cls[order]] = np.arange(len(ws_cls))
+    by_comp = tcls[np.lexsort((rank[tcls], comp[tcls]))]
+    first = np.searchsorted(comp[by_comp], comp[by_comp])
+    start[tcol[by_comp]] = 1.0 - (np.arange(len(by_comp)) - first) / size[comp[by_comp]]
+    h.setSolution(ncol, np.arange(ncol, dtype=np.int32), start)
+
+    h.run()
+    info = h.getInfo()
+    model_status = h.getModelStatus()
+    status = {highspy.HighsModelStatus.kOptimal: "optimal",
+              highspy.HighsModelStatus.kTimeLimit: "time_limit"}.get(
+        model_status, h.modelStatusToString(model_status).lower().replace(" ", "_"))
+    bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
+    if info.primal_solution_status == 2:  # kSolutionStatusFeasible
+        x = np.asarray(h.getSolution().col_value[:nx])
+        used = np.zeros(n, dtype=bool)
+        used[nodes[x > 0.5]] = True
+        sval, schoice = _fixpoint(d, used)  # an acyclic extraction among the chosen nodes
+        if np.all(np.isfinite(sval[d.roots])):
+            ext = _extraction(d, schoice, _reached(d, schoice), method="ilp", status=status,
+                              bound=bound, gap=None, seconds=0.0)
+            if ext.cost <= warm_start.cost:
+                return finish(ext, status, bound)
+    return finish(warm_start, "warm_start_kept", bound)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def dag_cost(problem: ExtractionProblem, choice: dict[int, int]) -> float:
+    """Sum of the costs of the chosen nodes, each counted once."""
+    nodes = np.unique(np.fromiter(choice.values(), np.int64, len(choice)))
+    return float(np.asarray(problem.node_cost, dtype=np.float64)[nodes].sum())
+
+
+def _choice_graph(problem: ExtractionProblem, choice: dict[int, int]):
+    """Chosen classes (sorted), their nodes, CSR ptr over those nodes' child classes, the
+    child classes, and each child's position in the class array (-1 if not chosen)."""
+    cls = np.fromiter(choice, np.int64, len(choice))
+    node = np.fromiter(choice.values(), np.int64, len(choice))
+    order = np.argsort(cls)
+    cls, node = cls[order], node[order]
+    out = (node < 0) | (node >= len(problem.node_class))
+    if out.any():
+        raise ValueError(f"chosen node indices {node[out].tolist()} are out of range")
+    pos, lens = _gather(np.asarray(problem.child_ptr, dtype=np.int64), node)
+    kids = np.asarray(problem.child_class, dtype=np.int64)[pos]
+    at = np.searchsorted(cls, kids)
+    found = at < len(cls)
+    found[found] = cls[at[found]] == kids[found]
+    return cls, node, np.concatenate([[0], np.cumsum(lens)]), kids, np.where(found, at, -1)
+
+
+def is_acyclic(problem: ExtractionProblem, choice: dict[int, int]) -> bool:
+    """Whether the graph of chosen classes (class -> child classes of its chosen node) is acyclic."""
+    cls, _, ptr, _, kpos = _choice_graph(problem, choice)
+    inner = kpos >= 0
+    seg = np.repeat(np.arange(len(cls)), np.diff(ptr))
+    sptr = np.zeros(len(cls) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(seg[inner], minlength=len(cls)), out=sptr[1:])
+    return _topo_order(sptr, kpos[inner], len(cls)) is not None
+
+
+def validate_choice(problem: ExtractionProblem, choice: dict[int, int]) -> None:
+    """Raise ValueError unless `choice` is a valid extraction: every root chosen, each chosen
+    node in its class, every child class of a chosen node chosen, only classes reachable from
+    the roots chosen, and no cycle."""
+    cls, node, ptr, kids, kpos = _choice_graph(problem, choice)
+    roots = np.unique(np.asarray(problem.roots, dtype=np.int64))
+    missing = roots[~np.isin(roots, cls)]
+    if len(missing):
+        raise ValueError(f"root classes {missing.tolist()} are not chosen")
+    actual = np.asarray(problem.node_class, dtype=np.int64)[node]
+    wrong = actual != cls
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise ValueError(f"node {node[i]} chosen for class {cls[i]} belongs to class {actual[i]}")
+    if np.any(kpos < 0):
+        i = int(np.argmax(kpos < 0))
+        owner = int(np.searchsorted(ptr, i, side="right") - 1)
+        raise ValueError(f"child class {kids[i]} of node {node[owner]} (class {cls[owner]}) is not chosen")
+    seen = np.zeros(len(cls), dtype=bool)
+    frontier = np.searchsorted(cls, roots)
+    while len(frontier):
+        seen[frontier] = True
+        kids = kpos[_gather(ptr, frontier)[0]]
+        frontier = np.unique(kids[~seen[kids]])
+    if not seen.all():
+        raise ValueError(f"classes {cls[~seen].tolist()} are chosen but unreachable from the roots")
+    if not is_acyclic(problem, choice):
+        raise ValueError("the chosen nodes form a cycle")

@@ -1,0 +1,304 @@
+"""Measured per-operator costs: what one operator instance costs on a provider, in ms.
+
+Owns the operator signature (:class:`OpSample` and its cache key), the one-node model
+built to time it, and :func:`profile`, which answers from the :class:`CostCache` where it
+can and times the rest with ONNX Runtime (or, for ``provider="cuda"`` without
+onnxruntime-gpu, with PyTorch via :mod:`relsat.extract.torch_cuda`). Sessions use the same
+options as whole-model timing: ``threads`` intra-op threads, one inter-op thread,
+sequential execution, ``ORT_ENABLE_ALL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from .cost_cache import CostCache, CostRow
+
+IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
+FLUSH_EVERY = 200  # store new measurements every this many samples
+
+
+class ProviderUnavailable(RuntimeError):
+    """The requested execution provider cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One operator instance to time.
+
+    ``inputs`` are the runtime inputs ``(name, TensorProto dtype, shape)``; ``initializers``
+    are constant inputs (a Reshape's shape, Clip's bounds) and part of the signature.
+    ``node`` names its inputs/outputs with these names ("" for absent optional ones);
+    ``outputs`` are the node outputs to fetch.
+    """
+
+    node: onnx.NodeProto
+    inputs: tuple[tuple[str, int, tuple[int, ...]], ...]
+    initializers: tuple[onnx.TensorProto, ...]
+    outputs: tuple[str, ...]
+    opset: int = 17
+    domain_opsets: tuple[tuple[str, int], ...] = ()
+
+    def _slots(self) -> tuple[list, list[onnx.TensorProto]]:
+        """Name-free description of each node input, plus the constants in first-use order."""
+        runtime = {name: (dtype, tuple(shape)) for name, dtype, shape in self.inputs}
+        consts = {t.name: t for t in self.initializers}
+        order: dict[str, int] = {}
+        slots: list = []
+        for name in self.node.input:
+            if not name:
+                slots.append(None)
+                continue
+            idx = order.setdefault(name, len(order))
+            if name in runtime:
+                slots.append(["input", idx, runtime[name][0], list(runtime[name][1])])
+            elif name in consts:
+                slots.append(["const", idx, consts[name].data_type, list(consts[name].dims)])
+            else:
+                slots.append(["unbound", idx])
+        used = [consts[n] for n in order if n in consts and n not in runtime]
+        return slots, used
+
+    def key(self, provider: str, threads: int) -> str:
+        """sha256 of everything that determines the cost; node, input and output names excluded."""
+        slots, consts = self._slots()
+        fetched = [i for i, o in enumerate(self.node.output) if o and o in self.outputs]
+        head = [provider, threads, ort.__version__, self.node.op_type, self.node.domain,
+                self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
+        h = hashlib.sha256(json.dumps(head).encode())
+        for blob in [a.SerializeToString(deterministic=True)
+                     for a in sorted(self.node.attribute, key=lambda a: a.name)] + \
+                    [numpy_helper.to_array(t).tobytes() for t in consts]:
+            h.update(len(blob).to_bytes(8, "little") + blob)
+        return h.hexdigest()
+
+    def describe(self) -> dict:
+        """Human-readable, JSON-able signature (stored next to the cached cost)."""
+        slots, consts = self._slots()
+        values = {t.name: numpy_helper.to_array(t) for t in consts}
+
+        def entry(name, slot):
+            if slot is None or slot[0] == "unbound":
+                return slot and {"unbound": True}
+            out = {"dtype": onnx.TensorProto.DataType.Name(slot[2]), "shape": slot[3]}
+            if slot[0] == "const":
+                v = values[name]
+                out["value"] = _jsonable(v.tolist()) if v.size <= 64 else f"<{v.size} values>"
+            return out
+
+        return {
+            "op_type": self.node.op_type,
+            "domain": self.node.domain,
+            "opset": self.opset,
+            "attributes": {a.name: _jsonable(helper.get_attribute_value(a))
+                           for a in sorted(self.node.attribute, key=lambda a: a.name)},
+            "inputs": [entry(n, s) for n, s in zip(self.node.input, slots)],
+            "outputs": len(self.node.output),
+        }
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, onnx.TensorProto):
+        return _jsonable(numpy_helper.to_array(value).tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf/nan
+    if isinstance(value, (int, float, str)):
+        return value
+    return f"<{type(value).__name__}>"
+
+
+def build_model(sample: OpSample) -> onnx.ModelProto:
+    """A checker-valid one-node model; output types come from onnx shape inference.
+
+    Outputs that onnx cannot type (ops of non-default domains) are declared without a type
+    and left to onnxruntime; such models skip the checker.
+    """
+    opsets = [helper.make_opsetid("", sample.opset)] + [
+        helper.make_opsetid(d, v) for d, v in sample.domain_opsets]
+    inputs = [helper.make_tensor_value_info(n, t, list(s)) for n, t, s in sample.inputs]
+
+    def model(outputs):
+        graph = helper.make_graph([sample.node], sample.node.op_type, inputs, outputs,
+                                  initializer=list(sample.initializers))
+        return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
+
+    inferred = onnx.shape_inference.infer_shapes(model([]), strict_mode=True)
+    typed = {vi.name: vi for vi in inferred.graph.value_info}
+    result = model([typed.get(o) or helper.make_empty_tensor_value_info(o)
+                    for o in sample.outputs])
+    if all(o in typed for o in sample.outputs):
+        onnx.checker.check_model(result)
+    return result
+
+
+def _torch_cuda_available() -> bool:
+    try:
+        from . import torch_cuda
+    except ImportError:
+        return False
+    return torch_cuda.available()
+
+
+def available_providers() -> list[str]:
+    """Providers :func:`profile` accepts on this machine: ``"cpu"`` and possibly ``"cuda"``."""
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers() or _torch_cuda_available()
+    return ["cpu", "cuda"] if cuda else ["cpu"]
+
+
+def _backend(provider: str) -> str:
+    """The timing backend for ``provider``: ``cpu``, ``cuda`` (onnxruntime) or ``cuda-torch``.
+
+    It is also the provider recorded in the cache key: costs from different backends differ.
+    """
+    if provider == "cpu":
+        return "cpu"
+    if provider != "cuda":
+        raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return "cuda"
+    if _torch_cuda_available():
+        return "cuda-torch"
+    raise ProviderUnavailable(
+        "provider 'cuda' needs onnxruntime-gpu (CUDAExecutionProvider) or PyTorch with CUDA; "
+        f"neither is available (onnxruntime providers: {ort.get_available_providers()})")
+
+
+def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Runtime inputs: floats ~ N(0, 1), bools uniform, integers in [0, 4) (semantics unknown;
+    a Div/Mod divisor gets [1, 4) so that integer division never faults)."""
+    divisors = set(sample.node.input[1:2]) if sample.node.op_type in ("Div", "Mod") else set()
+    feeds = {}
+    for name, dtype, shape in sample.inputs:
+        np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+        if np_dtype == np.bool_:
+            feeds[name] = rng.random(shape) < 0.5
+        elif np.issubdtype(np_dtype, np.integer):
+            feeds[name] = rng.integers(int(name in divisors), 4, size=shape).astype(np_dtype)
+        elif np.issubdtype(np_dtype, np.floating):
+            feeds[name] = rng.standard_normal(shape).astype(np_dtype)
+        else:
+            raise ValueError(f"cannot generate a random {np_dtype} input for {name!r}")
+    return feeds
+
+
+def _median_ms(run, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if backend == "cuda" \
+        else ["CPUExecutionProvider"]
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+
+
+def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repeats: int,
+                 rng: np.random.Generator) -> float:
+    feeds = random_inputs(sample, rng)
+    if backend == "cuda-torch":
+        from . import torch_cuda
+        consts = {t.name: numpy_helper.to_array(t) for t in sample.initializers}
+        return torch_cuda.time_op(sample, {**consts, **feeds}, warmup, repeats)
+    session = _session(build_model(sample), backend, threads)
+    if backend == "cpu":
+        return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats)
+    binding = session.io_binding()  # CUDA: keep data on the device, time the kernels only
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for name in sample.outputs:
+        binding.bind_output(name, "cuda")
+    return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats)
+
+
+@dataclass
+class ProfileReport:
+    """Result of :func:`profile`: ``ms[i]`` is the cost of ``samples[i]`` (NaN on failure)."""
+
+    ms: np.ndarray
+    keys: list[str]
+    measured: int = 0  # new signatures timed successfully
+    cached: int = 0  # signatures answered by the cache
+    failures: dict[str, str] = field(default_factory=dict)  # key -> reason
+
+
+def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
+            cache: CostCache | None = None, warmup: int = 3, repeats: int = 10,
+            progress: bool = True, time_budget_s: float | None = None) -> ProfileReport:
+    """Median ms per sample over ``repeats`` timed runs after ``warmup`` runs.
+
+    Samples are deduplicated by key and looked up in ``cache`` first; each missing signature
+    gets its own session. New measurements are stored in batches of ``FLUSH_EVERY`` and at
+    the end (also on interruption). A sample that fails to build or run, or is not reached
+    within ``time_budget_s``, costs NaN and its reason is kept in ``report.failures``.
+    """
+    backend = _backend(provider)
+    keys = [s.key(backend, threads) for s in samples]
+    unique = dict(zip(keys, samples))
+    costs = cache.lookup(list(unique)) if cache is not None else {}
+    report = ProfileReport(ms=np.full(len(samples), np.nan), keys=keys, cached=len(costs))
+    missing = [k for k in unique if k not in costs]
+    pending: list[CostRow] = []
+
+    def flush():
+        if cache is not None and pending:
+            cache.store(pending)
+        pending.clear()
+
+    bar = None
+    if progress and len(missing) > 5:
+        from rich.progress import Progress
+        bar = Progress(transient=True)
+        task = bar.add_task(f"profiling {len(missing)} operators ({provider})", total=len(missing))
+        bar.start()
+    start = time.monotonic()
+    try:
+        for key in missing:
+            sample = unique[key]
+            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+                report.failures[key] = f"skipped: time budget of {time_budget_s} s exhausted"
+            else:
+                try:
+                    rng = np.random.default_rng(int(key[:16], 16))
+                    ms = _time_sample(sample, backend, threads, warmup, repeats, rng)
+                except Exception as exc:  # any failure costs NaN, never the whole profile
+                    report.failures[key] = f"{type(exc).__name__}: {exc}".strip()
+                else:
+                    costs[key] = ms
+                    report.measured += 1
+                    pending.append(CostRow(key, backend, threads, sample.node.op_type,
+                                           sample.describe(), ms, repeats, ort.__version__))
+                    if len(pending) >= FLUSH_EVERY:
+                        flush()
+            if bar is not None:
+                bar.advance(task)
+    finally:
+        if bar is not None:
+            bar.stop()
+        flush()
+    report.ms[:] = [costs.get(k, np.nan) for k in keys]
+    return report

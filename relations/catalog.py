@@ -1,0 +1,339 @@
+"""The operator catalog: the one source of truth about every operator relsat knows.
+
+Each entry (an ``OpDef``) gives the ONNX op_type, its inputs (e-class children,
+optional or variadic), its attributes with ONNX names, types and defaults, the
+number of outputs, and the shape, dtype and analytic-cost rules as DuckDB SQL
+expressions.  The DuckDB schema, the rule checker, ONNX import/export and the
+analytic cost model are all derived from this table; adding an operator is one
+entry here.
+
+Data inputs that ONNX passes as tensors but that are really parameters
+(Reshape's shape, Slice's starts/ends, Clip's min/max, ...) are *lifted* into
+attributes (``Input.lifted``): they import as attributes when constant and
+export back as initializers for opsets that want an input.
+
+SQL expressions see these names: ``s_<child>`` / ``d_<child>`` (shape as
+BIGINT[] and ONNX dtype of a child; for a variadic child ``s_<child>`` is a
+list of shapes), ``s_out`` (the node's own shape, in cost rules), and the
+attribute columns (quoted, e.g. ``"group"``).  A shape rule yields NULL when the
+node is invalid; such nodes are never inserted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REQUIRED = object()  # marks an attribute without a default
+
+SQL_TYPES = {"int": "BIGINT", "ints": "BIGINT[]", "float": "DOUBLE", "floats": "DOUBLE[]", "string": "VARCHAR"}
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    kind: str  # int | ints | float | floats | string
+    default: object = REQUIRED
+
+    @property
+    def sql_type(self) -> str:
+        return SQL_TYPES[self.kind]
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    optional: bool = False
+    variadic: bool = False
+
+    @property
+    def column(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Lifted:
+    """A tensor input of the ONNX op that relsat keeps as an attribute."""
+
+    input_index: int  # position among the ONNX node's inputs
+    attr: str  # the attribute that holds its value
+    since: int  # first opset where ONNX takes it as an input (before: an attribute)
+    dtype: int = 7  # ONNX dtype of the initializer written at export (7 = int64)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    op_type: str
+    inputs: tuple[Input, ...]
+    attrs: tuple[Attr, ...] = ()
+    shape: str = "s_x"
+    dtype: str | None = None  # default: dtype of the first input
+    outputs: int = 1  # 0 = a tuple whose arity follows from the attributes
+    tuple_shapes: str | None = None  # for tuple ops: SQL list of shapes
+    tuple_dtypes: str | None = None  # for tuple ops: SQL list of dtypes
+    flops: str = "prod(s_out)"
+    lifted: tuple[Lifted, ...] = ()
+    elementwise: bool = False
+    commutative: bool = False
+    leaf: bool = False  # no e-class children (inputs, weights, Constant)
+    canon: tuple[tuple[str, str], ...] = ()  # attribute -> SQL normalising it on insert
+
+    @property
+    def table(self) -> str:
+        return "op_" + self.op_type.lower()
+
+    @property
+    def child_columns(self) -> tuple[str, ...]:
+        return tuple(i.column for i in self.inputs)
+
+    @property
+    def variadic(self) -> bool:
+        return any(i.variadic for i in self.inputs)
+
+    def attr(self, name: str) -> Attr:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.op_type} has no attribute {name!r}")
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.outputs != 1
+
+
+# SQL macros used by the shape and cost rules (created with the schema).
+SQL_MACROS = """
+CREATE OR REPLACE MACRO prod(l) AS coalesce(list_aggregate(l, 'product'), 1)::BIGINT;
+CREATE OR REPLACE MACRO valid_shape(l) AS CASE WHEN l IS NOT NULL AND list_count(l) = len(l)
+    AND list_bool_and(list_transform(l, lambda d: d >= 0)) IS NOT false THEN l END;
+CREATE OR REPLACE MACRO bdim(a, n, i) AS CASE WHEN i >= n - len(a) THEN a[i - n + len(a) + 1] ELSE 1 END;
+CREATE OR REPLACE MACRO bcast(a, b) AS valid_shape(list_transform(range(greatest(len(a), len(b))), lambda i:
+    CASE WHEN bdim(a, greatest(len(a), len(b)), i) = bdim(b, greatest(len(a), len(b)), i)
+              OR bdim(b, greatest(len(a), len(b)), i) = 1 THEN bdim(a, greatest(len(a), len(b)), i)
+         WHEN bdim(a, greatest(len(a), len(b)), i) = 1 THEN bdim(b, greatest(len(a), len(b)), i) END));
+CREATE OR REPLACE MACRO matmul_shape(a, b) AS CASE
+    WHEN len(a) = 0 OR len(b) = 0 THEN NULL
+    WHEN len(a) = 1 AND len(b) = 1 THEN CASE WHEN a[1] = b[1] THEN []::BIGINT[] END
+    WHEN len(a) = 1 THEN CASE WHEN a[1] = b[-2] THEN b[1:len(b) - 2] || [b[-1]] END
+    WHEN len(b) = 1 THEN CASE WHEN a[-1] = b[1] THEN a[1:len(a) - 1] END
+    WHEN a[-1] = b[-2] THEN bcast(a[1:len(a) - 2], b[1:len(b) - 2]) || [a[-2], b[-1]] END;
+CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN ceil_mode = 0
+    THEN floor((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
+    ELSE ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
+         - CASE WHEN ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT * s >= i + p0 THEN 1 ELSE 0 END END;
+CREATE OR REPLACE MACRO window_shape(x, channels, k, s, p, d, ceil_mode) AS valid_shape(
+    [x[1], channels] || list_transform(range(len(k)), lambda i:
+        window_dim(x[i + 3], k[i + 1], s[i + 1], p[i + 1], p[i + 1 + len(k)], d[i + 1], ceil_mode)));
+CREATE OR REPLACE MACRO norm_axis(axis, rank) AS CASE WHEN axis < 0 THEN axis + rank ELSE axis END;
+CREATE OR REPLACE MACRO concat_shape(shapes, axis) AS CASE
+    WHEN list_bool_and(list_transform(shapes, lambda s: len(s) = len(shapes[1])
+        AND list_bool_and(list_transform(range(len(s)), lambda j: j = axis OR s[j + 1] = shapes[1][j + 1])) IS NOT false))
+     AND axis >= 0 AND axis < len(shapes[1])
+    THEN list_transform(range(len(shapes[1])), lambda i:
+        CASE WHEN i = axis THEN list_sum(list_transform(shapes, lambda s: s[axis + 1])) ELSE shapes[1][i + 1] END) END;
+CREATE OR REPLACE MACRO slice_dim(d, st, en, sp) AS greatest(0, ceil((least(greatest(en, -1), d) - least(st, d)) / sp))::BIGINT;
+"""
+
+_X = (Input("X"),)
+_AB = (Input("A"), Input("B"))
+_WINDOW = (
+    Attr("kernel_shape", "ints"),
+    Attr("strides", "ints"),
+    Attr("pads", "ints"),
+    Attr("dilations", "ints"),
+    Attr("ceil_mode", "int", 0),
+)
+
+
+def _unary(op: str, attrs: tuple[Attr, ...] = (), flops: str = "prod(s_out)") -> OpDef:
+    return OpDef(op, _X, attrs, shape="s_x", flops=flops, elementwise=True)
+
+
+def _binary(op: str, commutative: bool) -> OpDef:
+    return OpDef(op, _AB, shape="bcast(s_a, s_b)", elementwise=True, commutative=commutative)
+
+
+OPS: tuple[OpDef, ...] = (
+    # leaves: the tensor data stays outside the op tables
+    OpDef("Input", (), (Attr("name", "string"),), shape="NULL", dtype="NULL", flops="0", leaf=True),
+    OpDef("Weight", (), (Attr("ref", "int"),), shape="NULL", dtype="NULL", flops="0", leaf=True),
+    OpDef("Constant", (), (Attr("value_float", "float"),), shape="[]::BIGINT[]", dtype="1", flops="0", leaf=True),
+    OpDef(
+        "Conv",
+        (Input("X"), Input("W"), Input("B", optional=True)),
+        (Attr("group", "int", 1),) + _WINDOW[:4],
+        shape="CASE WHEN s_x[2] = s_w[2] * \"group\" AND s_w[1] % \"group\" = 0 AND (b = -1 OR s_b = [s_w[1]]) "
+        "THEN window_shape(s_x, s_w[1], kernel_shape, strides, pads, dilations, 0) END",
+        flops="2 * prod(s_out) * prod(s_w[2:])",
+    ),
+    OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]"),
+    OpDef(
+        "Gemm",
+        (Input("A"), Input("B"), Input("C", optional=True)),
+        (Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0), Attr("transA", "int", 0), Attr("transB", "int", 0)),
+        shape="CASE WHEN len(s_a) = 2 AND len(s_b) = 2 AND s_a[2 - \"transA\"] = s_b[1 + \"transB\"] "
+        "THEN [s_a[1 + \"transA\"], s_b[2 - \"transB\"]] END",
+        flops="2 * prod(s_out) * s_a[2 - \"transA\"]",
+    ),
+    _binary("Add", True),
+    _binary("Sub", False),
+    _binary("Mul", True),
+    _binary("Div", False),
+    _unary("Relu"),
+    _unary("Sigmoid", flops="4 * prod(s_out)"),
+    _unary("Tanh", flops="4 * prod(s_out)"),
+    _unary("Erf", flops="4 * prod(s_out)"),
+    _unary("Sqrt", flops="2 * prod(s_out)"),
+    _unary("LeakyRelu", (Attr("alpha", "float", 0.01),)),
+    _unary("Gelu", (Attr("approximate", "string", "none"),), flops="8 * prod(s_out)"),
+    OpDef(
+        "Clip",
+        _X,
+        (Attr("min", "float", float("-inf")), Attr("max", "float", float("inf"))),
+        lifted=(Lifted(1, "min", 11, 1), Lifted(2, "max", 11, 1)),
+        elementwise=True,
+    ),
+    OpDef("Identity", _X, flops="0"),
+    OpDef(
+        "Softmax",
+        _X,
+        (Attr("axis", "int", -1),),
+        canon=(("axis", "norm_axis(axis, len(s_x))"),),
+        flops="5 * prod(s_out)",
+    ),
+    OpDef(
+        "LayerNormalization",
+        (Input("X"), Input("Scale"), Input("B", optional=True)),
+        (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)),
+        canon=(("axis", "norm_axis(axis, len(s_x))"),),
+        flops="8 * prod(s_out)",
+    ),
+    OpDef(
+        "BatchNormalization",
+        (Input("X"), Input("scale"), Input("B"), Input("input_mean"), Input("input_var")),
+        (Attr("epsilon", "float", 1e-5), Attr("momentum", "float", 0.9)),
+        shape="CASE WHEN len(s_x) >= 2 AND s_scale = [s_x[2]] AND s_b = [s_x[2]] THEN s_x END",
+        flops="2 * prod(s_out)",
+    ),
+    OpDef(
+        "MaxPool",
+        _X,
+        _WINDOW,
+        shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
+        flops="prod(s_out) * prod(kernel_shape)",
+    ),
+    OpDef(
+        "AveragePool",
+        _X,
+        _WINDOW + (Attr("count_include_pad", "int", 0),),
+        shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
+        flops="prod(s_out) * prod(kernel_shape)",
+    ),
+    OpDef(
+        "GlobalAveragePool",
+        _X,
+        shape="CASE WHEN len(s_x) >= 3 THEN s_x[1:2] || list_transform(s_x[3:], lambda d: 1::BIGINT) END",
+        flops="prod(s_x)",
+    ),
+    OpDef(
+        "Concat",
+        (Input("inputs", variadic=True),),
+        (Attr("axis", "int"),),
+        shape="concat_shape(s_inputs, axis)",
+        canon=(("axis", "norm_axis(axis, len(s_inputs[1]))"),),
+        flops="0",
+    ),
+    OpDef(
+        "Split",
+        (Input("input"),),
+        (Attr("axis", "int", 0), Attr("split", "ints")),
+        outputs=0,
+        shape="NULL",
+        tuple_shapes="CASE WHEN axis >= 0 AND axis < len(s_input) AND list_sum(split) = s_input[axis + 1] "
+        "THEN list_transform(split, lambda p: list_transform(range(len(s_input)), lambda i: "
+        "CASE WHEN i = axis THEN p ELSE s_input[i + 1] END)) END",
+        tuple_dtypes="list_transform(split, lambda p: d_input)",
+        lifted=(Lifted(1, "split", 13),),
+        canon=(("axis", "norm_axis(axis, len(s_input))"),),
+        flops="0",
+    ),
+    OpDef(
+        "Slice",
+        (Input("data"),),
+        (Attr("starts", "ints"), Attr("ends", "ints"), Attr("axes", "ints"), Attr("steps", "ints")),
+        shape="valid_shape(list_transform(range(len(s_data)), lambda i: CASE WHEN list_contains(axes, i) "
+        "THEN slice_dim(s_data[i + 1], starts[list_position(axes, i)], ends[list_position(axes, i)], "
+        "steps[list_position(axes, i)]) ELSE s_data[i + 1] END))",
+        lifted=(Lifted(1, "starts", 10), Lifted(2, "ends", 10), Lifted(3, "axes", 10), Lifted(4, "steps", 10)),
+        flops="prod(s_out)",
+    ),
+    OpDef(
+        "Transpose",
+        (Input("data"),),
+        (Attr("perm", "ints"),),
+        shape="CASE WHEN len(perm) = len(s_data) AND list_sort(perm) = range(len(s_data)) "
+        "THEN list_transform(perm, lambda p: s_data[p + 1]) END",
+        flops="prod(s_out)",
+    ),
+    OpDef(
+        "Reshape",
+        (Input("data"),),
+        (Attr("shape", "ints"),),
+        shape="CASE WHEN prod(shape) = prod(s_data) AND list_bool_and(list_transform(shape, lambda d: d >= 0)) "
+        "IS NOT false THEN shape END",
+        lifted=(Lifted(1, "shape", 5),),
+        flops="0",
+    ),
+    OpDef(
+        "Flatten",
+        (Input("input"),),
+        (Attr("axis", "int", 1),),
+        shape="CASE WHEN axis >= 0 AND axis <= len(s_input) THEN [prod(s_input[1:axis]), prod(s_input[axis + 1:])] END",
+        canon=(("axis", "norm_axis(axis, len(s_input))"),),
+        flops="0",
+    ),
+    OpDef(
+        "Squeeze",
+        (Input("data"),),
+        (Attr("axes", "ints"),),
+        shape="CASE WHEN list_bool_and(list_transform(axes, lambda a: s_data[a + 1] = 1)) IS NOT false "
+        "THEN list_filter(s_data, lambda d, i: NOT list_contains(axes, i - 1)) END",
+        lifted=(Lifted(1, "axes", 13),),
+        flops="0",
+    ),
+    OpDef(
+        "Unsqueeze",
+        (Input("data"),),
+        (Attr("axes", "ints"),),
+        shape="list_transform(range(len(s_data) + len(axes)), lambda i: CASE WHEN list_contains(axes, i) THEN 1 "
+        "ELSE s_data[i + 1 - len(list_filter(axes, lambda a: a < i))] END)",
+        lifted=(Lifted(1, "axes", 13),),
+        flops="0",
+    ),
+    OpDef(
+        "Pad",
+        (Input("data"),),
+        (Attr("mode", "string", "constant"), Attr("pads", "ints"), Attr("value", "float", 0.0)),
+        shape="CASE WHEN len(pads) = 2 * len(s_data) THEN valid_shape(list_transform(range(len(s_data)), "
+        "lambda i: s_data[i + 1] + pads[i + 1] + pads[i + 1 + len(s_data)])) END",
+        lifted=(Lifted(1, "pads", 11), Lifted(2, "value", 11, 1)),
+        flops="prod(s_out)",
+    ),
+    # projection of one output of a tuple e-class (Split, multi-output opaque nodes)
+    OpDef("getitem", (Input("t"),), (Attr("index", "int"),), shape="ts_t[index + 1]", dtype="td_t[index + 1]", flops="0"),
+)
+
+BY_TYPE: dict[str, OpDef] = {op.op_type: op for op in OPS}
+LEAVES = tuple(op for op in OPS if op.leaf)
+
+
+def lookup(op_type: str) -> OpDef:
+    """The catalog entry for an op_type (ONNX spelling), or KeyError listing close names."""
+    try:
+        return BY_TYPE[op_type]
+    except KeyError:
+        raise KeyError(f"unknown operator {op_type!r}; known: {', '.join(sorted(BY_TYPE))}") from None
+
+
+def attr_default(op: OpDef, name: str) -> object:
+    a = op.attr(name)
+    return None if a.default is REQUIRED else a.default

@@ -1,0 +1,439 @@
+"""The e-graph: DuckDB tables plus set-oriented insertion, union and rebuild.
+
+``EGraph`` owns a DuckDB connection (in memory, or a file the user keeps).
+Every operation is a fixed number of SQL statements per operator table:
+
+* ``insert_from(op, source_sql)`` hash-conses a batch of nodes: candidate rows
+  get their shape, dtype and constness from the catalog's SQL rules, invalid
+  ones are dropped, new keys get fresh node and e-class ids from sequences, and
+  the e-class of every candidate row is returned as a temp table.
+* ``union(a, b)`` queues pairs; ``rebuild()`` merges them: connected components
+  by min-label propagation with pointer jumping, analyses merged (a shape
+  conflict is an error naming both e-classes), the union-find table extended,
+  op tables canonicalised with ``UPDATE ... FROM`` only where they touch a
+  displaced id, and congruent rows found by joining the touched rows against
+  their table on the key, repeated until nothing new is unioned.
+
+Python never loops over rows or e-nodes here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from .catalog import OPS, BY_TYPE, OpDef, REQUIRED
+from .schema import all_ddl, key_columns, q
+
+
+class InvariantError(AssertionError):
+    """An e-graph invariant (canonical children, congruence, one shape per e-class) is broken."""
+
+
+class ShapeConflict(ValueError):
+    """Two e-classes with different shapes or dtypes were unioned."""
+
+
+@dataclass
+class RebuildReport:
+    passes: int = 0
+    unions: int = 0  # distinct ids displaced
+    congruences: int = 0  # union pairs found by congruence
+    seconds: float = 0.0
+    skipped: bool = False
+
+
+@dataclass
+class InsertResult:
+    table: str  # temp table (rid, out) for every candidate row that has a node
+    new_nodes: int = 0
+
+
+def _sql_literal(value) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "'inf'::DOUBLE"
+        if value == float("-inf"):
+            return "'-inf'::DOUBLE"
+        return repr(value) + "::DOUBLE"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_sql_literal(v) for v in value) + "]"
+    return str(int(value))
+
+
+@dataclass
+class EGraph:
+    """An e-graph kept as DuckDB tables; ``path=None`` keeps it in memory."""
+
+    path: str | Path | None = None
+    read_only: bool = False
+    con: duckdb.DuckDBPyConnection = field(init=False, repr=False)
+    tensors: dict = field(init=False, repr=False, default_factory=dict)  # weight ref -> np.ndarray
+    live: set = field(init=False, default_factory=set)  # op tables that hold rows
+    pass_no: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.con = duckdb.connect(str(self.path) if self.path else ":memory:", read_only=self.read_only)
+        if not self.read_only:
+            for stmt in all_ddl():
+                self.con.execute(stmt)
+        tables = [op.table for op in OPS] + ["op_opaque"]
+        counts = self.con.execute(
+            " UNION ALL ".join(f"SELECT '{t}', count(*), coalesce(max(touched), 0) FROM {t}" for t in tables)
+        ).fetchall()
+        self.live = {t for t, n, _ in counts if n}
+        self.pass_no = max(p for _, _, p in counts)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def sql(self, query: str, params=None):
+        return self.con.execute(query, params or []).fetchall()
+
+    # ---------------------------------------------------------------- insert
+    def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
+                    result: str = "_ins") -> InsertResult:
+        """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
+        child columns and any attribute columns; omitted attributes take their defaults; leaves
+        also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added."""
+        src_cols = {c[0] for c in self.con.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()}
+        joins, cols = [], ["b.rid"]
+        for inp in op.inputs:
+            c = q(inp.column)
+            cols.append(f"b.{c}")
+            if inp.variadic:
+                joins.append(
+                    f"JOIN (SELECT u.rid, list(e.shape ORDER BY u.pos) AS s, list(e.dtype ORDER BY u.pos) AS d, "
+                    f"bool_and(e.is_const) AS k FROM (SELECT rid, unnest({c}) AS cid, generate_subscripts({c}, 1) AS pos "
+                    f"FROM ({source})) u JOIN eclass e ON e.id = u.cid GROUP BY u.rid) v_{inp.column} "
+                    f"ON v_{inp.column}.rid = b.rid"
+                )
+                cols += [f"v_{inp.column}.s AS s_{inp.column}", f"v_{inp.column}.d AS d_{inp.column}",
+                         f"v_{inp.column}.k AS k_{inp.column}"]
+            else:
+                alias = f"e_{inp.column}"
+                kind = "LEFT JOIN" if inp.optional else "JOIN"
+                joins.append(f"{kind} eclass {alias} ON {alias}.id = b.{c}")
+                cols += [f"{alias}.shape AS s_{inp.column}", f"{alias}.dtype AS d_{inp.column}",
+                         f"coalesce({alias}.is_const, b.{c} = -1) AS k_{inp.column}",
+                         f"{alias}.tuple_shapes AS ts_{inp.column}", f"{alias}.tuple_dtypes AS td_{inp.column}"]
+        for a in op.attrs:
+            if a.name in src_cols:
+                cols.append(f"b.{q(a.name)}::{a.sql_type} AS {q(a.name)}")
+            elif a.default is REQUIRED:
+                raise ValueError(f"{op.op_type}: attribute {a.name!r} has no default and was not given")
+            else:
+                cols.append(f"{_sql_literal(a.default)}::{a.sql_type} AS {q(a.name)}")
+        if op.leaf and op.op_type != "Constant":
+            cols += ["b.shape::BIGINT[] AS s_leaf", "b.dtype::INTEGER AS d_leaf"]
+        base = f"SELECT {', '.join(cols)} FROM ({source}) b {' '.join(joins)}"
+        canon = dict(op.canon)
+        canon_sel = ", ".join(f"{canon[a.name]} AS {q(a.name)}" for a in op.attrs if a.name in canon)
+        excl = ", ".join(q(a) for a in canon)
+        level2 = f"SELECT * EXCLUDE ({excl}), {canon_sel} FROM ({base})" if canon else base
+        if op.leaf and op.op_type != "Constant":
+            shape, dtype, const = "s_leaf", "d_leaf", ("false" if op.op_type == "Input" else "true")
+        else:
+            shape, dtype = op.shape, op.dtype or f"d_{op.child_columns[0]}"
+            const = " AND ".join(f"k_{c}" for c in op.child_columns) or "true"
+        tshapes = op.tuple_shapes or "NULL::BIGINT[][]"
+        tdtypes = op.tuple_dtypes or "NULL::INTEGER[]"
+        keys = key_columns(op)
+        keysel = ", ".join(q(k) for k in keys)
+        valid = "tuple_shapes IS NOT NULL" if op.is_tuple else "shape IS NOT NULL"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _cand AS SELECT * FROM (SELECT rid, {keysel}, "
+            f"({shape})::BIGINT[] AS shape, ({dtype})::INTEGER AS dtype, ({const}) AS is_const, "
+            f"({tshapes})::BIGINT[][] AS tuple_shapes, ({tdtypes})::INTEGER[] AS tuple_dtypes FROM ({level2})) "
+            f"WHERE {valid}"
+        )
+        on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM c.{q(k)}" for k in keys)
+        lim = f" LIMIT {int(limit)}" if limit is not None else ""
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT nextval('node_seq') AS id, {keysel}, "
+            f"nextval('class_seq') AS out, shape, dtype, is_const, tuple_shapes, tuple_dtypes FROM ("
+            f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {op.table} o WHERE {on}){lim})"
+        )
+        new = self.con.execute("SELECT count(*) FROM _new").fetchall()[0][0]
+        if new:
+            self.con.execute(
+                f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM _new"
+            )
+            self.con.execute(
+                f"INSERT INTO eclass SELECT out, shape, dtype, is_const, tuple_shapes, tuple_dtypes, {int(ts)} FROM _new"
+            )
+            self.live.add(op.table)
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.rid, o.out FROM _cand c JOIN {op.table} o ON {on}"
+        )
+        return InsertResult(result, new)
+
+    def add(self, op_type: str, children: dict | None = None, attrs: dict | None = None, *,
+            n: int | None = None, ts: int = 0) -> np.ndarray:
+        """Batch-add nodes of one operator from numpy columns; returns each row's e-class id.
+
+        ``children`` maps child columns to int64 arrays (-1 = absent optional input);
+        ``attrs`` maps attribute names to arrays or to one literal shared by all rows
+        (list attributes: a literal list, or an array of JSON strings); leaves (Input,
+        Weight) also take ``shape`` (literal or JSON strings) and ``dtype``."""
+        op = BY_TYPE[op_type]
+        children, attrs = dict(children or {}), dict(attrs or {})
+        if n is None:
+            sizes = [len(v) for v in children.values()] + [
+                len(v) for v in attrs.values() if isinstance(v, np.ndarray)]
+            n = sizes[0] if sizes else 1
+        frame = {"rid": np.arange(n, dtype=np.int64)}
+        select = ["rid"]
+        for name, col in children.items():
+            col = np.asarray(col, dtype=np.int64)
+            frame[name] = np.where(col == -1, col, self.find(col))
+            select.append(q(name))
+        leaf_kinds = {"shape": "ints", "dtype": "int"} if op.leaf else {}
+        for name, val in attrs.items():
+            kind = leaf_kinds[name] if name in leaf_kinds else op.attr(name).kind
+            if isinstance(val, np.ndarray):
+                frame[name] = val
+                expr = f"{q(name)}::VARCHAR::{'BIGINT[]' if kind == 'ints' else 'DOUBLE[]'}" \
+                    if kind in ("ints", "floats") else q(name)
+                select.append(f"{expr} AS {q(name)}")
+            else:
+                select.append(f"{_sql_literal(val)} AS {q(name)}")
+        self.con.register("_batch", frame)
+        try:
+            res = self.insert_from(op, f"SELECT {', '.join(select)} FROM _batch", ts=ts)
+        finally:
+            self.con.unregister("_batch")
+        out = self.con.execute(f"SELECT rid, out FROM {res.table} ORDER BY rid").fetchnumpy()
+        result = np.full(n, -1, dtype=np.int64)
+        result[out["rid"]] = out["out"]
+        if (result < 0).any():
+            bad = int(np.flatnonzero(result < 0)[0])
+            raise ShapeConflict(f"{op_type} row {bad}: the shape rule rejects its inputs or attributes")
+        return result
+
+    # ------------------------------------------------------------------ union
+    def union(self, a, b) -> None:
+        """Queue unions of e-class pairs (arrays); ``rebuild()`` applies them."""
+        frame = {"a": np.asarray(a, dtype=np.int64), "b": np.asarray(b, dtype=np.int64)}
+        self.con.register("_pairs", frame)
+        try:
+            self.con.execute("INSERT INTO pending SELECT a, b FROM _pairs WHERE a <> b")
+        finally:
+            self.con.unregister("_pairs")
+
+    def union_from(self, source: str) -> None:
+        """Queue unions from a SELECT of (a, b) pairs."""
+        self.con.execute(f"INSERT INTO pending SELECT * FROM ({source})")
+
+    def find(self, ids) -> np.ndarray:
+        frame = {"i": np.arange(len(ids), dtype=np.int64), "x": np.asarray(ids, dtype=np.int64)}
+        self.con.register("_ids", frame)
+        try:
+            r = self.con.execute(
+                "SELECT coalesce(u.root, x) AS r FROM _ids LEFT JOIN uf u ON u.id = x ORDER BY i").fetchnumpy()
+        finally:
+            self.con.unregister("_ids")
+        return r["r"].astype(np.int64)
+
+    # ---------------------------------------------------------------- rebuild
+    def _components(self) -> int:
+        """Turn pending pairs into ``_map(id, root)`` for every id that stops being canonical."""
+        c = self.con
+        c.execute(
+            "CREATE OR REPLACE TEMP TABLE _edges AS SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM ("
+            "SELECT coalesce(ua.root, p.a) AS x, coalesce(ub.root, p.b) AS y FROM pending p "
+            "LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub ON ub.id = p.b) WHERE x <> y"
+        )
+        c.execute("DELETE FROM pending")
+        if not c.execute("SELECT count(*) FROM _edges").fetchall()[0][0]:
+            return 0
+        c.execute("CREATE OR REPLACE TEMP TABLE _lbl AS SELECT n, min(l) AS l FROM ("
+                  "SELECT x, x FROM _edges UNION ALL SELECT y, x FROM _edges) t(n, l) GROUP BY n")
+        while True:
+            # hook each node to the smallest label among its neighbours, then jump pointers
+            c.execute(
+                "CREATE OR REPLACE TEMP TABLE _lbl2 AS SELECT n, least(l, coalesce(m, l)) AS l FROM _lbl LEFT JOIN ("
+                "SELECT e.y AS k, min(a.l) AS m FROM _edges e JOIN _lbl a ON a.n = e.x GROUP BY e.y UNION ALL "
+                "SELECT e.x, min(b.l) FROM _edges e JOIN _lbl b ON b.n = e.y GROUP BY e.x) h ON h.k = n")
+            c.execute(
+                "CREATE OR REPLACE TEMP TABLE _lbl2 AS SELECT n, min(l) AS l FROM (SELECT a.n, least(a.l, coalesce(b.l, a.l)) AS l "
+                "FROM _lbl2 a LEFT JOIN _lbl2 b ON b.n = a.l) GROUP BY n")
+            changed = c.execute("SELECT count(*) FROM _lbl a JOIN _lbl2 b USING (n) WHERE a.l <> b.l").fetchall()[0][0]
+            c.execute("CREATE OR REPLACE TEMP TABLE _lbl AS SELECT * FROM _lbl2")
+            if not changed:
+                break
+        c.execute("CREATE OR REPLACE TEMP TABLE _map AS SELECT n AS id, l AS root FROM _lbl WHERE n <> l")
+        return c.execute("SELECT count(*) FROM _map").fetchall()[0][0]
+
+    def _merge_analyses(self) -> None:
+        c = self.con
+        bad = c.execute(
+            "SELECT m.root, m.id, r.shape, e.shape, r.dtype, e.dtype FROM _map m JOIN eclass e ON e.id = m.id "
+            "JOIN eclass r ON r.id = m.root WHERE r.shape IS DISTINCT FROM e.shape OR r.dtype IS DISTINCT FROM e.dtype "
+            "OR r.tuple_shapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
+        if bad:
+            r, i, rs, es, rd, ed = bad[0]
+            raise ShapeConflict(
+                f"union of e-class {r} (shape {rs}, dtype {rd}) and e-class {i} (shape {es}, dtype {ed}): "
+                f"shapes or dtypes differ; nodes {self._describe_class(r)} and {self._describe_class(i)}")
+        c.execute(
+            "UPDATE eclass SET is_const = true FROM (SELECT m.root FROM _map m JOIN eclass e ON e.id = m.id "
+            "WHERE e.is_const) k WHERE eclass.id = k.root AND NOT eclass.is_const")
+        c.execute("DELETE FROM eclass WHERE id IN (SELECT id FROM _map)")
+        c.execute("UPDATE uf SET root = m.root FROM _map m WHERE uf.root = m.id")
+        c.execute("INSERT INTO uf SELECT id, root FROM _map")
+
+    def _describe_class(self, cid: int) -> str:
+        rows = self.con.execute("SELECT op, id FROM enodes WHERE eclass = ? LIMIT 3", [cid]).fetchall()
+        return ", ".join(f"{op}#{nid}" for op, nid in rows) or f"class {cid}"
+
+    def _canonicalize(self, op_table: str, child_cols: tuple[str, ...], variadic_cols: tuple[str, ...]) -> None:
+        c, p = self.con, self.pass_no
+        for col in child_cols + ("out",):
+            c.execute(f"UPDATE {op_table} SET {q(col)} = m.root, touched = {p} FROM _map m "
+                      f"WHERE {op_table}.{q(col)} = m.id")
+        for col in variadic_cols:
+            c.execute(
+                f"CREATE OR REPLACE TEMP TABLE _fix AS SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) AS v "
+                f"FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {op_table} "
+                f"WHERE list_has_any({q(col)}, (SELECT coalesce(list(id), []) FROM _map))) u "
+                f"LEFT JOIN _map m ON m.id = u.cid GROUP BY u.id")
+            c.execute(f"UPDATE {op_table} SET {q(col)} = f.v, touched = {p} FROM _fix f WHERE {op_table}.id = f.id")
+
+    def _congruence(self, op_table: str, keys: tuple[str, ...]) -> None:
+        c, p = self.con, self.pass_no
+        on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM t.{q(k)}" for k in keys)
+        c.execute(
+            f"CREATE OR REPLACE TEMP TABLE _cong AS SELECT t.id AS tid, o.id AS oid, t.out AS tout, o.out AS oout "
+            f"FROM {op_table} t JOIN {op_table} o ON {on} AND o.id <> t.id WHERE t.touched = {p}")
+        c.execute("INSERT INTO pending SELECT tout, oout FROM _cong WHERE tout <> oout")
+        c.execute(f"DELETE FROM {op_table} WHERE id IN (SELECT greatest(tid, oid) FROM _cong WHERE tout = oout)")
+
+    def _tables(self):
+        for op in OPS:
+            if op.table in self.live and not op.leaf:
+                fixed = tuple(i.column for i in op.inputs if not i.variadic)
+                var = tuple(i.column for i in op.inputs if i.variadic)
+                yield op.table, fixed, var, key_columns(op)
+        if "op_opaque" in self.live:
+            yield "op_opaque", (), ("inputs",), ("proto", "inputs")
+
+    def rebuild(self) -> RebuildReport:
+        """Apply pending unions and restore congruence, to a fixpoint."""
+        t0 = time.perf_counter()
+        report = RebuildReport()
+        if not self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]:
+            report.skipped = True
+            return report
+        displaced_const = False
+        while True:
+            merged = self._components()
+            if not merged:
+                break
+            report.passes += 1
+            report.unions += merged
+            self.pass_no += 1
+            displaced_const |= bool(self.con.execute(
+                "SELECT count(*) FROM _map m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root "
+                "WHERE e.is_const <> r.is_const").fetchall()[0][0])
+            self._merge_analyses()
+            for op in OPS:
+                if op.leaf and op.table in self.live:
+                    self._canonicalize(op.table, (), ())
+            tables = list(self._tables())
+            for table, fixed, var, _ in tables:
+                self._canonicalize(table, fixed, var)
+            before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
+            for table, _, _, keys in tables:
+                self._congruence(table, keys)
+            report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+            for op in OPS:  # leaves are keyed by name/ref, so their duplicates are congruent too
+                if op.leaf and op.table in self.live:
+                    self._congruence(op.table, key_columns(op))
+        if displaced_const:
+            self.propagate_const()
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def propagate_const(self) -> int:
+        """Mark e-classes computable from weights alone, to a fixpoint; returns classes marked."""
+        total = 0
+        while True:
+            changed = 0
+            for op in OPS:
+                if op.table not in self.live or op.leaf:
+                    continue
+                conds = []
+                for inp in op.inputs:
+                    col = q(inp.column)
+                    if inp.variadic:
+                        conds.append(f"NOT EXISTS (SELECT 1 FROM unnest(n.{col}) u(c) JOIN eclass k ON k.id = u.c "
+                                     f"WHERE NOT k.is_const)")
+                    else:
+                        conds.append(f"(n.{col} = -1 OR (SELECT is_const FROM eclass k WHERE k.id = n.{col}))")
+                changed += self.con.execute(
+                    f"UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM {op.table} n WHERE "
+                    f"{' AND '.join(conds)}) s WHERE eclass.id = s.out AND NOT eclass.is_const").fetchall()[0][0]
+            total += changed
+            if not changed:
+                return total
+
+    # ------------------------------------------------------------------ facts
+    def counts(self) -> dict:
+        enodes = self.con.execute("SELECT count(*) FROM enodes").fetchall()[0][0]
+        eclasses = self.con.execute("SELECT count(*) FROM eclass").fetchall()[0][0]
+        return {"enodes": enodes, "eclasses": eclasses}
+
+    def table_counts(self) -> dict[str, int]:
+        rows = self.con.execute("SELECT op, count(*) FROM enodes GROUP BY op ORDER BY op").fetchall()
+        return dict(rows)
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError unless: every child and out id is canonical and has an analysis
+        row, no two rows of a table share a key (congruence closed), and every node's shape rule
+        agrees with its e-class's shape."""
+        c = self.con
+        if c.execute("SELECT count(*) FROM pending").fetchall()[0][0]:
+            raise InvariantError("unions are pending: call rebuild() first")
+        for op in OPS:
+            cols = list(op.child_columns) + ["out"]
+            for col in cols:
+                expr = f"unnest({q(col)})" if col != "out" and op.variadic else q(col)
+                bad = c.execute(
+                    f"SELECT x FROM (SELECT {expr} AS x FROM {op.table}) WHERE x <> -1 AND (x IN (SELECT id FROM uf) "
+                    f"OR x NOT IN (SELECT id FROM eclass)) LIMIT 1").fetchall()
+                if bad:
+                    raise InvariantError(f"{op.table}.{col} holds non-canonical or unknown e-class {bad[0][0]}")
+            keys = ", ".join(q(k) for k in key_columns(op))
+            dup = c.execute(f"SELECT {keys}, count(*) FROM {op.table} GROUP BY ALL HAVING count(*) > 1 LIMIT 1").fetchall()
+            if dup:
+                raise InvariantError(f"{op.table}: {dup[0][-1]} rows share the key {dup[0][:-1]} (not congruence closed)")
+            if op.table in self.live and not op.leaf:
+                self._check_shapes(op)
+        bad = c.execute("SELECT x FROM (SELECT unnest(inputs) AS x FROM op_opaque UNION ALL SELECT out FROM op_opaque) "
+                        "WHERE x IN (SELECT id FROM uf) OR x NOT IN (SELECT id FROM eclass) LIMIT 1").fetchall()
+        if bad:
+            raise InvariantError(f"op_opaque holds non-canonical or unknown e-class {bad[0][0]}")
+        dup = c.execute("SELECT count(*) FROM (SELECT id FROM eclass GROUP BY id HAVING count(*) > 1)").fetchall()[0][0]
+        if dup:
+            raise InvariantError(f"{dup} e-classes have more than one analysis row")
+
+    def _check_shapes(self, op: OpDef) -> None:
+        cols = ", ".join(["id AS rid"] + [q(c) for c in key_columns(op)])
+        self.insert_from(op, f"SELECT {cols} FROM {op.table}", result="_shapecheck", limit=0)
+        bad = self.con.execute(
+            f"SELECT n.id, n.out, c.shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
+            f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.shape IS DISTINCT FROM e.shape "
+            f"OR c.dtype IS DISTINCT FROM e.dtype OR c.tuple_shapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
+        if bad:
+            nid, cid, got, want = bad[0]
+            raise InvariantError(f"{op.op_type} node {nid} computes shape {got} but its e-class {cid} has shape {want}")

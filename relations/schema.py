@@ -1,0 +1,96 @@
+"""DDL of the e-graph database, derived from the operator catalog.
+
+One table per operator (``op_conv``, ``op_matmul``, ...) with a node id, one
+BIGINT column per child e-class (-1 for an absent optional input; a BIGINT[]
+list for a variadic input), one typed column per attribute, the node's e-class
+``out``, the round ``ts`` it was added in, and ``touched`` (the rebuild pass
+that last rewrote the row, for incremental congruence).  Around them: the
+union-find (displaced ids only), pending unions, the per-e-class analyses, the
+side tables of weights and opaque nodes, and the user-facing views.
+"""
+
+from __future__ import annotations
+
+from .catalog import OPS, SQL_MACROS, OpDef
+
+
+def q(name: str) -> str:
+    """Quote an identifier (attribute names such as ``group`` are SQL keywords)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def key_columns(op: OpDef) -> tuple[str, ...]:
+    """The hash-consing key of an op table: its children, then its attributes."""
+    return op.child_columns + tuple(a.name for a in op.attrs)
+
+
+def table_ddl(op: OpDef) -> str:
+    cols = ["id BIGINT NOT NULL"]
+    for inp in op.inputs:
+        cols.append(f"{q(inp.column)} {'BIGINT[]' if inp.variadic else 'BIGINT'} NOT NULL")
+    for a in op.attrs:
+        cols.append(f"{q(a.name)} {a.sql_type}")
+    cols += ["out BIGINT NOT NULL", "ts INTEGER NOT NULL DEFAULT 0", "touched INTEGER NOT NULL DEFAULT 0"]
+    return f"CREATE TABLE IF NOT EXISTS {op.table} ({', '.join(cols)})"
+
+
+CORE_DDL = """
+CREATE SEQUENCE IF NOT EXISTS class_seq START 1;
+CREATE SEQUENCE IF NOT EXISTS node_seq START 1;
+CREATE TABLE IF NOT EXISTS op_opaque (id BIGINT NOT NULL, proto BIGINT NOT NULL, inputs BIGINT[] NOT NULL,
+    out BIGINT NOT NULL, ts INTEGER NOT NULL DEFAULT 0, touched INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS opaque_nodes (proto BIGINT PRIMARY KEY, op_type VARCHAR, domain VARCHAR,
+    node BLOB, n_outputs INTEGER, output_shapes BIGINT[][], output_dtypes INTEGER[]);
+CREATE TABLE IF NOT EXISTS weights (ref BIGINT PRIMARY KEY, name VARCHAR, dtype INTEGER, shape BIGINT[],
+    digest VARCHAR);
+CREATE TABLE IF NOT EXISTS eclass (id BIGINT NOT NULL, shape BIGINT[], dtype INTEGER, is_const BOOLEAN,
+    tuple_shapes BIGINT[][], tuple_dtypes INTEGER[], ts INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS uf (id BIGINT NOT NULL, root BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (a BIGINT NOT NULL, b BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS iterations (round INTEGER, enodes BIGINT, eclasses BIGINT, match_s DOUBLE,
+    apply_s DOUBLE, rebuild_s DOUBLE, applied BIGINT, unions BIGINT, stop_reason VARCHAR);
+CREATE TABLE IF NOT EXISTS rule_stats (round INTEGER, rule VARCHAR, matches BIGINT, applied BIGINT,
+    new_nodes BIGINT, seconds DOUBLE, banned BOOLEAN);
+"""
+
+
+def _attrs_json(op: OpDef) -> str:
+    if not op.attrs:
+        return "'{}'::JSON"
+    return "json_object(" + ", ".join(f"'{a.name}', {q(a.name)}" for a in op.attrs) + ")"
+
+
+def _children_list(op: OpDef) -> str:
+    if op.variadic:
+        return q(op.inputs[0].column)
+    if not op.inputs:
+        return "[]::BIGINT[]"
+    return "list_filter([" + ", ".join(q(c) for c in op.child_columns) + "], lambda c: c <> -1)"
+
+
+def enodes_view() -> str:
+    parts = [
+        f"SELECT id, '{op.op_type}' AS op, out AS eclass, {_children_list(op)} AS children, "
+        f"{_attrs_json(op)} AS attrs, ts FROM {op.table}"
+        for op in OPS
+    ]
+    parts.append(
+        "SELECT o.id, n.op_type AS op, o.out AS eclass, o.inputs AS children, "
+        "json_object('domain', n.domain) AS attrs, o.ts FROM op_opaque o JOIN opaque_nodes n USING (proto)"
+    )
+    return "CREATE OR REPLACE VIEW enodes AS\n" + "\nUNION ALL\n".join(parts)
+
+
+ECLASSES_VIEW = """
+CREATE OR REPLACE VIEW eclasses AS
+SELECT e.id, e.shape, e.dtype, e.is_const, e.tuple_shapes, coalesce(n.size, 0) AS size
+FROM eclass e LEFT JOIN (SELECT eclass, count(*) AS size FROM enodes GROUP BY eclass) n ON n.eclass = e.id
+"""
+
+
+def all_ddl() -> list[str]:
+    stmts = [s for s in (SQL_MACROS + CORE_DDL).split(";\n") if s.strip()]
+    stmts += [table_ddl(op) for op in OPS]
+    stmts += [enodes_view(), ECLASSES_VIEW]
+    return stmts
