@@ -249,17 +249,20 @@ def _bert(b: _Builder, seq: int, d: int, heads: int, layers: int) -> str:
     def rms(a):
         return float(np.sqrt(np.mean(a * a)))
 
+    def ref_heads(a):
+        return a.reshape(seq, heads, dk).transpose(1, 0, 2)
+
     x = b.relu(b.input("input", (seq, d)))
     ref = np.maximum(b.rng.standard_normal((seq, d)), 0)  # calibration input, see module doc
-    ref_heads = lambda a: a.reshape(seq, heads, dk).transpose(1, 0, 2)  # noqa: E731
     for _ in range(layers):
         wq, wk, wv, wo = (b.rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(4))
         q, k, v = (ref_heads(ref @ w) for w in (wq, wk, wv))
-        gain = rms(q @ k.transpose(0, 2, 1) @ v) / rms(ref)
-        wq, wk, wv = (w / gain ** (1 / 3) for w in (wq, wk, wv))
-        att = ref_heads(ref @ wq) @ ref_heads(ref @ wk).transpose(0, 2, 1) @ ref_heads(ref @ wv)
-        wo /= rms(att.transpose(1, 0, 2).reshape(seq, d) @ wo)
-        ref = att.transpose(1, 0, 2).reshape(seq, d) @ wo
+        att = (q @ k.transpose(0, 2, 1) @ v).transpose(1, 0, 2).reshape(seq, d)
+        gain = rms(att) / rms(ref)  # the attention is cubic in (wq, wk, wv): rescale to keep the RMS
+        wq, wk, wv = (w * gain ** (-1 / 3) for w in (wq, wk, wv))
+        att /= gain
+        wo /= rms(att @ wo)
+        ref = att @ wo
 
         q, k, v = (split_heads(b.linear(x, w.astype(np.float32))) for w in (wq, wk, wv))
         logits = b.matmul(q, b.transpose(k, (0, 2, 1)))
@@ -466,7 +469,7 @@ _ZOO = {
     "bert_encoder": (_bert_encoder, (128, 768, 12, 4), (32, 256, 4, 2)),
     "nasrnn": (_nasrnn, (5, 512), (2, 64)),
     "resnext50": (
-        _resnext := lambda b, *a: _resnet(b, *a, expansion=2, groups=32),
+        lambda b, *a: _resnet(b, *a, expansion=2, groups=32),
         ((1, 3, 224, 224), 64, (3, 4, 6, 3), (128, 256, 512, 1024)),
         ((1, 3, 64, 64), 16, (2, 1, 1, 1), (32, 64, 128, 256)),
     ),

@@ -239,6 +239,7 @@ OPS: tuple[OpDef, ...] = (
         (Input("inputs", variadic=True),),
         (Attr("axis", "int"),),
         shape="concat_shape(s_inputs, axis)",
+        dtype="CASE WHEN len(list_distinct(d_inputs)) = 1 THEN d_inputs[1] END",
         canon=(("axis", "norm_axis(axis, len(s_inputs[1]))"),),
         flops="0",
     ),

@@ -19,6 +19,7 @@ Python never loops over rows or e-nodes here.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +195,13 @@ class EGraph:
         frame = {"rid": np.arange(n, dtype=np.int64)}
         select = ["rid"]
         for name, col in children.items():
+            if op.variadic and name == op.inputs[0].column:  # one sequence of child ids per row
+                lens = [len(r) for r in col]
+                flat = self.find(np.concatenate([np.asarray(r, dtype=np.int64) for r in col]))
+                rows = np.split(flat, np.cumsum(lens)[:-1])
+                frame[name] = np.array([json.dumps(r.tolist()) for r in rows], dtype=object)
+                select.append(f"{q(name)}::VARCHAR::BIGINT[] AS {q(name)}")
+                continue
             col = np.asarray(col, dtype=np.int64)
             frame[name] = np.where(col == -1, col, self.find(col))
             select.append(q(name))
