@@ -149,18 +149,18 @@ class EGraph:
         tdtypes = op.tuple_dtypes or "NULL::INTEGER[]"
         keys = key_columns(op)
         keysel = ", ".join(q(k) for k in keys)
-        valid = "tuple_shapes IS NOT NULL" if op.is_tuple else "shape IS NOT NULL"
+        valid = "o_tshapes IS NOT NULL" if op.is_tuple else "o_shape IS NOT NULL"
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE _cand AS SELECT * FROM (SELECT rid, {keysel}, "
-            f"({shape})::BIGINT[] AS shape, ({dtype})::INTEGER AS dtype, ({const}) AS is_const, "
-            f"({tshapes})::BIGINT[][] AS tuple_shapes, ({tdtypes})::INTEGER[] AS tuple_dtypes FROM ({level2})) "
+            f"({shape})::BIGINT[] AS o_shape, ({dtype})::INTEGER AS o_dtype, ({const}) AS o_const, "
+            f"({tshapes})::BIGINT[][] AS o_tshapes, ({tdtypes})::INTEGER[] AS o_tdtypes FROM ({level2})) "
             f"WHERE {valid}"
         )
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM c.{q(k)}" for k in keys)
         lim = f" LIMIT {int(limit)}" if limit is not None else ""
         self.con.execute(
             f"CREATE OR REPLACE TEMP TABLE _new AS SELECT nextval('node_seq') AS id, {keysel}, "
-            f"nextval('class_seq') AS out, shape, dtype, is_const, tuple_shapes, tuple_dtypes FROM ("
+            f"nextval('class_seq') AS out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM ("
             f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
             f"(SELECT 1 FROM {op.table} o WHERE {on}){lim})"
         )
@@ -170,7 +170,7 @@ class EGraph:
                 f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM _new"
             )
             self.con.execute(
-                f"INSERT INTO eclass SELECT out, shape, dtype, is_const, tuple_shapes, tuple_dtypes, {int(ts)} FROM _new"
+                f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} FROM _new"
             )
             self.live.add(op.table)
         self.con.execute(
@@ -439,9 +439,9 @@ class EGraph:
         cols = ", ".join(["id AS rid"] + [q(c) for c in key_columns(op)])
         self.insert_from(op, f"SELECT {cols} FROM {op.table}", result="_shapecheck", limit=0)
         bad = self.con.execute(
-            f"SELECT n.id, n.out, c.shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
-            f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.shape IS DISTINCT FROM e.shape "
-            f"OR c.dtype IS DISTINCT FROM e.dtype OR c.tuple_shapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
+            f"SELECT n.id, n.out, c.o_shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
+            f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.o_shape IS DISTINCT FROM e.shape "
+            f"OR c.o_dtype IS DISTINCT FROM e.dtype OR c.o_tshapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
         if bad:
             nid, cid, got, want = bad[0]
             raise InvariantError(f"{op.op_type} node {nid} computes shape {got} but its e-class {cid} has shape {want}")
