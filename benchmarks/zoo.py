@@ -154,9 +154,10 @@ class _Builder:
         y = self.op("MatMul", [x, self.init(f"{name}.weight", w)], out, name=name)
         return y if bias is None else self.add(y, self.init(f"{name}.bias", bias))
 
-    def dense(self, x: str, n_out: int, bias: bool = True) -> str:
+    def dense(self, x: str, n_out: int) -> str:
+        """MatMul + Add with fresh random weight and bias."""
         n_in = self.shape[x][-1]
-        return self.linear(x, self.randn((n_in, n_out), n_in**-0.5), self.randn(n_out, 0.05) if bias else None)
+        return self.linear(x, self.randn((n_in, n_out), n_in**-0.5), self.randn(n_out, 0.05))
 
     def gemm(self, x: str, n_out: int) -> str:
         name, n_in = self.fresh("Gemm"), self.shape[x][1]
@@ -166,7 +167,7 @@ class _Builder:
 
     def layernorm(self, x: str) -> str:
         name, d = self.fresh("LayerNormalization"), self.shape[x][-1]
-        scale = self.init(f"{name}.scale", (1 + self.randn(d, 0.1)).astype(np.float32))
+        scale = self.init(f"{name}.scale", 1 + self.randn(d, 0.1))
         bias = self.init(f"{name}.bias", self.randn(d, 0.1))
         return self.op("LayerNormalization", [x, scale, bias], self.shape[x], name=name, axis=-1, epsilon=1e-12)
 
@@ -509,6 +510,8 @@ def save(model: onnx.ModelProto, path: str | Path) -> None:
     path = Path(path)
     weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
     if weight_bytes > _EXTERNAL_DATA_BYTES:
-        onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data")
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # saving with external data strips the weights from the proto it is given
+        onnx.save(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location=f"{path.name}.data")
     else:
         onnx.save(model, path)

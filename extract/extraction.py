@@ -310,6 +310,92 @@ def greedy_extract(problem: ExtractionProblem, *, share: bool = True) -> Extract
 # ----------------------------------------------------------------------------- ILP
 
 
+def _prune(d: _Dense, val: np.ndarray) -> np.ndarray:
+    """Nodes an acyclic extraction can use (not their own child, every child class
+    extractable) that are reachable from the roots through such nodes."""
+    n = len(d.cost)
+    bad_child = np.bincount(d.enode, weights=~np.isfinite(val[d.echild]), minlength=n) > 0
+    cand = ~d.selfloop & ~bad_child
+    cptr, cnode = _csr(d.ncls[cand], np.flatnonzero(cand), d.num_classes)
+    reached = np.zeros(d.num_classes, dtype=bool)
+    frontier = d.roots
+    while len(frontier):
+        reached[frontier] = True
+        kids = d.echild[_gather(d.eptr, cnode[_gather(cptr, frontier)[0]])[0]]
+        frontier = np.unique(kids[~reached[kids]])
+    return np.flatnonzero(cand & reached[d.ncls])
+
+
+@dataclass
+class _Model:
+    """The 0/1 program: columns are x for `nodes`, then t for `tcls`; rows in CSR."""
+
+    nodes: np.ndarray  # x column j <-> node nodes[j]
+    col: np.ndarray  # (n,) x column of each node, -1 if pruned
+    comp: np.ndarray  # (C,) strongly connected component of each class
+    size: np.ndarray  # size of each component
+    tcls: np.ndarray  # classes in cyclic components, with t column tcol[c]
+    tcol: np.ndarray  # (C,)
+    row_len: np.ndarray
+    a_index: np.ndarray
+    a_value: np.ndarray
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+
+
+def _model(d: _Dense, nodes: np.ndarray) -> _Model:
+    nx, nc = len(nodes), d.num_classes
+    col = np.full(len(d.cost), -1, dtype=np.int64)
+    col[nodes] = np.arange(nx)
+    kptr, kcol = _csr(d.ncls[nodes], np.arange(nx), nc)  # class -> its x columns
+    # Root rows: sum of the class's x >= 1.
+    pos, lens = _gather(kptr, d.roots)
+    rows = [(lens, kcol[pos], np.ones(len(pos)), np.ones(len(lens)), np.full(len(lens), np.inf))]
+    # Child rows, one per distinct (node, child class): x_n - sum_{m in child class} x_m <= 0.
+    edge = np.flatnonzero(col[d.enode] >= 0)
+    e_col, e_cls, e_par = col[d.enode[edge]], d.echild[edge], d.ncls[d.enode[edge]]
+    pos, lens = _gather(kptr, e_cls)
+    heads = np.cumsum(lens + 1) - lens - 1
+    body = np.ones(len(pos) + len(edge), dtype=bool)
+    body[heads] = False
+    idx = np.empty(len(body), dtype=np.int64)
+    idx[heads], idx[body] = e_col, kcol[pos]
+    rows.append((lens + 1, idx, np.where(body, -1.0, 1.0), np.full(len(edge), -np.inf), np.zeros(len(edge))))
+    # Order rows on class-graph edges inside cyclic components (self-loops are pruned):
+    # t_a - t_b - (1 + eps) x_n >= -1, i.e. t_a - t_b >= eps when x_n = 1, eps = 1 / component size.
+    gkey = np.unique(e_par * nc + e_cls)
+    comp = _scc(*_csr(gkey // nc, gkey % nc, nc), nc)
+    size = np.bincount(comp)
+    tcls = np.flatnonzero(size[comp] > 1)
+    tcol = np.full(nc, -1, dtype=np.int64)
+    tcol[tcls] = nx + np.arange(len(tcls))
+    cyc = comp[e_par] == comp[e_cls]
+    m = int(cyc.sum())
+    rows.append((np.full(m, 3), np.stack([tcol[e_par[cyc]], tcol[e_cls[cyc]], e_col[cyc]], 1).ravel(),
+                 np.stack([np.ones(m), -np.ones(m), -1.0 - 1.0 / size[comp[e_par[cyc]]]], 1).ravel(),
+                 np.full(m, -1.0), np.full(m, np.inf)))
+    return _Model(nodes, col, comp, size, tcls, tcol, *(np.concatenate(z) for z in zip(*rows)))
+
+
+def _start(d: _Dense, mdl: _Model, choice: dict[int, int]) -> np.ndarray:
+    """Column values of a valid choice: x from the choice, t decreasing by 1/size along a
+    topological order of the chosen classes within each cyclic component."""
+    cls = np.searchsorted(d.class_ids, np.fromiter(choice, np.int64, len(choice)))
+    node = np.fromiter(choice.values(), np.int64, len(choice))
+    sub = np.full(d.num_classes, -1, dtype=np.int64)
+    sub[cls] = np.arange(len(cls))
+    pos, lens = _gather(d.eptr, node)
+    order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), sub[d.echild[pos]], len(cls))
+    rank = np.full(d.num_classes, d.num_classes, dtype=np.int64)  # unchosen classes last
+    rank[cls[order]] = np.arange(len(cls))
+    start = np.zeros(len(mdl.nodes) + len(mdl.tcls))
+    start[mdl.col[node]] = 1.0
+    tc = mdl.tcls[np.lexsort((rank[mdl.tcls], mdl.comp[mdl.tcls]))]
+    within = np.arange(len(tc)) - np.searchsorted(mdl.comp[tc], mdl.comp[tc])
+    start[mdl.tcol[tc]] = 1.0 - within / mdl.size[mdl.comp[tc]]
+    return start
+
+
 def _relative_gap(cost: float, bound: float | None) -> float | None:
     if bound is None:
         return None
@@ -322,20 +408,22 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
 
     Variables: x_n in {0,1} per node, and t_c in [0,1] per class in a cyclic strongly
     connected component of the class graph. Constraints: each root class has a chosen node;
-    a chosen node's every child class has a chosen node; and for a chosen node of class a
-    with child class b in the same component, t_a - t_b >= eps (so chosen nodes are
-    acyclic). Nodes that are their own child, have a child class with no acyclic
-    extraction, or are unreachable from the roots are dropped first.
+    every child class of a chosen node has a chosen node; and for a chosen node of class a
+    with child class b in the same component, t_a - t_b >= eps, so chosen nodes are acyclic.
+    Objective: total cost of the chosen nodes. Nodes that are their own child, have a child
+    class with no acyclic extraction, or are unreachable from the roots are dropped first.
 
-    The warm start (greedy_extract's result if None) is passed to HiGHS and is returned,
-    with status "warm_start_kept", whenever the ILP yields no solution or a costlier one.
-    `threads` is HiGHS's thread count; HiGHS fixes it per process at the first solve, so
-    later calls with another value keep the first one.
+    `time_limit` (seconds) bounds the whole call; HiGHS gets what preprocessing left (HiGHS
+    itself may overrun it in phases that do not check the clock). The warm start (a valid
+    choice; greedy_extract's result if None) is passed to HiGHS and returned, with status
+    "warm_start_kept", whenever the ILP yields no solution or a costlier one. `threads` is
+    HiGHS's thread count; HiGHS fixes it per process at the first solve, so later calls
+    with another value keep the first one. Raises ValueError if a root class has no
+    acyclic extraction or the warm start is invalid.
     """
     t0 = time.perf_counter()
     d = _dense(problem)
-    n = len(d.cost)
-    val, _ = _fixpoint(d, np.ones(n, dtype=bool))
+    val, _ = _fixpoint(d, np.ones(len(d.cost), dtype=bool))
     _check_roots(d, val)
     if warm_start is None:
         warm_start = greedy_extract(problem)
@@ -343,103 +431,35 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
         validate_choice(problem, warm_start.choice)
 
     def finish(ext: Extraction, status: str, bound: float | None) -> Extraction:
-        return Extraction(choice=ext.choice, cost=ext.cost, method="ilp", status=status,
-                          bound=bound, gap=_relative_gap(ext.cost, bound),
-                          seconds=time.perf_counter() - t0)
+        return Extraction(choice=ext.choice, cost=ext.cost, method="ilp", status=status, bound=bound,
+                          gap=_relative_gap(ext.cost, bound), seconds=time.perf_counter() - t0)
 
     if not len(d.roots):
         return finish(warm_start, "optimal", 0.0)
-
-    # Candidate nodes, then those reachable from the roots through candidates.
-    bad_child = np.bincount(d.enode, weights=~np.isfinite(val[d.echild]), minlength=n) > 0
-    cand = ~d.selfloop & ~bad_child
-    cptr, cnode = _csr(d.ncls[cand], np.flatnonzero(cand), d.num_classes)
-    reached = np.zeros(d.num_classes, dtype=bool)
-    frontier = d.roots
-    while len(frontier):
-        reached[frontier] = True
-        kids = d.echild[_gather(d.eptr, cnode[_gather(cptr, frontier)[0]])[0]]
-        frontier = np.unique(kids[~reached[kids]])
-    keep = cand & reached[d.ncls]
-    nodes = np.flatnonzero(keep)  # column j <-> node nodes[j]
-    nx = len(nodes)
-    col = np.full(n, -1, dtype=np.int64)
-    col[nodes] = np.arange(nx)
-    kptr, kcol = _csr(d.ncls[nodes], np.arange(nx), d.num_classes)  # class -> its columns
-
-    # Root rows: sum of the class's x >= 1.
-    pos, lens = _gather(kptr, d.roots)
-    rows = [(lens, kcol[pos], np.ones(len(pos)), np.ones(len(lens)), np.full(len(lens), np.inf))]
-    # Child rows: x_n - sum_{m in child class} x_m <= 0.
-    edge = np.flatnonzero(keep[d.enode])
-    e_col, e_cls, e_par = col[d.enode[edge]], d.echild[edge], d.ncls[d.enode[edge]]
-    pos, lens = _gather(kptr, e_cls)
-    idx = np.empty(len(pos) + len(edge), dtype=np.int64)
-    vals = np.full(len(idx), -1.0)
-    heads = np.cumsum(lens + 1) - lens - 1
-    idx[heads], vals[heads] = e_col, 1.0
-    body = np.ones(len(idx), dtype=bool)
-    body[heads] = False
-    idx[body] = kcol[pos]
-    rows.append((lens + 1, idx, vals, np.full(len(edge), -np.inf), np.zeros(len(edge))))
-    # Order rows on class-graph edges inside cyclic components:
-    # t_a - t_b - (1 + eps) x_n >= -1, eps = 1 / component size.
-    gkey = np.unique(e_par * d.num_classes + e_cls)
-    gptr, gidx = _csr(gkey // d.num_classes, gkey % d.num_classes, d.num_classes)
-    comp = _scc(gptr, gidx, d.num_classes)
-    size = np.bincount(comp)
-    cyc = comp[e_par] == comp[e_cls]
-    tcls = np.flatnonzero(size[comp] > 1)
-    tcol = np.full(d.num_classes, -1, dtype=np.int64)
-    tcol[tcls] = nx + np.arange(len(tcls))
-    if cyc.any():
-        eps = 1.0 / size[comp[e_par[cyc]]]
-        m = int(cyc.sum())
-        rows.append((np.full(m, 3), np.stack([tcol[e_par[cyc]], tcol[e_cls[cyc]], e_col[cyc]], 1).ravel(),
-                     np.stack([np.ones(m), -np.ones(m), -(1.0 + eps)], 1).ravel(),
-                     np.full(m, -1.0), np.full(m, np.inf)))
-    row_len, a_index, a_value, row_lo, row_hi = (np.concatenate(z) for z in zip(*rows))
-    ncol, nrow = nx + len(tcls), len(row_len)
-    a_start = (np.cumsum(row_len) - row_len).astype(np.int32)
-
+    mdl = _model(d, _prune(d, val))
+    nx, ncol = len(mdl.nodes), len(mdl.nodes) + len(mdl.tcls)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", int(threads))
-    h.passModel(ncol, nrow, len(a_index), int(highspy.MatrixFormat.kRowwise),
+    h.setOptionValue("time_limit", max(1e-3, time_limit - (time.perf_counter() - t0)))
+    h.passModel(ncol, len(mdl.row_len), len(mdl.a_index), int(highspy.MatrixFormat.kRowwise),
                 int(highspy.ObjSense.kMinimize), 0.0,
-                np.concatenate([d.cost[nodes], np.zeros(len(tcls))]), np.zeros(ncol), np.ones(ncol),
-                row_lo, row_hi, a_start, a_index.astype(np.int32), a_value,
-                np.concatenate([np.ones(nx), np.zeros(len(tcls))]).astype(np.int32))
-
-    # Warm start: x from the choice; t decreasing along a topological order of the choice.
-    ws_cls = np.searchsorted(d.class_ids, np.fromiter(warm_start.choice, np.int64))
-    ws_node = np.fromiter(warm_start.choice.values(), np.int64)
-    sub = np.full(d.num_classes, -1, dtype=np.int64)
-    sub[ws_cls] = np.arange(len(ws_cls))
-    pos, lens = _gather(d.eptr, ws_node)
-    order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), sub[d.echild[pos]], len(ws_cls))
-    start = np.zeros(ncol)
-    start[col[ws_node]] = 1.0
-    rank = np.full(d.num_classes, d.num_classes, dtype=np.int64)  # unchosen classes last
-    rank[ws_cls[order]] = np.arange(len(ws_cls))
-    by_comp = tcls[np.lexsort((rank[tcls], comp[tcls]))]
-    first = np.searchsorted(comp[by_comp], comp[by_comp])
-    start[tcol[by_comp]] = 1.0 - (np.arange(len(by_comp)) - first) / size[comp[by_comp]]
-    h.setSolution(ncol, np.arange(ncol, dtype=np.int32), start)
-
+                np.concatenate([d.cost[mdl.nodes], np.zeros(len(mdl.tcls))]), np.zeros(ncol), np.ones(ncol),
+                mdl.row_lo, mdl.row_hi, (np.cumsum(mdl.row_len) - mdl.row_len).astype(np.int32),
+                mdl.a_index.astype(np.int32), mdl.a_value,
+                (np.arange(ncol) < nx).astype(np.int32))  # x integer, t continuous
+    h.setSolution(ncol, np.arange(ncol, dtype=np.int32), _start(d, mdl, warm_start.choice))
     h.run()
-    info = h.getInfo()
-    model_status = h.getModelStatus()
+
+    info, model_status = h.getInfo(), h.getModelStatus()
     status = {highspy.HighsModelStatus.kOptimal: "optimal",
               highspy.HighsModelStatus.kTimeLimit: "time_limit"}.get(
         model_status, h.modelStatusToString(model_status).lower().replace(" ", "_"))
     bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
-    if info.primal_solution_status == 2:  # kSolutionStatusFeasible
-        x = np.asarray(h.getSolution().col_value[:nx])
-        used = np.zeros(n, dtype=bool)
-        used[nodes[x > 0.5]] = True
+    if info.primal_solution_status == 2:  # kSolutionStatusFeasible: an incumbent exists
+        used = np.zeros(len(d.cost), dtype=bool)
+        used[mdl.nodes[np.asarray(h.getSolution().col_value[:nx]) > 0.5]] = True
         sval, schoice = _fixpoint(d, used)  # an acyclic extraction among the chosen nodes
         if np.all(np.isfinite(sval[d.roots])):
             ext = _extraction(d, schoice, _reached(d, schoice), method="ilp", status=status,

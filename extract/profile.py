@@ -75,9 +75,10 @@ class OpSample:
         head = [provider, threads, ort.__version__, self.node.op_type, self.node.domain,
                 self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
         h = hashlib.sha256(json.dumps(head).encode())
-        for blob in [a.SerializeToString(deterministic=True)
-                     for a in sorted(self.node.attribute, key=lambda a: a.name)] + \
-                    [numpy_helper.to_array(t).tobytes() for t in consts]:
+        blobs = [a.SerializeToString(deterministic=True)
+                 for a in sorted(self.node.attribute, key=lambda a: a.name)]
+        blobs += [numpy_helper.to_array(t).tobytes() for t in consts]
+        for blob in blobs:
             h.update(len(blob).to_bytes(8, "little") + blob)
         return h.hexdigest()
 
@@ -147,7 +148,7 @@ def build_model(sample: OpSample) -> onnx.ModelProto:
 def _torch_cuda_available() -> bool:
     try:
         from . import torch_cuda
-    except ImportError:
+    except (ImportError, OSError):  # no torch, or a torch whose CUDA libraries do not load
         return False
     return torch_cuda.available()
 

@@ -172,11 +172,11 @@ _OPS: dict[str, Callable] = {
 _SHAPE_ARGS = {"Reshape": {1}, "Split": {1}, "Slice": {1, 2, 3, 4}, "Clip": {1, 2}}
 
 
-def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) -> float:
-    """Median ms of the PyTorch equivalent of ``sample.node`` on CUDA (CUDA-event timing).
+def build(sample, values: dict[str, np.ndarray], device: str = "cuda") -> Callable[[], object]:
+    """A closure running the PyTorch equivalent of ``sample.node`` on ``device``.
 
     ``values`` holds every named input, runtime and constant. Shape-like inputs stay on the
-    host as numpy arrays; data inputs are copied to the device before timing.
+    host as numpy arrays; data inputs are copied to the device once, here.
     """
     node = sample.node
     if node.domain not in ("", "ai.onnx") or node.op_type not in _OPS:
@@ -184,7 +184,7 @@ def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) ->
                                   f"{node.op_type}")
     host = _SHAPE_ARGS.get(node.op_type, set())
     args = [None if not name else values[name] if i in host
-            else torch.from_numpy(np.ascontiguousarray(values[name])).cuda()
+            else torch.tensor(values[name], device=device)
             for i, name in enumerate(node.input)]
     while args and args[-1] is None:
         args.pop()
@@ -192,7 +192,12 @@ def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) ->
     attrs.setdefault("num_outputs", len(node.output))  # Split without sizes, as in opset 18
     if node.op_type == "Softmax" and sample.opset < 13:
         attrs.setdefault("axis", 1)
-    fn = _OPS[node.op_type](args, attrs)
+    return _OPS[node.op_type](args, attrs)
+
+
+def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) -> float:
+    """Median ms of :func:`build`'s closure on CUDA, timed with CUDA events."""
+    fn = build(sample, values)
     with torch.inference_mode():
         for _ in range(warmup):
             fn()

@@ -106,10 +106,10 @@ CREATE OR REPLACE MACRO prod(l) AS coalesce(list_aggregate(l, 'product'), 1)::BI
 CREATE OR REPLACE MACRO valid_shape(l) AS CASE WHEN l IS NOT NULL AND list_count(l) = len(l)
     AND list_bool_and(list_transform(l, lambda d: d >= 0)) IS NOT false THEN l END;
 CREATE OR REPLACE MACRO bdim(a, n, i) AS CASE WHEN i >= n - len(a) THEN a[i - n + len(a) + 1] ELSE 1 END;
-CREATE OR REPLACE MACRO bcast(a, b) AS valid_shape(list_transform(range(greatest(len(a), len(b))), lambda i:
+CREATE OR REPLACE MACRO bcast(a, b) AS CASE WHEN a = b THEN a ELSE valid_shape(list_transform(range(greatest(len(a), len(b))), lambda i:
     CASE WHEN bdim(a, greatest(len(a), len(b)), i) = bdim(b, greatest(len(a), len(b)), i)
               OR bdim(b, greatest(len(a), len(b)), i) = 1 THEN bdim(a, greatest(len(a), len(b)), i)
-         WHEN bdim(a, greatest(len(a), len(b)), i) = 1 THEN bdim(b, greatest(len(a), len(b)), i) END));
+         WHEN bdim(a, greatest(len(a), len(b)), i) = 1 THEN bdim(b, greatest(len(a), len(b)), i) END)) END;
 CREATE OR REPLACE MACRO matmul_shape(a, b) AS CASE
     WHEN len(a) = 0 OR len(b) = 0 THEN NULL
     WHEN len(a) = 1 AND len(b) = 1 THEN CASE WHEN a[1] = b[1] THEN []::BIGINT[] END
