@@ -28,11 +28,15 @@ Simplifications and deviations from the reference architectures:
 * ``nasnet_a`` follows TASO's cell wiring: every cell starts with ReLU-conv1x1-BN on
   both of its inputs (prev and cur are the same tensor in a stage's first cell, and
   always have the same resolution, so no factorized reduction is needed), separable
-  convs are a single ReLU-depthwise-pointwise-BN, each cell concatenates its five
-  combined pairs, and the model ends with ReLU, global average pool and Gemm.
+  convs are a single ReLU-depthwise-pointwise-BN with NASNet-A's kernel sizes
+  (3/5/7), each cell concatenates its five combined pairs, and the model ends with
+  ReLU, global average pool and Gemm.
 * ``vgg19``'s fully connected layers have 512 hidden units instead of 4096.
 * Dropout is omitted everywhere; ``squeezenet`` ends with its 1x1 classifier conv,
   ReLU and global average pool, the other CNNs with GlobalAveragePool+Flatten+Gemm.
+* BatchNormalization statistics are random (near identity), not activation
+  statistics, so activations grow along residual and concat paths: full-size
+  ResNet/ResNeXt/NASNet outputs have an RMS of about 1e3..1e5 (finite in float32).
 """
 
 import math

@@ -25,6 +25,7 @@ _ROLE_NAMES = {ECLASS: "an e-class (an input)", ATTR: "an attribute value"}
 _KIND_NAMES = {"int": "an int", "float": "a float", "string": "a string", "ints": "a list of ints",
                "floats": "a list of floats"}  # fmt: skip
 _SCALARS = {"int": (int,), "float": (int, float), "string": (str,)}
+_TYPE_NAMES = {int: "an int", float: "a float", str: "a string"}
 
 
 def variables(node, role: str = ATTR) -> Iterator[tuple[Var, str]]:
@@ -115,8 +116,8 @@ class _Checker:
         for (name, value), loc in zip(node.attrs, locs):
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1)
-                raise self.error(loc, f"{node.op} has no attribute :{name}" + (
-                    f"; did you mean :{close[0]}?" if close else f" (attributes: {', '.join(known) or 'none'})"))
+                hint = f"did you mean :{close[0]}?" if close else f"it has {', '.join(known) or 'none'}"
+                raise self.error(loc, f"{node.op} has no attribute :{name}; {hint}")
             if name in given:
                 raise self.error(loc, f"attribute :{name} given twice")
             given.add(name)
@@ -187,5 +188,5 @@ def _bad_value(value, kind: str):
 
 def _describe(node) -> str:
     if isinstance(node, Lit):
-        return f"{_KIND_NAMES[{int: 'int', float: 'float', str: 'string'}[type(node.value)]]} {node.value!r}"
+        return f"{_TYPE_NAMES.get(type(node.value), 'a value')} {node.value!r}"
     return "a list"

@@ -1,0 +1,249 @@
+"""The rule front end: fixture tables of rule text -> core IR, of bad rule text -> error, and round trips."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relsat.programs.checker import check_ruleset
+from relsat.programs.ir import (
+    Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleError, RuleSet, ShapeOf,
+    SourceLoc, Term, Var,
+)  # fmt: skip
+from relsat.programs.parser import format_rule, load_rules, parse_rules
+
+
+def T(op, *children, attrs=(), index=None):
+    return Term(op, tuple(attrs), children, index)
+
+
+a, b, c, d, g, k, n, p, s, v, w, x, y = (Var(name) for name in "abcdgknpsvwxy")
+w1, w2, n1, n2, eps = Var("w1"), Var("w2"), Var("n1"), Var("n2"), Var("eps")
+GEMM_DEFAULTS = (("alpha", Lit(1.0)), ("beta", Lit(1.0)), ("transA", Lit(0)), ("transB", Lit(0)))
+CONV_ATTRS = (("group", g), ("kernel_shape", k), ("strides", s), ("pads", p), ("dilations", d))
+ASSOC_L, ASSOC_R = T("MatMul", T("MatMul", a, b), c), T("MatMul", a, T("MatMul", b, c))
+MERGED = T("Split", T("MatMul", x, T("Concat", w1, w2, attrs=[("axis", Lit(1))])),
+           attrs=[("axis", Lit(-1)), ("split", ListOf((n1, n2)))])  # fmt: skip
+
+MERGE_MATMUL = """\
+# merge two matmuls that share an input
+merge-matmul: (MatMul ?x ?w1), (MatMul ?x ?w2)   # two patterns
+           => (getitem 0 (Split :axis -1 :split (?n1 ?n2) (MatMul ?x (Concat :axis 1 ?w1 ?w2)))),
+              (getitem 1 (Split :axis -1 :split (?n1 ?n2) (MatMul ?x (Concat :axis 1 ?w1 ?w2))))
+              if (const ?w1) (const ?w2) (rank ?w1 2) (= (dim ?w1 0) (dim ?w2 0))
+                 (let ?n1 (dim ?w1 1)) (let ?n2 (dim ?w2 1))
+"""
+
+# (rule text, the core rules it desugars to)
+GOOD = [
+    ("relu-idem: (Relu (Relu ?x)) => (Relu ?x)",
+     [Rule("relu-idem", (T("Relu", T("Relu", x)),), (T("Relu", x),))]),
+    # a bare variable on the right side
+    ("identity: (Identity ?x) => ?x",
+     [Rule("identity", (T("Identity", x),), (x,))]),
+    # an attribute variable; a variadic op
+    ("relu-concat:  (Concat :axis ?k (Relu ?x) (Relu ?y)) => (Relu (Concat :axis ?k ?x ?y))",
+     [Rule("relu-concat", (T("Concat", T("Relu", x), T("Relu", y), attrs=[("axis", k)]),),
+           (T("Relu", T("Concat", x, y, attrs=[("axis", k)])),))]),
+    # attributes among the children, put in catalog order; 1 for a float is 1.0; on the left the omitted
+    # :beta matches any value and the omitted optional C means absent
+    ("gemm-matmul: (Gemm ?a :transB 0 ?b :alpha 1 :transA 0) => (MatMul ?a ?b)",
+     [Rule("gemm-matmul", (T("Gemm", a, b, Absent(), attrs=[("alpha", Lit(1.0)), ("transA", Lit(0)), ("transB", Lit(0))]),),
+           (T("MatMul", a, b),))]),
+    # on the right every attribute is present, defaults filled; (rank ?v N) is a comparison
+    ("matmul-gemm: (MatMul ?a ?b) => (Gemm ?a ?b) if (rank ?a 2) (rank ?b 2)",
+     [Rule("matmul-gemm", (T("MatMul", a, b),), (T("Gemm", a, b, Absent(), attrs=GEMM_DEFAULTS),),
+           conditions=(Cmp("=", Rank(a), Lit(2)), Cmp("=", Rank(b), Lit(2))))]),
+    # <=> gives two core rules
+    ("matmul-assoc: (MatMul (MatMul ?a ?b) ?c) <=> (MatMul ?a (MatMul ?b ?c))   # trailing comment",
+     [Rule("matmul-assoc", (ASSOC_L,), (ASSOC_R,), bidirectional_of="matmul-assoc"),
+      Rule("matmul-assoc-rev", (ASSOC_R,), (ASSOC_L,), bidirectional_of="matmul-assoc")]),
+    # <=>: both sides get defaults; the reverse checks the let instead of binding it
+    ("flatten-reshape: (Flatten ?x) <=> (Reshape :shape ?s ?x) if (rank ?x 2) (let ?s (shape ?x))",
+     [Rule("flatten-reshape", (T("Flatten", x, attrs=[("axis", Lit(1))]),), (T("Reshape", x, attrs=[("shape", s)]),),
+           conditions=(Cmp("=", Rank(x), Lit(2)),), lets=(Let(s, ShapeOf(x)),), bidirectional_of="flatten-reshape"),
+      Rule("flatten-reshape-rev", (T("Reshape", x, attrs=[("shape", s)]),), (T("Flatten", x, attrs=[("axis", Lit(1))]),),
+           conditions=(Cmp("=", Rank(x), Lit(2)), Cmp("=", s, ShapeOf(x))), bidirectional_of="flatten-reshape")]),
+    # multi-pattern, getitem, conditions and lets, comments and a multi-line layout
+    (MERGE_MATMUL,
+     [Rule("merge-matmul", (T("MatMul", x, w1), T("MatMul", x, w2)),
+           (T("getitem", MERGED, index=0), T("getitem", MERGED, index=1)),
+           conditions=(Pred("const", w1), Pred("const", w2), Cmp("=", Rank(w1), Lit(2)), Cmp("=", Dim(w1, 0), Dim(w2, 0))),
+           lets=(Let(n1, Dim(w1, 1)), Let(n2, Dim(w2, 1))))]),
+    # _ says the optional bias is absent; a list-valued let
+    ("conv-add-bias: (Add (Conv ?x ?w _ :group ?g :kernel_shape ?k :strides ?s :pads ?p :dilations ?d) ?b)\n"
+     "  => (Conv ?x ?w (Reshape :shape ?n ?b) :group ?g :kernel_shape ?k :strides ?s :pads ?p :dilations ?d)\n"
+     "  if (const ?b) (= (shape ?b) (list (dim ?w 0) 1 1)) (let ?n (list (dim ?w 0)))",
+     [Rule("conv-add-bias", (T("Add", T("Conv", x, w, Absent(), attrs=CONV_ATTRS), b),),
+           (T("Conv", x, w, T("Reshape", b, attrs=[("shape", n)]), attrs=CONV_ATTRS),),
+           conditions=(Pred("const", b), Cmp("=", ShapeOf(b), ListExpr((Dim(w, 0), Lit(1), Lit(1))))),
+           lets=(Let(n, ListExpr((Dim(w, 0),))),))]),
+    # an attribute variable feeding a leaf; defaults on the right (momentum)
+    ("bn-eps: (BatchNormalization ?x ?s ?b ?m ?v :epsilon ?eps)\n"
+     "     => (BatchNormalization ?x ?s ?b ?m (Add ?v (Constant :value_float ?eps)) :epsilon 0)",
+     [Rule("bn-eps", (T("BatchNormalization", x, s, b, Var("m"), v, attrs=[("epsilon", eps)]),),
+           (T("BatchNormalization", x, s, b, Var("m"), T("Add", v, T("Constant", attrs=[("value_float", eps)])),
+              attrs=[("epsilon", Lit(0.0)), ("momentum", Lit(0.9))]),))]),
+    # a repeated variable; dtype and not-const
+    ("add-self: (Add ?x ?x) => (Mul ?x (Constant :value_float 2)) if (dtype ?x float32) (not-const ?x)",
+     [Rule("add-self", (T("Add", x, x),), (T("Mul", x, T("Constant", attrs=[("value_float", Lit(2.0))])),),
+           conditions=(Pred("dtype", x, 1), Pred("not-const", x)))]),
+    # string attribute, list comparison, same-shape, len and arithmetic
+    ('pad-nothing: (Pad :mode "constant" :pads ?p (Add ?x ?y)) => (Add ?x ?y)\n'
+     "  if (same-shape ?x ?y) (= (len ?p) (* 2 (rank ?x))) (= ?p (list 0 0 0 0))",
+     [Rule("pad-nothing", (T("Pad", T("Add", x, y), attrs=[("mode", Lit("constant")), ("pads", p)]),), (T("Add", x, y),),
+           conditions=(Cmp("=", ShapeOf(x), ShapeOf(y)), Cmp("=", Len(p), BinOp("*", Lit(2), Rank(x))),
+                       Cmp("=", p, ListExpr((Lit(0),) * 4))))]),
+    # numel, integer division, >= and !=
+    ("flatten-as-reshape: (Flatten :axis 1 ?x) => (Reshape :shape ?s ?x)\n"
+     "  if (>= (rank ?x) 1) (!= (dim ?x 0) 0) (let ?s (list (dim ?x 0) (/ (numel ?x) (dim ?x 0))))",
+     [Rule("flatten-as-reshape", (T("Flatten", x, attrs=[("axis", Lit(1))]),), (T("Reshape", x, attrs=[("shape", s)]),),
+           conditions=(Cmp(">=", Rank(x), Lit(1)), Cmp("!=", Dim(x, 0), Lit(0))),
+           lets=(Let(s, ListExpr((Dim(x, 0), BinOp("/", Numel(x), Dim(x, 0))))),))]),
+    # getitem of a tuple variable; a float list... of ints is fine for Split's split
+    ("split-concat: (Concat :axis ?k (getitem 0 (Split :axis ?k :split (?a ?b) ?x)) (getitem 1 (Split :axis ?k :split (?a ?b) ?x))) => ?x",
+     [Rule("split-concat", (T("Concat", *(T("getitem", T("Split", x, attrs=[("axis", k), ("split", ListOf((a, b)))]), index=i)
+                                         for i in (0, 1)), attrs=[("axis", k)]),), (x,))]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, expected", GOOD, ids=[e[0].name for _, e in GOOD])
+def test_fixture(text, expected):
+    ruleset = parse_rules(text)
+    assert ruleset.rules == tuple(expected)
+    assert [r.bidirectional_of for r in ruleset.rules] == [r.bidirectional_of for r in expected]
+
+
+@pytest.mark.parametrize("text, expected", GOOD, ids=[e[0].name for _, e in GOOD])
+def test_round_trip(text, expected):
+    for rule in parse_rules(text).rules:
+        assert parse_rules(format_rule(rule)).rules == (rule,)
+
+
+def test_float_attributes_are_floats():
+    (rule,) = parse_rules("r: (Relu ?x) => (LeakyRelu :alpha 1 ?x)").rules
+    assert type(rule.rhs[0].attrs[0][1].value) is float
+
+
+def test_sources_and_load_rules(tmp_path):
+    path = tmp_path / "mine.rules"
+    path.write_text("\ufeff# a BOM and a comment\n" + MERGE_MATMUL + "\nidentity: (Identity ?x) => ?x\n", encoding="utf-8")
+    ruleset = load_rules(path)
+    assert (ruleset.name, ruleset.source) == ("mine", str(path))
+    assert [r.source for r in ruleset.rules] == [SourceLoc(str(path), 3, 1), SourceLoc(str(path), 9, 1)]
+    path.write_text("identity: (Identity ?x) => ?y\n")
+    with pytest.raises(RuleError, match=f"^{path}:1:28: "):
+        load_rules(path)
+
+
+def test_checker_accepts_hand_built_ir_and_reports_without_locations():
+    check_ruleset(RuleSet("t", tuple(GOOD[0][1]), "t.rules"))
+    bad = Rule("bad", (T("Relu", x),), (T("Relu", y),), source=SourceLoc("t.rules", 7, 1))
+    with pytest.raises(RuleError, match=r"^t.rules:7:1: \?y on the right side is not bound"):
+        check_ruleset(RuleSet("t", (bad,), "t.rules"))
+
+
+# (bad rule text, line, column, part of the reason)
+BAD = [
+    # syntax
+    ("r: (Relu ?x => ?x", 1, 13, "missing ')'"),
+    ("r: (Relu ?x\n", 1, 4, "never closed"),
+    ("r: (Relu ?x)) => ?x", 1, 13, "expected ',', '=>' or '<=>'"),
+    ("r: (Relu ?x) => ?x)", 1, 19, "expected ',', 'if' or a new rule"),
+    ("r: (Relu ?x) (Relu ?y)", 1, 14, "expected ',', '=>' or '<=>'"),
+    ("r: (Relu ?x)", 1, 13, "got end of input"),
+    ("(Relu ?x) => ?x", 1, 1, "expected a rule"),
+    ("r: (Relu ?x) => ?x if ?x", 1, 23, "'(' starting a condition"),
+    ("r: (Relu ?x) => ?x if", 1, 22, "'(' starting a condition"),
+    ("r: (Relu ?x) => ?x if (const ?x) =>", 1, 34, "expected a condition"),
+    ("r: (Add ?x 1) => ?x", 1, 12, "unexpected '1' in (Add ...)"),
+    ("r: (Relu ?x) => ?x if (konst ?x)", 1, 24, "did you mean 'const'"),
+    ("r: (Relu ?x) => ?x if (rank ?x)", 1, 31, "too few arguments; usage: (rank ?v e)"),
+    ("r: (Relu ?x) => ?x if (const ?x ?x)", 1, 33, "usage: (const ?v)"),
+    ("r: (Relu ?x) => ?x if (= (dimm ?x 0) 1)", 1, 27, "unknown expression 'dimm'"),
+    ("r: (Relu ?x) => ?x if (= (dim ?x ?i) 1)", 1, 34, "expected an integer"),
+    ("r: (Relu ?x) => ?x if (dtype ?x float33)", 1, 33, "unknown dtype"),
+    ('r: (Gelu :approximate "tanh ?x) => ?x', 1, 23, "unterminated string"),
+    ("r: (Relu ?x) => ?x $", 1, 20, "unexpected character"),
+    ("r: (Concat :axis (1 (2)) ?x) => ?x", 1, 21, "an attribute list holds literals and variables"),
+    ("r: (Concat :axis) => ?x", 1, 17, "expected an attribute value"),
+    # operators, arity, attributes
+    ("r: (Matmul ?a ?b) => ?a", 1, 5, "unknown operator 'Matmul'; did you mean 'MatMul'?"),
+    ("r: (Relu ?x ?y) => ?x", 1, 13, "Relu takes 1 input(s) (X), got 2"),
+    ("r: (MatMul ?a) => ?a", 1, 5, "MatMul is missing its required input B"),
+    ("r: (Relu ?x) => (Concat :axis 0)", 1, 18, "Concat needs at least one input"),
+    ("r: (Conv _ ?w) => ?w", 1, 10, "input X of Conv is required"),
+    ("r: (Relu :alpha 1.0 ?x) => ?x", 1, 10, "Relu has no attribute :alpha"),
+    ("r: (Conv ?x ?w :grop 2) => ?x", 1, 16, "did you mean :group?"),
+    ("r: (Concat :axis 1 :axis 2 ?x) => ?x", 1, 20, "attribute :axis given twice"),
+    ("r: (Concat :axis (1 2) ?x) => ?x", 1, 18, "takes an int, got a list"),
+    ("r: (Concat :axis 1.5 ?x) => ?x", 1, 18, "takes an int, got a float 1.5"),
+    ("r: (Clip :min \"low\" ?x) => ?x", 1, 15, "takes a float, got a string"),
+    ("r: (Split :split (1 2.5) ?x) => ?x", 1, 21, "takes a list of ints, got a float 2.5"),
+    ("r: (Transpose :perm 1 ?x) => ?x", 1, 21, "takes a list of ints, got an int 1"),
+    ("r: (Relu ?x) => (Concat ?x)", 1, 18, "Concat on the right side needs :axis"),
+    ("r: (Relu ?x) => (Conv ?x ?x :group 1)", 1, 18, "needs :kernel_shape :strides :pads :dilations"),
+    ("r: (getitem (Split :split (1 1) ?x)) => ?x", 1, 5, "getitem takes a non-negative integer index"),
+    ("r: (getitem -1 ?t) => ?t", 1, 5, "getitem takes a non-negative integer index"),
+    ("r: (Relu ?x) => (Relu (Split :split (1 1) ?x))", 1, 24, "Split yields a tuple"),
+    ("r: (getitem 0 (Relu ?x)) => ?x", 1, 16, "getitem takes a tuple-valued input"),
+    # rule shape and variables
+    ("r: ?x => (Identity ?x)", 1, 4, "the root of a left pattern must be an operator term"),
+    ("r: (Relu ?x), (Relu ?y) => ?x", 1, 16, "2 left pattern(s) but 1 right term(s)"),
+    ("r: (Relu ?x) => ?x, ?x", 1, 21, "1 left pattern(s) but 2 right term(s)"),
+    ("r: (Relu ?x) => (Relu ?y)", 1, 23, "?y on the right side is not bound"),
+    ("r: (Relu ?x) => ?x if (const ?y)", 1, 30, "?y in a condition is not bound"),
+    ("r: (Relu ?x) => ?x if (let ?n (rank ?y))", 1, 37, "?y in a let is not bound"),
+    ("r: (Relu ?x) => ?x if (let ?n ?m) (let ?m 1)", 1, 31, "?m in a let is not bound"),
+    ("r: (Concat :axis ?k ?x) => (Relu ?k)", 1, 34, "?k is used as an e-class (an input) here but as an attribute value"),
+    ("r: (Relu ?x) => ?x if (= ?x 1)", 1, 26, "?x is used as an attribute value here but as an e-class"),
+    ("r: (Relu ?x) => (Relu ?n) if (let ?n 1)", 1, 23, "?n is used as an e-class"),
+    ("r: (Concat :axis ?k ?x) => ?x if (let ?k 1)", 1, 39, "let redefines ?k"),
+    ("r: (Relu ?x) => ?x\nr: (Sigmoid ?x) => ?x", 2, 1, "duplicate rule name 'r' (first defined at bad.rules:1:1)"),
+    ("r: (Relu ?x) <=> ?x\nr-rev: (Tanh ?x) => ?x", 1, 18, "the root of a left pattern must be an operator term"),
+    ("r: (Add ?x ?y) <=> (Relu ?x)", 1, 12, "?y on the right side is not bound by the left side or a let (in r-rev, the reverse"),
+    ("r: (Concat ?x) <=> (Relu ?x)", 1, 5, "Concat on the right side needs :axis (no default; give it explicitly) (in r-rev"),
+    ("r: (Relu ?x) <=> (Sigmoid ?x)\nr-rev: (Tanh ?x) => ?x", 2, 1, "duplicate rule name 'r-rev'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, line, column, reason", BAD, ids=[t for t, *_ in BAD])
+def test_error(text, line, column, reason):
+    with pytest.raises(RuleError) as info:
+        parse_rules(text, "bad.rules")
+    err = info.value
+    assert (err.file, err.line, err.column) == ("bad.rules", line, column), err.reason
+    assert reason in err.reason
+    assert str(err) == f"bad.rules:{line}:{column}: {err.reason}"
+
+
+# ---------------------------------------------------------------- round trips of literals and expressions
+
+_ints = st.integers(-(2**40), 2**40)
+_floats = st.floats(allow_nan=False)
+_exprs = st.recursive(
+    st.one_of(_ints.map(Lit), _floats.map(Lit), st.sampled_from([n, Dim(x, -1), Rank(x), Numel(y), ShapeOf(y)])),
+    lambda inner: st.one_of(
+        st.builds(BinOp, st.sampled_from("+-*/%"), inner, inner),
+        st.lists(inner, max_size=3).map(lambda items: ListExpr(tuple(items))),
+        st.builds(Len, inner),
+    ),
+    max_leaves=8,
+)
+
+
+@given(mode=st.text(), pads=st.lists(_ints, max_size=6), value=_floats,
+       cond=st.builds(Cmp, st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), _exprs, _exprs))  # fmt: skip
+def test_round_trip_literals_and_expressions(mode, pads, value, cond):
+    rule = Rule(
+        "r",
+        (T("Add", x, y),),
+        (T("Pad", x, attrs=[("mode", Lit(mode)), ("pads", ListOf(tuple(map(Lit, pads)))), ("value", Lit(value))]),),
+        conditions=(cond,),
+        lets=(Let(n, Lit(3)),),
+    )
+    check_ruleset(RuleSet("t", (rule,), "t"))
+    (back,) = parse_rules(format_rule(rule)).rules
+    assert back == rule
+    assert math.copysign(1, back.rhs[0].attrs[2][1].value) == math.copysign(1, value)
