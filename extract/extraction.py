@@ -222,32 +222,49 @@ def _reached(d: _Dense, choice: np.ndarray) -> np.ndarray:
 def _share(d: _Dense, choice: np.ndarray, alive: np.ndarray) -> None:
     """Sharing-aware local search on the chosen DAG (in place).
 
-    Switches a class to another node whose children are all already chosen (and later in
-    a topological order of the chosen DAG, so no cycle can form) when that lowers the DAG
-    cost, counting the nodes that become unreachable. Reference counts track reachability.
+    Switches a class to another node whose children are all already chosen, when that
+    lowers the DAG cost counting the nodes that become unreachable (reference counts track
+    reachability) and creates no cycle. A topological order of the chosen DAG makes the
+    cycle test free for children ranked after the class and bounds the search otherwise;
+    a switch that breaks the order ends the round, and the next round recomputes it.
     """
-    eptr, echild, cost = d.eptr.tolist(), d.echild.tolist(), d.cost.tolist()
+    eptr, echild, cost, ncls = d.eptr.tolist(), d.echild.tolist(), d.cost.tolist(), d.ncls.tolist()
+    everywhere = np.arange(len(d.cost))
     for _ in range(_SHARE_ROUNDS):
         cls = np.flatnonzero(alive)
         sub = np.full(d.num_classes, -1, dtype=np.int64)
         sub[cls] = np.arange(len(cls))
         pos, lens = _gather(d.eptr, choice[cls])
-        kid = sub[d.echild[pos]]
-        order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), kid, len(cls))
+        order = _topo_order(np.concatenate([[0], np.cumsum(lens)]), sub[d.echild[pos]], len(cls))
         rank = np.full(d.num_classes, -1, dtype=np.int64)
         rank[cls[order]] = np.arange(len(cls))
-        ok_edge = alive[d.echild] & (rank[d.echild] > rank[d.ncls[d.enode]])
-        bad = np.bincount(d.enode, weights=~ok_edge, minlength=len(d.cost))
-        cand = np.flatnonzero(alive[d.ncls] & (bad == 0) & ~d.selfloop
-                              & (choice[d.ncls] != np.arange(len(d.cost))))
+        dead_kids = np.bincount(d.enode, weights=~alive[d.echild], minlength=len(d.cost))
+        cand = np.flatnonzero(alive[d.ncls] & (dead_kids == 0) & ~d.selfloop & (choice[d.ncls] != everywhere))
         refs = np.bincount(d.echild[pos], minlength=d.num_classes)
         refs[d.roots] += 1
-        refs, alive_l, choice_l = refs.tolist(), alive.tolist(), choice.tolist()
+        refs, alive_l, choice_l, rank_l = refs.tolist(), alive.tolist(), choice.tolist(), rank.tolist()
+
+        def reaches(starts: list[int], target: int) -> bool:
+            """Whether `target` is reachable from `starts` through classes ranked before it."""
+            seen, stack = set(starts), list(starts)
+            while stack:
+                m = choice_l[stack.pop()]
+                for k in echild[eptr[m]:eptr[m + 1]]:
+                    if k == target:
+                        return True
+                    if rank_l[k] < rank_l[target] and k not in seen:
+                        seen.add(k)
+                        stack.append(k)
+            return False
+
         improved = False
         for n in cand.tolist():
-            c = int(d.ncls[n])
+            c = ncls[n]
             new_kids = echild[eptr[n]:eptr[n + 1]]
             if not alive_l[c] or not all(alive_l[k] for k in new_kids):
+                continue
+            back = [k for k in new_kids if rank_l[k] < rank_l[c]]
+            if back and (c in back or reaches(back, c)):
                 continue
             old = choice_l[c]
             for k in new_kids:
@@ -267,6 +284,8 @@ def _share(d: _Dense, choice: np.ndarray, alive: np.ndarray) -> None:
                     if refs[k] == 0:
                         alive_l[k] = False
                 improved = True
+                if back:
+                    break
             else:
                 for k in dropped:
                     refs[k] += 1

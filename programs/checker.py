@@ -59,7 +59,8 @@ def check_ruleset(ruleset: RuleSet) -> None:
     seen: dict[str, SourceLoc | None] = {}
     for rule in ruleset.rules:
         if rule.name in seen:
-            raise _Checker(rule).error(rule.source, f"duplicate rule name {rule.name!r} (first defined at {seen[rule.name]})")
+            first = seen[rule.name]
+            raise _Checker(rule).error(rule.source, f"duplicate rule name {rule.name!r} (first defined at {first})")
         seen[rule.name] = rule.source
         _Checker(rule).check()
 
@@ -81,7 +82,8 @@ class _Checker:
         if len(rule.rhs) != len(rule.patterns):
             n, m = len(rule.patterns), len(rule.rhs)
             where = rule.rhs[n] if m > n else rule.patterns[m]
-            raise self.error(where, f"{n} left pattern(s) but {m} right term(s); the i-th right term replaces the i-th pattern")
+            raise self.error(where, f"{n} left pattern(s) but {m} right term(s); "
+                             "the i-th right term replaces the i-th pattern")
         for pattern in rule.patterns:
             if not isinstance(pattern, Term):
                 raise self.error(pattern, "the root of a left pattern must be an operator term, not a variable")
@@ -143,7 +145,8 @@ class _Checker:
                 raise self.error(node, f"{node.op} needs at least one input" if spec.variadic
                                  else f"{node.op} is missing its required input {spec.name}")
             if isinstance(child, Absent) and not spec.optional:
-                raise self.error(child, f"input {spec.name} of {node.op} is required; '_' marks an absent optional input")
+                raise self.error(child, f"input {spec.name} of {node.op} is required; "
+                                 "'_' marks an absent optional input")
 
     def scopes(self) -> None:
         rule, roles, bound = self.rule, {}, set()
@@ -153,7 +156,8 @@ class _Checker:
                 raise self.error(var, f"?{var.name} {unbound}")
             prior = roles.setdefault(var.name, role)
             if prior != role:
-                raise self.error(var, f"?{var.name} is used as {_ROLE_NAMES[role]} here but as {_ROLE_NAMES[prior]} before")
+                raise self.error(var, f"?{var.name} is used as {_ROLE_NAMES[role]} here "
+                                 f"but as {_ROLE_NAMES[prior]} before")
 
         for pattern in rule.patterns:
             for var, role in variables(pattern, ECLASS):
@@ -181,7 +185,7 @@ def _bad_value(value, kind: str):
             return None
         case Lit(value=v):
             return None if type(v) in _SCALARS.get(kind, ()) else value
-        case ListOf(items=items) if kind.endswith("s"):
+        case ListOf(items=items) if kind in ("ints", "floats"):
             return next((i for i in items if _bad_value(i, kind[:-1]) is not None), None)
     return value
 

@@ -80,7 +80,8 @@ def _tokenize(text: str, file: str) -> list[_Tok]:
         loc = SourceLoc(file, line, pos - line_start + 1)
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise RuleError.at(loc, "unterminated string" if text[pos] == '"' else f"unexpected character {text[pos]!r}")
+            reason = "unterminated string" if text[pos] == '"' else f"unexpected character {text[pos]!r}"
+            raise RuleError.at(loc, reason)
         kind, tok = m.lastgroup, m.group()
         pos = m.end()
         if kind == "nl":
@@ -179,8 +180,7 @@ class _Parser:
     def item(self) -> Term | Var:
         tok = self.peek()
         if tok.kind == "var":
-            self.take()
-            return Var(tok.text[1:], tok.loc)
+            return self.atom(self.take())
         if tok.kind == "(":
             return self.term()
         raise RuleError.at(tok.loc, f"expected a term '(OP ...)' or a variable, got {_show(tok)}")
@@ -245,11 +245,12 @@ class _Parser:
         usage = f"usage: ({head.text} {' '.join(_ARG_NAMES[k] for k in kinds)})"
         args = []
         for kind in kinds:
-            while kind == "*" and self.peek().kind != ")":
-                args.append(self.expr())
-            if kind != "*":
-                if self.peek().kind == ")":
-                    raise RuleError.at(self.peek().loc, f"too few arguments; {usage}")
+            if kind == "*":
+                while self.peek().kind != ")":
+                    args.append(self.expr())
+            elif self.peek().kind == ")":
+                raise RuleError.at(self.peek().loc, f"too few arguments; {usage}")
+            else:
                 args.append(self.arg(kind))
         if self.peek().kind != ")":
             raise RuleError.at(self.peek().loc, f"expected ')', got {_show(self.peek())}; {usage}")
@@ -273,17 +274,15 @@ class _Parser:
 
 
 def _desugar(name, lhs, arrow, rhs, conditions, lets, loc) -> list[Rule]:
-    if arrow == "=>":
-        left, right = tuple(_normalize(p, False) for p in lhs), tuple(_normalize(t, True) for t in rhs)
-        return [Rule(name, left, right, conditions, lets, loc)]
-    left, right = tuple(_normalize(p, True) for p in lhs), tuple(_normalize(t, True) for t in rhs)
+    both = arrow == "<=>"
+    left, right = tuple(_normalize(p, both) for p in lhs), tuple(_normalize(t, True) for t in rhs)
+    forward = Rule(name, left, right, conditions, lets, loc, name if both else None)
+    if not both:
+        return [forward]
     bound = {var.name for term in right for var, _ in variables(term, ECLASS)}
     checks = tuple(Cmp("=", let.var, let.expr, let.loc) for let in lets if let.var.name in bound)
-    return [
-        Rule(name, left, right, conditions, lets, loc, name),
-        Rule(f"{name}-rev", right, left, conditions + checks,
-             tuple(let for let in lets if let.var.name not in bound), loc, name),
-    ]  # fmt: skip
+    unbound = tuple(let for let in lets if let.var.name not in bound)
+    return [forward, Rule(f"{name}-rev", right, left, conditions + checks, unbound, loc, name)]
 
 
 def _normalize(node, fill: bool):
@@ -298,8 +297,7 @@ def _normalize(node, fill: bool):
     if not op.variadic and all(i.optional for i in missing):
         children += tuple(Absent() for _ in missing)
     known = {} if node.op == "getitem" else {a.name: a for a in op.attrs}
-    locs = node.attr_locs or (node.loc,) * len(node.attrs)
-    attrs = [(n, _coerce(v, known[n].kind) if n in known else v, l) for (n, v), l in zip(node.attrs, locs)]
+    attrs = [(n, _coerce(v, known[n].kind) if n in known else v, l) for (n, v), l in zip(node.attrs, node.attr_locs)]
     if fill:
         given = {n for n, _, _ in attrs}
         attrs += [(a.name, _coerce(_literal(a.default), a.kind), node.loc)

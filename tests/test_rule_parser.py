@@ -101,7 +101,7 @@ GOOD = [
      [Rule("flatten-as-reshape", (T("Flatten", x, attrs=[("axis", Lit(1))]),), (T("Reshape", x, attrs=[("shape", s)]),),
            conditions=(Cmp(">=", Rank(x), Lit(1)), Cmp("!=", Dim(x, 0), Lit(0))),
            lets=(Let(s, ListExpr((Dim(x, 0), BinOp("/", Numel(x), Dim(x, 0))))),))]),
-    # getitem of a tuple variable; a float list... of ints is fine for Split's split
+    # getitem; a list attribute of variables (binds the elements)
     ("split-concat: (Concat :axis ?k (getitem 0 (Split :axis ?k :split (?a ?b) ?x)) (getitem 1 (Split :axis ?k :split (?a ?b) ?x))) => ?x",
      [Rule("split-concat", (T("Concat", *(T("getitem", T("Split", x, attrs=[("axis", k), ("split", ListOf((a, b)))]), index=i)
                                          for i in (0, 1)), attrs=[("axis", k)]),), (x,))]),

@@ -1,0 +1,207 @@
+"""The ``relsat`` command line: optimize, zoo, query, rules.
+
+Every user-facing failure is a RelsatError printed as one line on stderr with
+exit status 1; nothing is written unless the step that writes succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import RelsatError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
+zoo_app = typer.Typer(no_args_is_help=True, help="The benchmark model zoo.")
+rules_app = typer.Typer(no_args_is_help=True, help="Rule sets: list and verify.")
+app.add_typer(zoo_app, name="zoo")
+app.add_typer(rules_app, name="rules")
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _parse_shapes(specs: list[str]) -> dict[str, list[int]]:
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise RelsatError(f"--input-shape {spec!r}: expected NAME=D0,D1,... with integer dims") from None
+    return shapes
+
+
+def _load_input(spec: str):
+    if spec.startswith("zoo:"):
+        from relsat.benchmarks import zoo
+
+        name = spec[4:]
+        if name not in zoo.NAMES:
+            raise RelsatError(f"{spec}: unknown zoo model; known: {', '.join(zoo.NAMES)}")
+        return zoo.build(name)
+    return spec
+
+
+@app.command()
+def optimize(
+    model: str = typer.Argument(..., help="an ONNX file, or zoo:NAME for a built-in benchmark model"),
+    output: Path = typer.Option(..., "-o", "--output", help="where to write the optimized model"),
+    db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
+    rules: List[str] = typer.Option(["default"], "--rules", help="rule set name or .rules file (repeatable)"),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims"),
+    iter_limit: int = typer.Option(10, "--iter-limit"),
+    node_limit: int = typer.Option(2000, "--node-limit"),
+    time_limit: float = typer.Option(60.0, "--time-limit"),
+    extractor: str = typer.Option("ilp", "--extractor", help="ilp | greedy"),
+    report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
+) -> None:
+    """Optimize one model: saturate with the rules, extract the cheapest graph, verify, write."""
+    from .optimize import optimize as run
+    from .onnx_export import save_bytes_atomic
+
+    try:
+        if extractor not in ("ilp", "greedy"):
+            raise RelsatError(f"--extractor {extractor}: expected ilp or greedy")
+        source = _load_input(model)
+        with err.status("optimizing ...") as status:
+            result = run(source, rules=rules, db=db, input_shapes=_parse_shapes(input_shape) or None,
+                         iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit,
+                         extractor=extractor, output=output,
+                         on_round=lambda it: status.update(f"saturating: round {it.round}, {it.enodes} e-nodes"))
+    except RelsatError as e:
+        _fail(e)
+    rep = result.report
+    rep["input"] = model
+    rep["output"] = str(output)
+    if report:
+        save_bytes_atomic(json.dumps(rep, indent=2, default=str).encode(), report)
+    _summary(rep)
+
+
+def _summary(rep: dict) -> None:
+    t = Table(title=f"relsat optimize {rep['input']}", show_header=False)
+    t.add_row("nodes", f"{rep['nodes_in']} -> {rep['nodes_out']}")
+    t.add_row("e-graph", f"{rep['enodes']} e-nodes, {rep['eclasses']} e-classes, "
+              f"{len(rep['iterations'])} rounds, stop: {rep['stop_reason']}")
+    top = ", ".join(f"{k} x{v}" for k, v in list(rep["rules_applied"].items())[:4]) or "none"
+    t.add_row("rules applied", top)
+    x = rep["extraction"]
+    gap = "" if x["gap"] is None else f", gap {x['gap']:.2%}"
+    t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms ({rep['cost_model']}), "
+              f"{x['method']} {x['status']}{gap}")
+    v = rep["verification"]
+    t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e}")
+    t.add_row("time", ", ".join(f"{k} {s:.2f}s" for k, s in rep["phases_s"].items()))
+    for n in rep["notices"]:
+        t.add_row("notice", n)
+    t.add_row("written", rep["output"])
+    out.print(t)
+
+
+@zoo_app.command("build")
+def zoo_build(name: str = typer.Argument(..., help="a zoo model name, or all"),
+              output: Path = typer.Option(..., "-o", "--output", help="output folder"),
+              small: bool = typer.Option(False, "--small", help="the reduced-size variants")) -> None:
+    """Write benchmark models and print their node counts by op type."""
+    from relsat.benchmarks import zoo
+
+    names = zoo.NAMES if name == "all" else (name,)
+    try:
+        for n in names:
+            if n not in zoo.NAMES:
+                raise RelsatError(f"zoo model {n!r}: unknown; known: {', '.join(zoo.NAMES)}, all")
+    except RelsatError as e:
+        _fail(e)
+    output.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        model = zoo.build(n, small=small)
+        path = output / f"{n}.onnx"
+        zoo.save(model, path)
+        counts = ", ".join(f"{k} {v}" for k, v in zoo.op_counts(model).items())
+        out.print(f"{path}: {len(model.graph.node)} nodes ({counts})", highlight=False)
+
+
+@app.command()
+def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize --db)"),
+          sql: str = typer.Argument(...),
+          fmt: str = typer.Option("table", "--format", help="table | csv | json")) -> None:
+    """Run SQL against a saved e-graph."""
+    import duckdb
+
+    if not db.exists():
+        _fail(RelsatError(f"{db}: no such e-graph database"))
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute(sql)
+        rows, cols = cur.fetchall(), [d[0] for d in cur.description]
+    except duckdb.Error as e:
+        _fail(RelsatError(f"{db}: {str(e).splitlines()[0]}"))
+    if fmt == "json":
+        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
+    elif fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(rows)
+    else:
+        t = Table(*cols)
+        for r in rows:
+            t.add_row(*[str(v) for v in r])
+        out.print(t)
+
+
+@rules_app.command("list")
+def rules_list(names: List[str] = typer.Argument(None, help="rule set names or files (default: all shipped)")) -> None:
+    """Show the rules of a set."""
+    from relsat.programs.parser import format_rule, load_rules
+
+    from .optimize import RULES_DIR, rule_files
+
+    try:
+        files = rule_files(names) if names else sorted(RULES_DIR.glob("*.rules"))
+        for f in files:
+            rs = load_rules(f)
+            out.print(f"[bold]{f.stem}[/bold] ({len(rs.rules)} rules)")
+            for r in rs.rules:
+                out.print("  " + format_rule(r), highlight=False, soft_wrap=True)
+    except Exception as e:  # RuleError carries file:line:col
+        _fail(e)
+
+
+@rules_app.command("check")
+def rules_check(names: List[str] = typer.Argument(..., help="rule set names or files")) -> None:
+    """Evaluate both sides of every rule on random tensors under ONNX Runtime."""
+    from relsat.programs.parser import load_rules
+    from relsat.programs.verify import check_ruleset
+
+    from .optimize import rule_files
+
+    failed = 0
+    try:
+        for f in rule_files(names):
+            for c in check_ruleset(load_rules(f)):
+                status = "ok" if c.ok else ("skipped" if getattr(c, "skipped", None) else "DIFFERS")
+                failed += status != "ok"
+                out.print(f"{f.stem}:{c.rule}: {status} {c.message or ''}", highlight=False)
+    except Exception as e:
+        _fail(e)
+    if failed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()

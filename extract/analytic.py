@@ -1,0 +1,78 @@
+"""Analytic costs and the bridge from the e-graph tables to an ExtractionProblem.
+
+``analytic_costs(g)`` fills the ``costs`` table (node id, op, cost in ms) from
+the catalog's FLOP rules and the bytes each node moves, in one INSERT per live
+op table: ``ms = flops / FLOPS_PER_MS + bytes / BYTES_PER_MS``.  Nodes whose
+e-class is computable from weights alone cost zero (they are folded at export).
+Opaque nodes get their output volume as bytes moved plus a fixed launch cost.
+``problem_from(g, roots)`` reads nodes, children and costs into numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relsat.relations.catalog import OPS
+from relsat.relations.egraph import EGraph
+from relsat.relations.schema import q
+
+from .extraction import ExtractionProblem
+
+FLOPS_PER_MS = 2e7  # ~20 GFLOP/s: one core of this class of CPU on dense kernels
+BYTES_PER_MS = 5e6  # ~5 GB/s effective memory bandwidth for elementwise traffic
+LAUNCH_MS = 0.002  # per-node overhead in ONNX Runtime's executor
+ELEM_BYTES = 4
+
+COSTS_DDL = "CREATE TABLE IF NOT EXISTS costs (node BIGINT, op VARCHAR, ms DOUBLE, source VARCHAR)"
+
+
+def analytic_costs(g: EGraph) -> None:
+    g.con.execute(COSTS_DDL)
+    g.con.execute("DELETE FROM costs")
+    for op in OPS:
+        if op.table not in g.live or op.leaf:
+            continue
+        cols, joins, bytes_in = ["n.id"], [], []
+        for inp in op.inputs:
+            if inp.variadic:
+                cols.append(f"(SELECT list(e.shape) FROM unnest(n.{q(inp.column)}) u(c) JOIN eclass e ON e.id = u.c) "
+                            f"AS s_{inp.column}")
+                bytes_in.append(f"list_sum(list_transform(s_{inp.column}, lambda s: prod(s)))")
+            else:
+                joins.append(f"LEFT JOIN eclass e_{inp.column} ON e_{inp.column}.id = n.{q(inp.column)}")
+                cols.append(f"e_{inp.column}.shape AS s_{inp.column}")
+                bytes_in.append(f"coalesce(prod(s_{inp.column}), 0)")
+        cols += [f"n.{q(a.name)}" for a in op.attrs]
+        cols += ["o.shape AS s_out", "o.tuple_shapes AS ts_out", "o.is_const AS const_out"]
+        out_elems = "coalesce(prod(s_out), list_sum(list_transform(ts_out, lambda s: prod(s))), 0)"
+        src = (f"SELECT {', '.join(cols)} FROM {op.table} n JOIN eclass o ON o.id = n.out {' '.join(joins)}")
+        g.con.execute(
+            f"INSERT INTO costs SELECT id, '{op.op_type}', CASE WHEN const_out THEN 0 ELSE "
+            f"({op.flops}) / {FLOPS_PER_MS} + ({' + '.join(bytes_in) or '0'} + {out_elems}) * {ELEM_BYTES} / {BYTES_PER_MS}"
+            f" + CASE WHEN ({op.flops}) > 0 THEN {LAUNCH_MS} ELSE 0 END END, 'analytic' FROM ({src})")
+    if "op_opaque" in g.live:
+        g.con.execute(
+            f"INSERT INTO costs SELECT n.id, p.op_type, CASE WHEN o.is_const THEN 0 ELSE {LAUNCH_MS} + "
+            f"coalesce(list_sum(list_transform(p.output_shapes, lambda s: prod(s))), 0) * {ELEM_BYTES} / {BYTES_PER_MS}"
+            f" END, 'analytic' FROM op_opaque n JOIN opaque_nodes p USING (proto) JOIN eclass o ON o.id = n.out")
+    for leaf in ("op_input", "op_weight", "op_constant"):
+        g.con.execute(f"INSERT INTO costs SELECT id, '{leaf[3:]}', 0, 'leaf' FROM {leaf}")
+
+
+def problem_from(g: EGraph, roots) -> tuple[ExtractionProblem, np.ndarray]:
+    """The extraction problem over every e-node, and the node ids in problem order."""
+    nodes = g.con.execute(
+        "SELECT n.id, n.eclass, coalesce(c.ms, 0) AS ms, len(n.children) AS k FROM enodes n "
+        "LEFT JOIN costs c ON c.node = n.id ORDER BY n.id").fetchnumpy()
+    kids = g.con.execute("SELECT c FROM (SELECT id, unnest(children) AS c, generate_subscripts(children, 1) AS pos "
+                         "FROM enodes) ORDER BY id, pos").fetchnumpy()
+    ptr = np.zeros(len(nodes["id"]) + 1, dtype=np.int64)
+    np.cumsum(nodes["k"], out=ptr[1:])
+    problem = ExtractionProblem(
+        node_class=nodes["eclass"].astype(np.int64),
+        node_cost=np.nan_to_num(nodes["ms"].astype(np.float64), nan=0.0),
+        child_ptr=ptr,
+        child_class=kids["c"].astype(np.int64) if len(kids["c"]) else np.zeros(0, dtype=np.int64),
+        roots=np.asarray(g.find(np.asarray(roots, dtype=np.int64)), dtype=np.int64),
+    )
+    return problem, nodes["id"].astype(np.int64)
