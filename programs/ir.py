@@ -26,7 +26,7 @@ Term on the right (a builder)
 Both sides
     ``attrs`` are in catalog order.  ``getitem`` keeps its index in ``Term.index``
     (the catalog's ``index`` column) and has ``attrs == ()`` and one child.
-    Float attribute values are Python floats (an ``1`` written for a float is 1.0).
+    Float attribute values are Python floats (a ``1`` written for a float attribute is 1.0).
 Variables
     A variable is either an e-class variable (in child position, a bare right side,
     ``Pred.var``, the argument of ``Dim``/``Rank``/``Numel``/``ShapeOf``) or an
