@@ -1,0 +1,108 @@
+"""The saturation runner: exact e-graph sizes, semi-naive = naive, statements per round, limits."""
+
+import numpy as np
+import pytest
+
+from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.programs.parser import load_rules, parse_rules
+from relsat.relations.egraph import EGraph
+
+from pathlib import Path
+
+AC_ADD = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
+
+
+def add_chain(n, path=None, shape=(4,)):
+    g = EGraph(path)
+    x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(n)], dtype=object), "shape": list(shape),
+                              "dtype": 1})
+    acc = x[0]
+    for i in range(1, n):
+        acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
+    return g
+
+
+def saturate(g, rules=AC_ADD, **kw):
+    limits = Limits(iterations=kw.pop("iterations", 100), enodes=kw.pop("enodes", 10**7), seconds=600)
+    return Runner(g, rules, limits, **kw).run()
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_ac_add_exact_sizes(n, tmp_path):
+    path = tmp_path / "g.duckdb"
+    g = add_chain(n, path)
+    report = saturate(g, scheduler="simple")
+    assert report.stop_reason == StopReason.SATURATED
+    g.check_invariants()
+    g.close()
+    saved = EGraph(path, read_only=True)  # counted through the user-facing view of the saved file
+    classes, nodes = saved.sql("SELECT count(DISTINCT eclass), count(*) FROM enodes WHERE op = 'Add'")[0]
+    assert classes == 2**n - n - 1
+    assert nodes == 3**n - 2 ** (n + 1) + 1
+    assert saved.sql("SELECT max(round) FROM iterations")[0][0] == len(report.iterations)
+
+
+def test_invariants_hold_after_every_round():
+    g = add_chain(6)
+    rounds = []
+    Runner(g, AC_ADD, Limits(iterations=50, enodes=10**6, seconds=60),
+           on_round=lambda it: (g.check_invariants(), rounds.append(it.round))).run()
+    assert len(rounds) >= 3
+
+
+def test_semi_naive_reaches_the_same_egraph_as_naive():
+    sizes = []
+    for semi in (True, False):
+        g = add_chain(7)
+        saturate(g, scheduler="simple", semi_naive=semi)
+        sizes.append(g.counts())
+    assert sizes[0] == sizes[1]
+
+
+def test_statements_per_round_do_not_grow_with_the_graph():
+    """Same rules on a graph ~10x larger: the SQL statements per round stay the same."""
+    small = add_chain(5)
+    big = EGraph()
+    for k in range(10):  # ten independent chains in one e-graph
+        x = big.add("Input", attrs={"name": np.array([f"c{k}x{i}" for i in range(5)], dtype=object),
+                                    "shape": [4], "dtype": 1})
+        acc = x[0]
+        for i in range(1, 5):
+            acc = big.add("Add", {"a": [acc], "b": [x[i]]})[0]
+    r_small = saturate(small, scheduler="simple", iterations=3)
+    r_big = saturate(big, scheduler="simple", iterations=3)
+    assert big.counts()["enodes"] >= 9 * small.counts()["enodes"]
+    assert r_small.statements == r_big.statements
+
+
+def test_node_limit_is_honoured_within_a_round():
+    g = add_chain(8)
+    report = saturate(g, enodes=200, scheduler="simple")
+    assert report.stop_reason == StopReason.NODE_LIMIT
+    assert g.counts()["enodes"] <= 200 + 2  # inserts stop at the limit inside the round
+    g.check_invariants()
+
+
+def test_backoff_bans_a_rule_with_too_many_matches():
+    g = add_chain(8)
+    report = Runner(g, AC_ADD, Limits(iterations=4, enodes=10**6, seconds=60), scheduler="backoff",
+                    match_limit=50).run()
+    banned = g.sql("SELECT count(*) FROM rule_stats WHERE banned")[0][0]
+    assert banned >= 1
+    assert report.stop_reason == StopReason.ITERATION_LIMIT
+
+
+def test_rule_with_attributes_and_conditions():
+    rules = list(parse_rules("""
+        relu-idem: (Relu (Relu ?x)) => (Relu ?x)
+        flat-id: (Flatten :axis 1 ?x) => ?x if (rank ?x 2)
+    """).rules)
+    g = EGraph()
+    (x,) = g.add("Input", attrs={"name": "x", "shape": [2, 3], "dtype": 1})
+    (r1,) = g.add("Relu", {"x": [x]})
+    (r2,) = g.add("Relu", {"x": [r1]})
+    (f,) = g.add("Flatten", {"input": [x]}, {"axis": 1})
+    saturate(g, rules)
+    assert g.find([r2])[0] == g.find([r1])[0]
+    assert g.find([f])[0] == g.find([x])[0]
+    g.check_invariants()
