@@ -24,6 +24,7 @@ import highspy
 import numpy as np
 
 _SHARE_ROUNDS = 8  # at most this many sharing-improvement passes after greedy
+_MAX = np.finfo(np.float64).max  # greedy tree costs saturate here
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,9 @@ def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     is recomputed only when one of its children improved, and a class adopts a node only on
     a strict improvement. Since class costs only decrease and floating-point sums of
     non-negative terms are at least each term, a cycle of chosen nodes would force some
-    class's cost to be strictly below itself, so the chosen nodes are acyclic.
+    class's cost to be strictly below itself, so the chosen nodes are acyclic. Tree costs
+    can grow exponentially with depth, so totals saturate at the largest finite float
+    (the argument survives the saturation) and infinity only means "not extractable".
     """
     usable = usable & ~d.selfloop
     nc = d.num_classes
@@ -201,9 +204,10 @@ def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not len(nodes):
             break
         pos, lens = _gather(d.eptr, nodes)
-        sums = np.add.reduceat(val[d.echild[pos]], np.cumsum(lens) - lens)
-        totals = d.cost[nodes] + sums
-        keep = np.isfinite(totals)
+        kid_val, seg = val[d.echild[pos]], np.cumsum(lens) - lens
+        keep = ~np.logical_or.reduceat(np.isinf(kid_val), seg)
+        with np.errstate(over="ignore"):
+            totals = np.minimum(d.cost[nodes] + np.add.reduceat(kid_val, seg), _MAX)
         nodes, totals = nodes[keep], totals[keep]
     return val, choice
 

@@ -318,13 +318,17 @@ class EGraph:
             c.execute(f"UPDATE {op_table} SET {q(col)} = f.v, touched = {p} FROM _fix f WHERE {op_table}.id = f.id")
 
     def _congruence(self, op_table: str, keys: tuple[str, ...]) -> None:
+        """Rows that share a key with a touched row: keep the oldest, union the others' e-classes into it."""
         c, p = self.con, self.pass_no
+        cols = ", ".join(q(k) for k in keys)
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM t.{q(k)}" for k in keys)
         c.execute(
-            f"CREATE OR REPLACE TEMP TABLE _cong AS SELECT t.id AS tid, o.id AS oid, t.out AS tout, o.out AS oout "
-            f"FROM {op_table} t JOIN {op_table} o ON {on} AND o.id <> t.id WHERE t.touched = {p}")
-        c.execute("INSERT INTO pending SELECT tout, oout FROM _cong WHERE tout <> oout")
-        c.execute(f"DELETE FROM {op_table} WHERE id IN (SELECT greatest(tid, oid) FROM _cong WHERE tout = oout)")
+            f"CREATE OR REPLACE TEMP TABLE _grp AS SELECT id, out, min(id) OVER w AS keep_id, "
+            f"arg_min(out, id) OVER w AS keep_out FROM (SELECT o.* FROM {op_table} o SEMI JOIN "
+            f"(SELECT DISTINCT {cols} FROM {op_table} WHERE touched = {p}) t ON {on}) "
+            f"WINDOW w AS (PARTITION BY {cols})")
+        c.execute("INSERT INTO pending SELECT out, keep_out FROM _grp WHERE out <> keep_out")
+        c.execute(f"DELETE FROM {op_table} WHERE id IN (SELECT id FROM _grp WHERE id <> keep_id)")
 
     def _tables(self):
         for op in OPS:
