@@ -57,17 +57,17 @@ class ImportResult:
 
 
 # ------------------------------------------------------------------ loading
-def _graphs(graph: onnx.GraphProto):
+def walk_graphs(graph: onnx.GraphProto):
     """The graph and all its nested subgraphs."""
     yield graph
     for node in graph.node:
         for a in node.attribute:
             for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                yield from _graphs(sub)
+                yield from walk_graphs(sub)
 
 
 def _tensors(model: onnx.ModelProto):
-    for g in _graphs(model.graph):
+    for g in walk_graphs(model.graph):
         yield from g.initializer
         for s in g.sparse_initializer:
             yield from (s.values, s.indices)

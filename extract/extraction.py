@@ -97,10 +97,11 @@ def _dense(p: ExtractionProblem) -> _Dense:
 
 def _gather(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions ptr[r]:ptr[r+1] for each r in rows, concatenated; and the segment lengths."""
-    starts, lens = ptr[rows], ptr[rows + 1] - ptr[rows]
-    total = int(lens.sum())
-    offsets = np.repeat(starts - np.cumsum(lens) + lens, lens)
-    return offsets + np.arange(total, dtype=np.int64), lens
+    starts = ptr[rows]
+    lens = ptr[rows + 1] - starts
+    ends = np.cumsum(lens)
+    offsets = np.repeat(starts - ends + lens, lens)
+    return offsets + np.arange(len(offsets), dtype=np.int64), lens
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,25 +191,20 @@ def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rptr, rnode = _csr(d.echild[use_edge], d.enode[use_edge], nc)  # class -> parent nodes
     nodes = np.flatnonzero(usable & (d.eptr[1:] == d.eptr[:-1]))  # leaves first
     totals = d.cost[nodes]
-    while len(nodes):
-        cls = d.ncls[nodes]
-        order = np.lexsort((totals, cls))
-        cls, nodes, totals = cls[order], nodes[order], totals[order]
-        first = np.ones(len(cls), dtype=bool)
-        first[1:] = cls[1:] != cls[:-1]
-        cls, nodes, totals = cls[first], nodes[first], totals[first]
-        better = totals < val[cls]
-        cls = cls[better]
-        val[cls], choice[cls] = totals[better], nodes[better]
-        nodes = np.unique(rnode[_gather(rptr, cls)[0]])
-        if not len(nodes):
-            break
-        pos, lens = _gather(d.eptr, nodes)
-        kid_val, seg = val[d.echild[pos]], np.cumsum(lens) - lens
-        keep = ~np.logical_or.reduceat(np.isinf(kid_val), seg)
-        with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):
+        while len(nodes):
+            cls = d.ncls[nodes]
+            before = val[cls]
+            np.minimum.at(val, cls, totals)
+            win = (totals < before) & (totals == val[cls])  # a strict improvement, the best one
+            cls = cls[win]
+            choice[cls] = nodes[win]
+            nodes = rnode[_gather(rptr, cls)[0]]  # parents of improved classes (repeats are harmless)
+            pos, lens = _gather(d.eptr, nodes)
+            kid_val, seg = val[d.echild[pos]], np.cumsum(lens) - lens
+            keep = ~np.logical_or.reduceat(np.isinf(kid_val), seg)
             totals = np.minimum(d.cost[nodes] + np.add.reduceat(kid_val, seg), _MAX)
-        nodes, totals = nodes[keep], totals[keep]
+            nodes, totals = nodes[keep], totals[keep]
     return val, choice
 
 

@@ -1,0 +1,416 @@
+"""ONNX export: from a chosen DAG of e-nodes back to an ONNX model, and saving it.
+
+Owns ``original_choice`` (the import-order choice that reproduces the original
+graph), ``export_model`` (topological order, unique value names, the original
+input/output names, lifted attributes written back as initializers or attributes
+by opset, constant subgraphs folded into initializers with ONNX Runtime, opaque
+nodes written back verbatim, the original opsets/IR version/metadata) and
+``save_model_atomic``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper, numpy_helper
+
+from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED
+from relsat.relations.egraph import EGraph
+
+from .errors import RelsatError
+from .onnx_import import ImportResult, walk_graphs, outer_names
+from .verify import ort_session
+
+MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
+EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
+_FOLD_MIN = 1 << 16  # a constant subgraph is folded when its result has at most max(this, its inputs') elements
+_INT64_MIN = -(2 ** 63)
+_ATTR_TYPES = {"int": AttributeProto.INT, "ints": AttributeProto.INTS, "float": AttributeProto.FLOAT,
+               "floats": AttributeProto.FLOATS, "string": AttributeProto.STRING}
+
+
+@dataclass
+class _Node:
+    id: int
+    op: str  # catalog op_type, or "opaque"
+    cls: int
+    children: list[int]  # catalog: one per child column (-1 = absent), Concat's inputs; opaque: its inputs
+    attrs: dict  # catalog attributes; opaque: {"node": NodeProto bytes}
+
+
+@dataclass
+class _Info:
+    shape: list[int] | None
+    dtype: int | None
+    is_const: bool
+
+
+def original_choice(egraph: EGraph, roots) -> dict[int, int]:
+    """For every e-class needed by ``roots``, its node with the smallest id (the import order:
+    always acyclic, since a node's children existed before it)."""
+    best = {c: (n, ch) for c, n, ch in egraph.sql(
+        "SELECT eclass, min(id), arg_min(children, id) FROM enodes GROUP BY eclass")}
+    choice: dict[int, int] = {}
+    stack = [int(c) for c in egraph.find(list(roots))] if len(roots) else []
+    while stack:
+        c = stack.pop()
+        if c not in choice:
+            if c not in best:
+                raise ValueError(f"e-class {c} has no e-node")
+            choice[c] = best[c][0]
+            stack.extend(best[c][1])
+    return choice
+
+
+def _load_nodes(g: EGraph, choice: dict[int, int]) -> dict[int, _Node]:
+    """The chosen node of every class in ``choice``, keyed by class."""
+    g.con.register("_chosen", {"id": np.array(list(choice.values()), dtype=np.int64)})
+    nodes = []
+    try:
+        for op in OPS:
+            if op.table in g.live:
+                g.con.execute(f"SELECT * FROM {op.table} WHERE id IN (SELECT id FROM _chosen)")
+                cols = [d[0] for d in g.con.description]
+                for row in g.con.fetchall():
+                    r = dict(zip(cols, row))
+                    kids = r[op.inputs[0].column] if op.variadic else [r[c] for c in op.child_columns]
+                    nodes.append(_Node(r["id"], op.op_type, r["out"], list(kids), {a.name: r[a.name] for a in op.attrs}))
+        if "op_opaque" in g.live:
+            for nid, out, inputs, blob in g.sql("SELECT o.id, o.out, o.inputs, n.node FROM op_opaque o JOIN "
+                                                "opaque_nodes n USING (proto) WHERE o.id IN (SELECT id FROM _chosen)"):
+                nodes.append(_Node(nid, "opaque", out, list(inputs), {"node": bytes(blob)}))
+    finally:
+        g.con.unregister("_chosen")
+    by_id = {n.id: n for n in nodes}
+    out = {}
+    for c, nid in choice.items():
+        if nid not in by_id or by_id[nid].cls != c:
+            raise ValueError(f"choice maps e-class {c} to node {nid}, which is not a node of that e-class")
+        out[c] = by_id[nid]
+    return out
+
+
+def _analyses(g: EGraph, classes) -> dict[int, _Info]:
+    rows = g.sql("SELECT id, shape, dtype, is_const FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))",
+                 [list(classes)])
+    return {c: _Info(s, d, bool(k)) for c, s, d, k in rows}
+
+
+def _kids(n: _Node) -> list[int]:
+    return [c for c in n.children if c != -1]
+
+
+def _topo(roots, nodes: dict[int, _Node], stop=frozenset()) -> list[int]:
+    """Classes reachable from ``roots`` in post-order (children first), not entering ``stop``."""
+    order, state, stack = [], {}, [(c, False) for c in reversed(roots)]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            state[c] = 2
+            order.append(c)
+            continue
+        if state.get(c) == 2:
+            continue
+        if state.get(c) == 1:
+            raise RelsatError(f"the chosen graph has a cycle through e-class {c}")
+        if c not in nodes:
+            raise ValueError(f"the choice has no node for e-class {c}")
+        state[c] = 1
+        stack.append((c, True))
+        if c not in stop:
+            stack.extend((k, False) for k in reversed(_kids(nodes[c])) if state.get(k) != 2)
+    return order
+
+
+def _numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+
+
+def _fold_roots(roots, nodes, info) -> list[int]:
+    """The constant classes to fold: computed (not leaves) and not much bigger than their inputs."""
+    fold, seen, stack = [], set(), list(roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        n, i = nodes[c], info[c]
+        size_ok = i.shape is not None and _numel(i.shape) <= max(_FOLD_MIN, sum(_numel(info[k].shape) for k in _kids(n)))
+        if i.is_const and n.op not in ("Weight", "Constant") and size_ok:
+            fold.append(c)
+        else:
+            stack.extend(_kids(n))
+    return fold
+
+
+def _same(value, default, kind: str) -> bool:
+    if default is REQUIRED:
+        return False
+    if kind == "float":
+        return np.float32(value) == np.float32(default)
+    return value == default
+
+
+def _rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename reads of outer-scope values inside a subgraph (names it defines itself shadow them)."""
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
+        o for n in graph.node for o in n.output}
+    m = {k: v for k, v in mapping.items() if k not in local}
+    if not m:
+        return
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in m:
+                node.input[i] = m[name]
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
+                _rename_outer(sub, m)
+    for v in graph.output:
+        if v.name in m:
+            v.name = m[v.name]
+
+
+class _Writer:
+    """Writes chosen classes as ONNX nodes and initializers, naming every value uniquely."""
+
+    def __init__(self, imported: ImportResult, nodes: dict[int, _Node], info: dict[int, _Info],
+                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str]):
+        self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
+        self.opset = imported.opset_imports[""]
+        self.taken, self.owned = taken, owned  # names never generated; class -> its name in the original
+        self.assigned: set[str] = set()
+        self.name: dict[int, str] = {}
+        self.out_nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.counter: Counter = Counter()
+        self.lifted: dict[tuple, str] = {}
+        self.projections: dict[int, dict[int, int]] = {}  # tuple class -> {index: getitem class}
+        for c, n in nodes.items():
+            if n.op == "getitem":
+                self.projections.setdefault(n.children[0], {})[n.attrs["index"]] = c
+
+    def fresh(self, hint: str) -> str:
+        while True:
+            self.counter[hint] += 1
+            name = f"{hint}_{self.counter[hint]}"
+            if name not in self.taken and name not in self.assigned:
+                self.assigned.add(name)
+                return name
+
+    def assign(self, c: int, name: str) -> None:
+        self.name[c] = name
+        self.assigned.add(name)
+
+    def value(self, c: int) -> str:
+        if c not in self.name:
+            own = self.owned.get(c)
+            if own and own not in self.assigned:
+                self.assign(c, own)
+            else:
+                self.name[c] = self.fresh("v")
+        return self.name[c]
+
+    def tuple_output(self, t: int, index: int) -> str:
+        proj = self.projections.get(t, {}).get(index)
+        return self.value(proj) if proj is not None else self.fresh("unused")
+
+    def initializer(self, c: int, arr: np.ndarray) -> None:
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), self.value(c)))
+
+    def emit(self, c: int) -> None:
+        n = self.nodes[c]
+        if c in self.folded:
+            self.initializer(c, self.folded[c])
+        elif n.op == "Input":
+            self.assign(c, n.attrs["name"])
+        elif n.op == "Weight":
+            if n.attrs["ref"] not in self.g.tensors:
+                raise RelsatError(f"weight {n.attrs['ref']} has no tensor data in this session")
+            self.initializer(c, self.g.tensors[n.attrs["ref"]])
+        elif n.op == "Constant":
+            self.initializer(c, np.array(n.attrs["value_float"], dtype=np.float32))
+        elif n.op == "opaque":
+            self.opaque(c, n)
+        elif n.op != "getitem":  # a getitem's value is named by its tuple's node
+            self.catalog(c, n)
+
+    def opaque(self, c: int, n: _Node) -> None:
+        node = onnx.NodeProto()
+        node.ParseFromString(n.attrs["node"])
+        positions = [i for i, name in enumerate(node.input) if name]
+        names = [self.value(k) for k in n.children]
+        for i, name in zip(positions, names):
+            node.input[i] = name
+        mapping = dict(zip(outer_names(node), names[len(positions):]))
+        if mapping:
+            for a in node.attribute:
+                for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
+                    _rename_outer(sub, mapping)
+        if len(node.output) == 1:
+            node.output[0] = self.value(c)
+        else:
+            for i, o in enumerate(node.output):
+                if o:
+                    node.output[i] = self.tuple_output(c, i)
+        self.out_nodes.append(node)
+
+    def lifted_init(self, value, dtype: int) -> str:
+        arr = np.array(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
+        key = (dtype, arr.shape, arr.tobytes())
+        if key not in self.lifted:
+            self.lifted[key] = name = self.fresh("const")
+            self.inits.append(numpy_helper.from_array(arr, name))
+        return self.lifted[key]
+
+    def catalog(self, c: int, n: _Node) -> None:
+        op = BY_TYPE[n.op]
+        try:
+            schema = onnx.defs.get_schema(op.op_type, self.opset)
+        except onnx.defs.SchemaError:
+            raise RelsatError(f"cannot export {op.op_type}: it does not exist at opset {self.opset}") from None
+        inputs = [self.value(k) if k != -1 else "" for k in n.children]
+        values = dict(n.attrs)
+        if op.op_type == "Slice":  # a negative step's end -1 means "before index 0": ONNX spells it INT64_MIN
+            values["ends"] = [_INT64_MIN if st < 0 and e < 0 else e for e, st in zip(values["ends"], values["steps"])]
+        data_dtype = self.info[n.children[0]].dtype or onnx.TensorProto.FLOAT
+        lifted = {lf.attr: lf for lf in op.lifted}
+        attrs, extra = [], {}
+        for a in op.attrs:
+            v = values[a.name]
+            neutral = _same(v, a.default, a.kind) or (a.name in ("dilations", "steps") and set(v) <= {1})
+            lf = lifted.get(a.name)
+            if lf and self.opset >= lf.since:
+                if not _same(v, a.default, a.kind):
+                    extra[lf.input_index] = self.lifted_init(v, data_dtype if lf.dtype == 1 else lf.dtype)
+            elif a.name not in schema.attributes:
+                if not neutral:
+                    raise RelsatError(f"cannot export {op.op_type} with {a.name}={v} at opset {self.opset}")
+            elif not _same(v, a.default, a.kind) and not (a.name == "dilations" and neutral):
+                attrs.append(helper.make_attribute(a.name, v, attr_type=_ATTR_TYPES[a.kind]))
+        if op.op_type == "Reshape" and 0 in values["shape"] and "allowzero" in schema.attributes:
+            attrs.append(helper.make_attribute("allowzero", 1))
+        if op.op_type == "Softmax" and self.opset < 13 and values["axis"] != len(self.info[n.children[0]].shape) - 1:
+            raise RelsatError(f"cannot export Softmax over axis {values['axis']} at opset {self.opset} (< 13)")
+        for i, name in extra.items():
+            inputs += [""] * (i + 1 - len(inputs))
+            inputs[i] = name
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        outputs = ([self.tuple_output(c, i) for i in range(len(values["split"]))] if op.is_tuple
+                   else [self.value(c)])
+        node = helper.make_node(op.op_type, inputs, outputs, name=outputs[0])
+        node.attribute.extend(attrs)
+        self.out_nodes.append(node)
+
+
+def _owned_names(imported: ImportResult) -> dict[int, str]:
+    names = list(imported.values)
+    classes = imported.egraph.find([imported.values[n] for n in names]) if names else []
+    owned: dict[int, str] = {}
+    for name, c in zip(names, classes):
+        owned.setdefault(int(c), name)
+    return owned
+
+
+def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray]:
+    """Values of the constant classes ``fold``, computed by ONNX Runtime ({} if it cannot)."""
+    w = _Writer(imported, nodes, info, {}, taken, {})
+    for c in _topo(fold, nodes):
+        w.emit(c)
+    outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, info[c].shape) for c in fold]
+    model = helper.make_model(
+        helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
+        opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
+        ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
+    try:
+        return dict(zip(fold, ort_session(model, optimize=False).run(None, {})))
+    except Exception:
+        return {}
+
+
+def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -> onnx.ModelProto:
+    """The ONNX model of the chosen e-nodes (``choice``: e-class -> e-node id for every needed
+    class; None: the original graph), checked by onnx.checker (full check)."""
+    g = imported.egraph
+    roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
+    choice = original_choice(g, roots) if choice is None else {int(k): int(v) for k, v in choice.items()}
+    nodes = _load_nodes(g, choice)
+    needed = _topo(roots, nodes)
+    nodes = {c: nodes[c] for c in needed}
+    info = _analyses(g, needed)
+    taken = set(imported.values) | {n for n, _, _ in imported.inputs} | {n for n, _ in imported.outputs}
+    for n in nodes.values():
+        if n.op == "opaque":
+            proto = onnx.NodeProto()
+            proto.ParseFromString(n.attrs["node"])
+            for a in proto.attribute:
+                for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
+                    taken.update(v for gr in walk_graphs(sub) for v in [
+                        *(i.name for i in gr.input), *(t.name for t in gr.initializer),
+                        *(o for nd in gr.node for o in nd.output)])
+    fold = _fold_roots(roots, nodes, info)
+    folded = _evaluate(imported, nodes, info, fold, taken) if fold else {}
+    w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported))
+    for name, c in zip([o for o, _ in imported.outputs], roots):
+        if nodes[c].op != "Input" and c not in w.name:
+            w.assign(c, name)
+    for c in _topo(roots, nodes, stop=frozenset(folded)):
+        w.emit(c)
+    outputs = []
+    for name, c in zip([o for o, _ in imported.outputs], roots):
+        if w.name[c] != name:
+            w.out_nodes.append(helper.make_node("Identity", [w.name[c]], [name], name=name))
+        dtype = info[c].dtype or imported.output_dtypes.get(name, onnx.TensorProto.UNDEFINED)
+        outputs.append(helper.make_tensor_value_info(name, dtype, info[c].shape))
+    inputs = [helper.make_tensor_value_info(n, dt, s) for n, dt, s in imported.inputs]
+    if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
+        inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
+    graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
+        ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
+        producer_version=imported.producer[1], doc_string=imported.doc_string, domain=imported.domain,
+        model_version=imported.model_version, functions=imported.functions)
+    props = dict(imported.metadata)
+    if imported.specialized:
+        props["relsat.specialized_input_shapes"] = json.dumps(imported.specialized)
+    if props:
+        helper.set_model_props(model, props)
+    if model.ByteSize() < 2_000_000_000:
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except Exception as e:
+            raise RelsatError(f"the exported model fails the ONNX checker: {str(e).strip().splitlines()[0]}") from None
+    return model
+
+
+def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:
+    """Write ``model`` to ``path`` through a temporary file in the same folder and a rename; tensors
+    go to ``<name>.data`` next to it when ``external_data`` (default: above 1.8 GB)."""
+    path = Path(path)
+    if external_data is None:
+        external_data = model.ByteSize() > EXTERNAL_DATA_BYTES
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = tmpdir / path.name
+        if external_data:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            data = path.name + ".data"
+            onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data, size_threshold=1024)
+            if (tmpdir / data).exists():
+                os.replace(tmpdir / data, path.parent / data)
+        else:
+            tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
