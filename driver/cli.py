@@ -7,6 +7,7 @@ exit status 1; nothing is written unless the step that writes succeeds.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -70,7 +71,6 @@ def optimize(
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, write."""
     from .optimize import optimize as run
-    from .onnx_export import save_bytes_atomic
 
     try:
         if extractor not in ("ilp", "greedy"):
@@ -87,8 +87,15 @@ def optimize(
     rep["input"] = model
     rep["output"] = str(output)
     if report:
-        save_bytes_atomic(json.dumps(rep, indent=2, default=str).encode(), report)
+        _write_atomic(report, json.dumps(rep, indent=2, default=str))
     _summary(rep)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _summary(rep: dict) -> None:
