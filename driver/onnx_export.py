@@ -26,7 +26,7 @@ from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED
 from relsat.relations.egraph import EGraph
 
 from .errors import RelsatError
-from .onnx_import import ImportResult, walk_graphs, outer_names
+from .onnx_import import ImportResult, outer_names, subgraphs, walk_graphs
 from .verify import ort_session
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
@@ -159,6 +159,14 @@ def _same(value, default, kind: str) -> bool:
     return value == default
 
 
+def _subgraph_names(blob: bytes) -> set[str]:
+    """Every value name defined inside the subgraphs of a serialized node."""
+    node = onnx.NodeProto()
+    node.ParseFromString(blob)
+    return {v for sub in subgraphs(node) for g in walk_graphs(sub)
+            for v in [*(i.name for i in g.input), *(t.name for t in g.initializer), *(o for n in g.node for o in n.output)]}
+
+
 def _rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
     """Rename reads of outer-scope values inside a subgraph (names it defines itself shadow them)."""
     local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
@@ -170,9 +178,8 @@ def _rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
         for i, name in enumerate(node.input):
             if name in m:
                 node.input[i] = m[name]
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                _rename_outer(sub, m)
+        for sub in subgraphs(node):
+            _rename_outer(sub, m)
     for v in graph.output:
         if v.name in m:
             v.name = m[v.name]
@@ -250,10 +257,8 @@ class _Writer:
         for i, name in zip(positions, names):
             node.input[i] = name
         mapping = dict(zip(outer_names(node), names[len(positions):]))
-        if mapping:
-            for a in node.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                    _rename_outer(sub, mapping)
+        for sub in subgraphs(node) if mapping else ():
+            _rename_outer(sub, mapping)
         if len(node.output) == 1:
             node.output[0] = self.value(c)
         else:
@@ -322,17 +327,17 @@ def _owned_names(imported: ImportResult) -> dict[int, str]:
 
 def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray]:
     """Values of the constant classes ``fold``, computed by ONNX Runtime ({} if it cannot)."""
-    w = _Writer(imported, nodes, info, {}, taken, {})
-    for c in _topo(fold, nodes):
-        w.emit(c)
-    outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, info[c].shape) for c in fold]
-    model = helper.make_model(
-        helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
-        opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
-        ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
     try:
+        w = _Writer(imported, nodes, info, {}, taken, {})
+        for c in _topo(fold, nodes):
+            w.emit(c)
+        outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, info[c].shape) for c in fold]
+        model = helper.make_model(
+            helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
+            opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
+            ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
         return dict(zip(fold, ort_session(model, optimize=False).run(None, {})))
-    except Exception:
+    except Exception:  # e.g. an opaque node ONNX Runtime cannot run alone: keep the nodes
         return {}
 
 
@@ -341,7 +346,10 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     class; None: the original graph), checked by onnx.checker (full check)."""
     g = imported.egraph
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
-    choice = original_choice(g, roots) if choice is None else {int(k): int(v) for k, v in choice.items()}
+    if choice is None:
+        choice = original_choice(g, roots)
+    else:  # canonical e-class ids
+        choice = dict(zip(g.find(list(choice)).tolist(), map(int, choice.values()))) if choice else {}
     nodes = _load_nodes(g, choice)
     needed = _topo(roots, nodes)
     nodes = {c: nodes[c] for c in needed}
@@ -349,13 +357,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     taken = set(imported.values) | {n for n, _, _ in imported.inputs} | {n for n, _ in imported.outputs}
     for n in nodes.values():
         if n.op == "opaque":
-            proto = onnx.NodeProto()
-            proto.ParseFromString(n.attrs["node"])
-            for a in proto.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                    taken.update(v for gr in walk_graphs(sub) for v in [
-                        *(i.name for i in gr.input), *(t.name for t in gr.initializer),
-                        *(o for nd in gr.node for o in nd.output)])
+            taken |= _subgraph_names(n.attrs["node"])
     fold = _fold_roots(roots, nodes, info)
     folded = _evaluate(imported, nodes, info, fold, taken) if fold else {}
     w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported))
@@ -368,8 +370,10 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     for name, c in zip([o for o, _ in imported.outputs], roots):
         if w.name[c] != name:
             w.out_nodes.append(helper.make_node("Identity", [w.name[c]], [name], name=name))
-        dtype = info[c].dtype or imported.output_dtypes.get(name, onnx.TensorProto.UNDEFINED)
-        outputs.append(helper.make_tensor_value_info(name, dtype, info[c].shape))
+        if info[c].shape is not None and info[c].dtype:
+            outputs.append(helper.make_tensor_value_info(name, info[c].dtype, info[c].shape))
+        else:
+            outputs.append(imported.output_info[name])
     inputs = [helper.make_tensor_value_info(n, dt, s) for n, dt, s in imported.inputs]
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
@@ -388,7 +392,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as e:
-            raise RelsatError(f"the exported model fails the ONNX checker: {str(e).strip().splitlines()[0]}") from None
+            raise RelsatError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
     return model
 
 

@@ -23,16 +23,20 @@ import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import BY_TYPE, REQUIRED, OpDef
-from relsat.relations.egraph import EGraph, ShapeConflict
+from relsat.relations.egraph import EGraph
+from relsat.relations.schema import q
 
 from .errors import RelsatError
-from .verify import ort_error, ort_session
+from .verify import error_line, ort_session
 
 MIN_OPSET, MAX_OPSET = 7, 26
 _BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim"}
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
+_SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Squeeze", "Unsqueeze", "Cast", "Add", "Sub", "Mul",
+              "Div", "Neg", "Abs", "Floor", "Ceil", "Min", "Max", "Equal", "Less", "Greater", "Not", "Where",
+              "Identity", "Reshape", "ReduceProd", "Mod"}  # evaluated at import over small constants
 
 
 @dataclass
@@ -50,20 +54,25 @@ class ImportResult:
     node_count: int
     values: dict[str, int] = field(default_factory=dict)  # every ONNX value name -> e-class
     specialized: dict[str, list[int]] = field(default_factory=dict)  # inputs whose dynamic dims were fixed
-    output_dtypes: dict[str, int] = field(default_factory=dict)
+    output_info: dict[str, onnx.ValueInfoProto] = field(default_factory=dict)  # declared output types
     functions: list = field(default_factory=list)  # model-local FunctionProtos (opaque nodes may call them)
     domain: str = ""
     model_version: int = 0
 
 
 # ------------------------------------------------------------------ loading
+def subgraphs(node: onnx.NodeProto):
+    """The graphs held by a node's attributes (If's branches, Loop's body, ...)."""
+    for a in node.attribute:
+        yield from ([a.g] if a.type == AttributeProto.GRAPH else a.graphs)
+
+
 def walk_graphs(graph: onnx.GraphProto):
     """The graph and all its nested subgraphs."""
     yield graph
     for node in graph.node:
-        for a in node.attribute:
-            for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                yield from walk_graphs(sub)
+        for sub in subgraphs(node):
+            yield from walk_graphs(sub)
 
 
 def _tensors(model: onnx.ModelProto):
@@ -109,11 +118,11 @@ def load_model(path) -> onnx.ModelProto:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(base))
         except Exception as e:
-            raise RelsatError(f"{p}: cannot read external data: {str(e).splitlines()[0]}") from None
+            raise RelsatError(f"{p}: cannot read external data: {error_line(e)}") from None
     try:
         onnx.checker.check_model(model if model.ByteSize() < 2_000_000_000 else str(p))
     except Exception as e:
-        raise RelsatError(f"{p}: fails the ONNX checker: {str(e).strip().splitlines()[0]}") from None
+        raise RelsatError(f"{p}: fails the ONNX checker: {error_line(e)}") from None
     check_ort_loadable(p)
     return model
 
@@ -124,7 +133,7 @@ def check_ort_loadable(model_or_path) -> None:
     try:
         ort_session(model_or_path, optimize=False)
     except Exception as e:
-        raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {ort_error(e)}") from None
+        raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
 
 
 # ----------------------------------------------------------- input shapes
@@ -133,7 +142,7 @@ def _is_batch_dim(param: str, index: int) -> bool:
 
 
 def _fmt_dims(dims) -> str:
-    return ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(dims))
+    return ",".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
 
 
 def _input_shapes(inputs, overrides: dict | None):
@@ -149,7 +158,7 @@ def _input_shapes(inputs, overrides: dict | None):
         if not v.type.HasField("tensor_type") or not v.type.tensor_type.elem_type:
             raise RelsatError(f"input '{v.name}': only tensor inputs are supported")
         tt = v.type.tensor_type
-        declared = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]
+        declared = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else d.dim_param for d in tt.shape.dim]
         if overrides and v.name in overrides:
             dims = [int(d) for d in overrides[v.name]]
             if tt.HasField("shape") and (len(dims) != len(declared) or any(
@@ -159,49 +168,106 @@ def _input_shapes(inputs, overrides: dict | None):
         elif not tt.HasField("shape"):
             raise RelsatError(f"input '{v.name}' has no declared shape; set it with --input-shape {v.name}=D0,D1,...")
         else:
-            dims = []
-            for i, d in enumerate(declared):
-                if isinstance(d, int):
-                    dims.append(d)
-                elif _is_batch_dim(d, i):
-                    dims.append(1)
-                    notices.append(f"input '{v.name}': dynamic dim {i} ({d or 'unnamed'}) set to 1 as a batch dim; "
-                                   f"choose another size with --input-shape {v.name}=...")
-                else:
-                    raise RelsatError(f"input '{v.name}': dim {i} ({d or 'unnamed'}) is dynamic; set it with "
-                                      f"--input-shape {v.name}={_fmt_dims(declared)}")
+            dims = [d if isinstance(d, int) else 1 if _is_batch_dim(d, i) else f"D{i}" for i, d in enumerate(declared)]
+            unresolved = [f"dim {i} ({declared[i] or 'unnamed'})" for i, d in enumerate(dims) if isinstance(d, str)]
+            if unresolved:
+                raise RelsatError(f"input '{v.name}' has dynamic {', '.join(unresolved)}; set its shape with "
+                                  f"--input-shape {v.name}={','.join(map(str, dims))}")
+            notices += [f"input '{v.name}': dynamic dim {i} ({d or 'unnamed'}) set to 1 as a batch dim; choose "
+                        f"another size with --input-shape {v.name}=..." for i, d in enumerate(declared) if isinstance(d, str)]
         if dims != declared:
             specialized[v.name] = dims
         shapes[v.name] = dims
     return shapes, notices, specialized
 
 
-def _infer_types(model: onnx.ModelProto, shapes: dict) -> dict[str, tuple[int | None, list[int] | None]]:
-    """ONNX dtype and static shape (None when unknown) of every value, by ONNX shape inference on
-    a light copy of the model with the fixed input shapes (big initializers passed as inputs)."""
+def _types_of(graph: onnx.GraphProto) -> dict[str, tuple[int | None, list[int] | None]]:
+    types = {t.name: (t.data_type, list(t.dims)) for t in graph.initializer}
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        if v.type.HasField("tensor_type"):
+            tt = v.type.tensor_type
+            known = tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim)
+            types[v.name] = (tt.elem_type or None, [d.dim_value for d in tt.shape.dim] if known else None)
+    return types
+
+
+def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
+    if node.op_type == "Size":
+        return np.array(np.prod(shape, dtype=np.int64))
+    a = {x.name: x.i for x in node.attribute}
+    return np.array(shape[a.get("start", 0):a.get("end", len(shape))], dtype=np.int64)
+
+
+def _infer_types(model: onnx.ModelProto, shapes: dict):
+    """ONNX dtype and static shape (None when unknown) of every value, and the values that the
+    fixed input shapes make constant (``Shape`` and small shape arithmetic on it).
+
+    ONNX shape inference (with data propagation) runs on a light copy of the model: the fixed input
+    shapes, big initializers passed as inputs.  Shape/Size nodes of statically shaped values and
+    nodes in ``_SHAPE_OPS`` over small constants are then evaluated (ONNX Runtime) and become
+    initializers of the copy, and inference runs again, until nothing more is constant: the shape
+    computations of exporters (Shape -> Gather -> Concat -> Reshape) resolve even where ONNX's data
+    propagation does not (older opsets)."""
     g = model.graph
     listed = {v.name for v in g.input}
     inputs = [helper.make_tensor_value_info(v.name, v.type.tensor_type.elem_type, shapes[v.name])
               if v.name in shapes else v for v in g.input]
-    small = []
+    consts: dict[str, onnx.TensorProto] = {}
     for t in g.initializer:
         if np.prod(t.dims, dtype=np.int64) <= _SMALL_TENSOR:
-            small.append(t)
+            consts[t.name] = t
         elif t.name not in listed:
             inputs.append(helper.make_tensor_value_info(t.name, t.data_type, t.dims))
-    light = helper.make_graph(g.node, g.name, inputs, g.output, small, sparse_initializer=g.sparse_initializer)
-    light_model = helper.make_model(light, opset_imports=model.opset_import, ir_version=model.ir_version,
-                                    functions=model.functions)
-    inferred = onnx.shape_inference.infer_shapes(light_model, strict_mode=False, data_prop=True)
-    types = {t.name: (t.data_type, list(t.dims)) for t in g.initializer}
-    for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
-        if not v.type.HasField("tensor_type"):
+    nodes = []
+    for n in g.node:
+        constant = n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+        if constant and n.attribute[0].HasField("t") and np.prod(n.attribute[0].t.dims) > _SMALL_TENSOR:
+            inputs.append(helper.make_tensor_value_info(n.output[0], n.attribute[0].t.data_type, n.attribute[0].t.dims))
             continue
-        tt = v.type.tensor_type
-        dims = tt.shape.dim
-        known = tt.HasField("shape") and all(d.HasField("dim_value") for d in dims)
-        types[v.name] = (tt.elem_type or None, [d.dim_value for d in dims] if known else None)
-    return types
+        value = _constant_value(n) if constant else None
+        if value is not None and value[0].size <= _SMALL_TENSOR:
+            consts[n.output[0]] = numpy_helper.from_array(value[0], n.output[0])
+        else:
+            nodes.append(n)
+    folded: dict[str, np.ndarray] = {}
+    failed: set[str] = set()  # outputs of nodes ONNX Runtime could not evaluate
+    while True:
+        light = helper.make_model(
+            helper.make_graph(nodes, g.name, inputs, g.output, list(consts.values()),
+                              sparse_initializer=g.sparse_initializer),
+            opset_imports=model.opset_import, ir_version=model.ir_version, functions=model.functions)
+        types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph)
+        known, shape_values, ready = set(consts), {}, []
+        for n in nodes:
+            out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)
+            if (n.domain not in ("", "ai.onnx") or n.op_type not in _SHAPE_OPS or not out_dtype or out_shape is None
+                    or np.prod(out_shape, dtype=np.int64) > _SMALL_TENSOR or n.output[0] in failed):
+                continue
+            if n.op_type in ("Shape", "Size") and types.get(n.input[0], (None, None))[1] is not None:
+                shape_values[n.output[0]] = _shape_value(n, types[n.input[0]][1])
+            elif n.op_type in ("Shape", "Size") or not all(i in known for i in n.input if i):
+                continue
+            ready.append(n)
+            known.add(n.output[0])
+        if not ready:
+            return types, folded
+        consts.update((k, numpy_helper.from_array(v, k)) for k, v in shape_values.items())
+        folded.update(shape_values)
+        rest = [n for n in ready if n.output[0] not in shape_values]
+        if rest:
+            sub = helper.make_model(helper.make_graph(
+                rest, "shapes", [], [helper.make_tensor_value_info(n.output[0], *types[n.output[0]]) for n in rest],
+                [consts[i] for i in {i for n in rest for i in n.input if i and i in consts}]),
+                opset_imports=model.opset_import, ir_version=min(model.ir_version, 10))
+            try:
+                values = ort_session(sub, optimize=False).run(None, {})
+            except Exception:  # leave these nodes to the graph
+                values = []
+                failed.update(n.output[0] for n in rest)
+            for n, v in zip(rest, values):
+                consts[n.output[0]] = numpy_helper.from_array(np.asarray(v), n.output[0])
+                folded[n.output[0]] = np.asarray(v)
+        nodes = [n for n in nodes if not (n.output and n.output[0] in folded)]
 
 
 # ------------------------------------------------------------ node helpers
@@ -214,17 +280,10 @@ def outer_names(node: onnx.NodeProto) -> list[str]:
         used = {v.name for v in graph.output}
         for n in graph.node:
             used.update(i for i in n.input if i)
-            used.update(sub_refs(n))
+            used.update(*(refs(sub) for sub in subgraphs(n)))
         return used - local
 
-    def sub_refs(n) -> set[str]:
-        out = set()
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == AttributeProto.GRAPH else a.graphs):
-                out |= refs(sub)
-        return out
-
-    return sorted(sub_refs(node))
+    return sorted(set().union(*(refs(sub) for sub in subgraphs(node))))
 
 
 def _attr_value(a: AttributeProto):
@@ -255,12 +314,6 @@ def _digest(arr: np.ndarray, dtype: int) -> str:
     h = hashlib.sha1(f"{dtype}|{list(arr.shape)}|".encode())
     h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
-
-
-def _agrees(want, shape, dtype) -> bool:
-    """Does an e-class's shape and dtype match ONNX inference's (dtype, shape), where known?"""
-    want_dtype, want_shape = want or (None, None)
-    return (want_shape is None or want_shape == shape) and (want_dtype is None or want_dtype == dtype)
 
 
 def _norm(axis: int, rank: int) -> int:
@@ -595,56 +648,61 @@ class _Importer:
                 children[inp.column] = self.cls[name] if name else -1
         return _Item(node, op, children, attrs)
 
-    def _disagree(self, items: list[_Item], ids: np.ndarray) -> list[int]:
-        """Rows whose e-class shape or dtype differs from ONNX shape inference."""
-        rows = {r[0]: r[1:] for r in self.g.sql(
-            "SELECT id, shape, dtype, tuple_shapes, tuple_dtypes FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))",
-            [ids.tolist()])}
-        bad = []
-        for i, (it, c) in enumerate(zip(items, ids.tolist())):
-            shape, dtype, tshapes, tdtypes = rows[c]
-            got = list(zip(tshapes, tdtypes)) if it.op.is_tuple else [(shape, dtype)]
-            outs = list(it.node.output) if it.op.is_tuple else [it.node.output[0]]
-            if len(got) != len(outs) or not all(_agrees(self.types.get(o), s, d) for o, (s, d) in zip(outs, got)):
-                bad.append(i)
-        return bad
+    def _agrees(self, it: _Item, shape, dtype, tuple_shapes, tuple_dtypes) -> bool:
+        """Do the e-class's shape and dtype match ONNX shape inference where that knows them?"""
+        got = list(zip(tuple_shapes, tuple_dtypes)) if it.op.is_tuple else [(shape, dtype)]
+        outs = list(it.node.output) if it.op.is_tuple else [it.node.output[0]]
+        for o, (s, d) in zip(outs, got):
+            want_dtype, want_shape = self.types.get(o) or (None, None)
+            if (want_shape is not None and want_shape != s) or (want_dtype is not None and want_dtype != d):
+                return False
+        return len(got) == len(outs)
 
     def insert(self, op: OpDef, items: list[_Item]) -> list[_Item]:
-        """Add a batch of catalog nodes; returns the items that must become opaque instead."""
+        """Hash-cons a batch of catalog nodes; returns the items that must become opaque instead
+        (their shape rule rejects them, or disagrees with ONNX shape inference)."""
         con = self.g.con
-        children = {}
+        frame, select = {"rid": np.arange(len(items), dtype=np.int64)}, ["rid"]
         for inp in op.inputs:
             col = [it.children[inp.column] for it in items]
-            children[inp.column] = col if inp.variadic else np.array(col, dtype=np.int64)
-        attrs = {}
+            if inp.variadic:
+                frame[inp.column] = np.array([json.dumps(c) for c in col], dtype=object)
+                select.append(f"{q(inp.column)}::VARCHAR::BIGINT[] AS {q(inp.column)}")
+            else:
+                frame[inp.column] = np.array(col, dtype=np.int64)
+                select.append(q(inp.column))
         for a in op.attrs:
             col = [it.attrs[a.name] for it in items]
-            attrs[a.name] = (np.array([json.dumps([int(v) for v in x]) for x in col], dtype=object) if a.kind == "ints"
-                             else np.array(col, dtype={"int": np.int64, "float": np.float64}.get(a.kind, object)))
+            if a.kind == "ints":
+                frame[a.name] = np.array([json.dumps([int(v) for v in x]) for x in col], dtype=object)
+                select.append(f"{q(a.name)}::VARCHAR::BIGINT[] AS {q(a.name)}")
+            else:
+                frame[a.name] = np.array(col, dtype={"int": np.int64, "float": np.float64}.get(a.kind, object))
+                select.append(q(a.name))
+        con.register("_import_batch", frame)
         con.execute("BEGIN TRANSACTION")
         try:
-            ids = self.g.add(op.op_type, children, attrs, n=len(items))
-            bad = self._disagree(items, ids)
-        except ShapeConflict:
-            ids, bad = None, None
+            res = self.g.insert_from(op, f"SELECT {', '.join(select)} FROM _import_batch", result="_import_out")
+            got = {rid: rest for rid, *rest in con.execute(
+                f"SELECT r.rid, e.id, e.shape, e.dtype, e.tuple_shapes, e.tuple_dtypes FROM {res.table} r "
+                f"JOIN eclass e ON e.id = r.out").fetchall()}
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        if bad == []:
-            con.execute("COMMIT")
-            for it, c in zip(items, ids.tolist()):
-                it.out = c
+        finally:
+            con.unregister("_import_batch")
+        bad = [i for i, it in enumerate(items) if i not in got or not self._agrees(it, *got[i][1:])]
+        if any(i in got for i in bad):  # a node was added with the wrong shape: undo, add the others
+            con.execute("ROLLBACK")
+            good = [it for i, it in enumerate(items) if i not in set(bad)]
+            return [items[i] for i in bad] + (self.insert(op, good) if good else [])
+        con.execute("COMMIT")
+        for i, it in enumerate(items):
+            if i in got:
+                it.out = got[i][0]
                 if not op.is_tuple:
-                    self.cls[it.node.output[0]] = c
-            return []
-        con.execute("ROLLBACK")
-        if len(items) == 1:
-            return items
-        if bad is None:  # some row's shape rule failed: find it by bisection
-            half = len(items) // 2
-            return self.insert(op, items[:half]) + self.insert(op, items[half:])
-        good = [it for i, it in enumerate(items) if i not in set(bad)]
-        return [items[i] for i in bad] + (self.insert(op, good) if good else [])
+                    self.cls[it.node.output[0]] = it.out
+        return [items[i] for i in bad]
 
     def run(self, nodes: list[onnx.NodeProto]) -> None:
         level_of: dict[str, int] = {}
@@ -699,20 +757,27 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     real_inputs = [v for v in graph.input if v.name not in init_names]
     shapes, notices, specialized = _input_shapes(real_inputs, input_shapes)
     try:
-        types = _infer_types(model, shapes)
+        types, folded = _infer_types(model, shapes)
     except Exception as e:
-        types = {}
-        notices.append(f"ONNX shape inference failed ({str(e).splitlines()[0]}); every node kept opaque")
+        types, folded = {}, {}
+        notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
     g = egraph if egraph is not None else EGraph()
     imp = _Importer(g, model, opset, types)
     weights = [(t.name, numpy_helper.to_array(t), t.data_type) for t in graph.initializer]
-    nodes = []
+    nodes, computed = [], Counter()
     for node in graph.node:
         value = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
         if value is not None:
             weights.append((node.output[0], *value))
+        elif node.output and node.output[0] in folded:
+            arr = folded[node.output[0]]
+            weights.append((node.output[0], arr, helper.np_dtype_to_tensor_dtype(arr.dtype)))
+            computed[node.op_type] += 1
         else:
             nodes.append(node)
+    if computed:
+        notices.append("computed from the fixed input shapes: " + ", ".join(
+            f"{op} x{n}" if n > 1 else op for op, n in computed.most_common()))
     imp.add_weights(weights)
     inputs = [(v.name, v.type.tensor_type.elem_type, shapes[v.name]) for v in real_inputs]
     imp.add_inputs(inputs)
@@ -727,5 +792,5 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         producer=(model.producer_name, model.producer_version), graph_name=graph.name, doc_string=model.doc_string,
         node_count=len(graph.node), values=imp.cls,
         specialized=specialized,
-        output_dtypes={o.name: o.type.tensor_type.elem_type for o in graph.output if o.type.HasField("tensor_type")},
+        output_info={o.name: o for o in graph.output},
         functions=list(model.functions), domain=model.domain, model_version=model.model_version)

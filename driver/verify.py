@@ -1,7 +1,7 @@
 """Numerical verification under ONNX Runtime.
 
 Owns the ONNX Runtime sessions relsat creates (``ort_session``, the one-line
-``ort_error`` text of a failure), the seeded random inputs, and ``verify``: the
+``error_line`` text of a failure), the seeded random inputs, and ``verify``: the
 original and the optimized model run on the same inputs and every output is
 compared with a tolerance scaled to that output's magnitude
 (``atol + rtol * max|ref|``).
@@ -41,8 +41,8 @@ class VerifyResult:
     message: str = ""
 
 
-def ort_error(exc: BaseException) -> str:
-    """The first line of an ONNX Runtime exception, without its status prefix."""
+def error_line(exc: BaseException) -> str:
+    """The first line of an exception's message (ONNX Runtime's status prefix removed)."""
     text = str(exc).strip() or type(exc).__name__
     return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text.splitlines()[0])
 
@@ -87,14 +87,14 @@ def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None) 
                 shape.append(known[0] if known else 1)
         dtype = np.dtype(_np_dtype(inp.type))
         if dtype == np.bool_:
-            feeds[inp.name] = rng.random(shape) < 0.5
-        elif dtype.kind == "f" or dtype.kind == "V":  # V: ml_dtypes such as bfloat16
-            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            mask = "mask" in inp.name.lower()  # attention masks: keep everything
-            feeds[inp.name] = (np.ones(shape) if mask else rng.integers(0, 8, shape)).astype(dtype)
+            value = rng.random(shape) < 0.5
+        elif dtype.kind in "fV":  # V: ml_dtypes such as bfloat16
+            value = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":  # small non-negative values, valid as indices; attention masks all ones
+            value = (np.ones(shape) if "mask" in inp.name.lower() else rng.integers(0, 8, shape)).astype(dtype)
         else:
-            feeds[inp.name] = np.full(shape, "a", dtype=object)
+            value = np.full(shape, "a", dtype=object)
+        feeds[inp.name] = np.asarray(value)
     return feeds
 
 
@@ -129,17 +129,17 @@ def verify(original, optimized, *, seed: int = 0, rtol: float = 1e-3, atol: floa
     try:
         ref_sess = ort_session(original)
     except Exception as e:
-        raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {ort_error(e)}") from None
+        raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
     try:
         opt_sess = ort_session(optimized)
     except Exception as e:
         return VerifyResult(False, float("inf"), float("inf"), {},
-                            f"ONNX Runtime cannot load the optimized model: {ort_error(e)}")
+                            f"ONNX Runtime cannot load the optimized model: {error_line(e)}")
     feeds = random_inputs([ref_sess, opt_sess], seed=seed, input_shapes=input_shapes)
     try:
         ref = ref_sess.run(None, feeds)
     except Exception as e:
-        raise RelsatError(f"{label}: ONNX Runtime cannot run the model: {ort_error(e)}") from None
+        raise RelsatError(f"{label}: ONNX Runtime cannot run the model: {error_line(e)}") from None
     opt_names = [o.name for o in opt_sess.get_outputs()]
     names = [o.name for o in ref_sess.get_outputs()]
     missing = [n for n in names if n not in opt_names]
@@ -151,7 +151,7 @@ def verify(original, optimized, *, seed: int = 0, rtol: float = 1e-3, atol: floa
         got = dict(zip(opt_names, opt_sess.run(None, opt_feeds)))
     except Exception as e:
         return VerifyResult(False, float("inf"), float("inf"), {},
-                            f"ONNX Runtime cannot run the optimized model: {ort_error(e)}")
+                            f"ONNX Runtime cannot run the optimized model: {error_line(e)}")
     checks = {n: _compare(r, got[n], rtol, atol) for n, r in zip(names, ref)}
     abs_err = max((c.max_abs_err for c in checks.values()), default=0.0)
     rel_err = max((c.max_rel_err for c in checks.values()), default=0.0)

@@ -104,6 +104,14 @@ def _gather(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return offsets + np.arange(len(offsets), dtype=np.int64), lens
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique without its fixed cost on small arrays)."""
+    a = np.sort(a)
+    first = np.ones(len(a), dtype=bool)
+    np.not_equal(a[1:], a[:-1], out=first[1:])
+    return a[first]
+
+
 def _csr(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Group values by key in 0..size-1 as (ptr, values sorted by key)."""
     order = np.argsort(keys, kind="stable")
@@ -199,7 +207,7 @@ def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             win = (totals < before) & (totals == val[cls])  # a strict improvement, the best one
             cls = cls[win]
             choice[cls] = nodes[win]
-            nodes = rnode[_gather(rptr, cls)[0]]  # parents of improved classes (repeats are harmless)
+            nodes = _distinct(rnode[_gather(rptr, cls)[0]])  # parents of improved classes
             pos, lens = _gather(d.eptr, nodes)
             kid_val, seg = val[d.echild[pos]], np.cumsum(lens) - lens
             keep = ~np.logical_or.reduceat(np.isinf(kid_val), seg)
@@ -264,7 +272,7 @@ def _share(d: _Dense, choice: np.ndarray, alive: np.ndarray) -> None:
             if not alive_l[c] or not all(alive_l[k] for k in new_kids):
                 continue
             back = [k for k in new_kids if rank_l[k] < rank_l[c]]
-            if back and (c in back or reaches(back, c)):
+            if back and reaches(back, c):
                 continue
             old = choice_l[c]
             for k in new_kids:

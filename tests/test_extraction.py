@@ -3,6 +3,7 @@
 import itertools
 import time
 
+import highspy
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -172,6 +173,17 @@ def test_validate_choice_messages():
 def test_empty_roots():
     p = make([(0, 1, [])], [])
     assert greedy_extract(p).choice == {} and ilp_extract(p).cost == 0.0
+    validate_choice(p, {})
+
+
+def test_warm_start_kept_without_ilp_solution(monkeypatch):
+    p = make([(0, 0, [1, 2]), (1, 0, [3]), (1, 3, []), (2, 0, [3]), (2, 3, []), (3, 5, [])], [0])
+    greedy = greedy_extract(p)
+    monkeypatch.setattr(highspy.Highs, "run", lambda self: None)  # HiGHS returns no incumbent
+    kept = ilp_extract(p, warm_start=greedy)
+    assert (kept.status, kept.method, kept.choice, kept.cost) == ("warm_start_kept", "ilp", greedy.choice, 6.0)
+    with pytest.raises(ValueError, match="not chosen"):
+        ilp_extract(p, warm_start=Extraction({0: 0}, 0.0, "greedy", "greedy", None, None, 0.0))
 
 
 def random_dag(n_classes, seed):
