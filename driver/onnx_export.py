@@ -27,7 +27,7 @@ from relsat.relations.egraph import EGraph
 
 from .errors import RelsatError
 from .onnx_import import ImportResult, outer_names, subgraphs, walk_graphs
-from .verify import ort_session
+from .verify import error_line, ort_session
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
 EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
@@ -82,7 +82,8 @@ def _load_nodes(g: EGraph, choice: dict[int, int]) -> dict[int, _Node]:
                 for row in g.con.fetchall():
                     r = dict(zip(cols, row))
                     kids = r[op.inputs[0].column] if op.variadic else [r[c] for c in op.child_columns]
-                    nodes.append(_Node(r["id"], op.op_type, r["out"], list(kids), {a.name: r[a.name] for a in op.attrs}))
+                    attrs = {a.name: r[a.name] for a in op.attrs}
+                    nodes.append(_Node(r["id"], op.op_type, r["out"], list(kids), attrs))
         if "op_opaque" in g.live:
             for nid, out, inputs, blob in g.sql("SELECT o.id, o.out, o.inputs, n.node FROM op_opaque o JOIN "
                                                 "opaque_nodes n USING (proto) WHERE o.id IN (SELECT id FROM _chosen)"):
@@ -143,8 +144,8 @@ def _fold_roots(roots, nodes, info) -> list[int]:
             continue
         seen.add(c)
         n, i = nodes[c], info[c]
-        size_ok = i.shape is not None and _numel(i.shape) <= max(_FOLD_MIN, sum(_numel(info[k].shape) for k in _kids(n)))
-        if i.is_const and n.op not in ("Weight", "Constant") and size_ok:
+        limit = max(_FOLD_MIN, sum(_numel(info[k].shape) for k in _kids(n)))
+        if i.is_const and n.op not in ("Weight", "Constant") and i.shape is not None and _numel(i.shape) <= limit:
             fold.append(c)
         else:
             stack.extend(_kids(n))
@@ -163,8 +164,8 @@ def _subgraph_names(blob: bytes) -> set[str]:
     """Every value name defined inside the subgraphs of a serialized node."""
     node = onnx.NodeProto()
     node.ParseFromString(blob)
-    return {v for sub in subgraphs(node) for g in walk_graphs(sub)
-            for v in [*(i.name for i in g.input), *(t.name for t in g.initializer), *(o for n in g.node for o in n.output)]}
+    return {v for sub in subgraphs(node) for g in walk_graphs(sub) for v in [
+        *(i.name for i in g.input), *(t.name for t in g.initializer), *(o for n in g.node for o in n.output)]}
 
 
 def _rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
@@ -298,7 +299,7 @@ class _Writer:
             elif a.name not in schema.attributes:
                 if not neutral:
                     raise RelsatError(f"cannot export {op.op_type} with {a.name}={v} at opset {self.opset}")
-            elif not _same(v, a.default, a.kind) and not (a.name == "dilations" and neutral):
+            elif not neutral:  # ONNX's defaults are the catalog's (and dilations of 1)
                 attrs.append(helper.make_attribute(a.name, v, attr_type=_ATTR_TYPES[a.kind]))
         if op.op_type == "Reshape" and 0 in values["shape"] and "allowzero" in schema.attributes:
             attrs.append(helper.make_attribute("allowzero", 1))

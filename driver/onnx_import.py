@@ -174,7 +174,8 @@ def _input_shapes(inputs, overrides: dict | None):
                 raise RelsatError(f"input '{v.name}' has dynamic {', '.join(unresolved)}; set its shape with "
                                   f"--input-shape {v.name}={','.join(map(str, dims))}")
             notices += [f"input '{v.name}': dynamic dim {i} ({d or 'unnamed'}) set to 1 as a batch dim; choose "
-                        f"another size with --input-shape {v.name}=..." for i, d in enumerate(declared) if isinstance(d, str)]
+                        f"another size with --input-shape {v.name}=..."
+                        for i, d in enumerate(declared) if isinstance(d, str)]
         if dims != declared:
             specialized[v.name] = dims
         shapes[v.name] = dims
@@ -573,7 +574,8 @@ class _Importer:
                                        "shape": np.array(shapes, dtype=object),
                                        "digest": np.array(digests, dtype=object)})
             try:
-                g.con.execute("INSERT INTO weights SELECT ref, name, dtype, shape::VARCHAR::BIGINT[], digest FROM _wbatch")
+                g.con.execute("INSERT INTO weights SELECT ref, name, dtype, shape::VARCHAR::BIGINT[], digest "
+                              "FROM _wbatch")
             finally:
                 g.con.unregister("_wbatch")
         refs = sorted(set(ref_of.values()))
@@ -610,8 +612,10 @@ class _Importer:
             elif name:
                 kind = op.attr(lifted[i].attr).kind
                 v = self.consts.get(name)
-                if v is not None and (kind != "float" or np.size(v) == 1):
-                    attrs[lifted[i].attr] = float(np.asarray(v).reshape(-1)[0]) if kind == "float" else self.const_ints(name)
+                if v is not None and kind == "float" and np.size(v) == 1:
+                    attrs[lifted[i].attr] = float(np.asarray(v).reshape(-1)[0])
+                elif v is not None and kind == "ints":
+                    attrs[lifted[i].attr] = self.const_ints(name)
                 elif op.op_type == "Reshape" and self.shape(node.output[0]) is not None:
                     attrs.update(shape=self.shape(node.output[0]), allowzero=1)  # input shapes are fixed
                 else:
@@ -631,8 +635,8 @@ class _Importer:
                 attrs[a.name] = a.default
         if "axis" in attrs:
             attrs["axis"] = _norm(attrs["axis"], len(shapes[0]))
-        if not op.is_tuple and (not node.output or not node.output[0] or any(o in self.used for o in node.output[1:] if o)):
-            return None
+        if not op.is_tuple and (not node.output or not node.output[0] or self.used.intersection(node.output[1:])):
+            return None  # a second output (MaxPool's Indices, LayerNormalization's Mean, ...) is used
         if op.variadic:
             if not all(data):
                 return None

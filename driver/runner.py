@@ -106,8 +106,11 @@ class Runner:
                     continue
                 since = st.since if self.semi_naive else 0
                 t0 = time.perf_counter()
+                # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
+                # spent on partial right sides
+                cap = f" LIMIT {max(node_budget, 0) // max(len(c.builds), 1)}" if c.builds else ""
                 g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
-                              f"({c.match_sql.format(since=since)})")
+                              f"({c.match_sql.format(since=since)}){cap}")
                 matches = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
                 t1 = time.perf_counter()
                 it.match_s += t1 - t0

@@ -81,10 +81,9 @@ def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None) 
             shape = [int(d) for d in input_shapes[inp.name]]
         else:
             shape = []
-            for k, dim in enumerate(inp.shape):
-                known = [d[inp.name][k] for d in declared
-                         if inp.name in d and len(d[inp.name]) > k and isinstance(d[inp.name][k], int)]
-                shape.append(known[0] if known else 1)
+            for k in range(len(inp.shape)):
+                known = [d[inp.name][k] for d in declared if len(d.get(inp.name) or ()) > k]
+                shape.append(next((n for n in known if isinstance(n, int)), 1))
         dtype = np.dtype(_np_dtype(inp.type))
         if dtype == np.bool_:
             value = rng.random(shape) < 0.5
@@ -101,7 +100,7 @@ def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None) 
 def _compare(ref, got, rtol: float, atol: float) -> OutputCheck:
     ref, got = np.asarray(ref), np.asarray(got)
     if ref.shape != got.shape:
-        return OutputCheck(False, float("inf"), float("inf"), 0.0, f"shape {list(got.shape)} != {list(ref.shape)}")
+        return OutputCheck(False, float("inf"), float("inf"), 0.0, f"shape {list(got.shape)}, the original's {list(ref.shape)}")
     if ref.dtype == object or got.dtype == object:
         same = bool(np.array_equal(ref, got))
         return OutputCheck(same, 0.0 if same else float("inf"), 0.0 if same else float("inf"), 0.0,

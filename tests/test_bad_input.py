@@ -87,7 +87,8 @@ def test_model_onnx_runtime_refuses(tmp_path):
 
 def test_model_with_an_op_without_kernel(tmp_path):
     graph = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")], "g",
-                              [helper.make_tensor_value_info("x", F, [2])], [helper.make_tensor_value_info("y", F, [2])])
+                              [helper.make_tensor_value_info("x", F, [2])],
+                              [helper.make_tensor_value_info("y", F, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
                               ir_version=8)
     path = tmp_path / "custom.onnx"

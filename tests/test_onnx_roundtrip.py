@@ -12,17 +12,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.driver import onnx_import
-from relsat.relations.catalog import OPS
+from relsat.driver.errors import RelsatError
 from relsat.driver.onnx_export import export_model, original_choice, save_model_atomic
 from relsat.driver.onnx_import import import_model, load_model
 from relsat.driver.verify import verify
+from relsat.relations.catalog import OPS
 
 try:
     from relsat.benchmarks import zoo
 except ImportError:  # being written: the zoo tests skip
     zoo = None
 
-F, I64 = TensorProto.FLOAT, TensorProto.INT64
+F = TensorProto.FLOAT
 
 
 def w(*shape, seed=0, positive=False):
@@ -89,10 +90,12 @@ def case(name, opset, op_type, inputs, attrs, n_out=1, opaque=False):
 
 
 CASES = [
-    case("conv", 17, "Conv", {"x": [1, 3, 8, 8], "w": w(4, 3, 3, 3), "b": w(4)}, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    case("conv", 17, "Conv", {"x": [1, 3, 8, 8], "w": w(4, 3, 3, 3), "b": w(4)},
+         dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     case("conv-group-same-upper", 17, "Conv", {"x": [1, 4, 7, 7], "w": w(4, 2, 3, 3)},
      dict(group=2, auto_pad="SAME_UPPER", strides=[2, 2])),
-    case("conv-dilated-valid", 11, "Conv", {"x": [1, 2, 9, 9], "w": w(3, 2, 3, 3)}, dict(dilations=[2, 2], auto_pad="VALID")),
+    case("conv-dilated-valid", 11, "Conv", {"x": [1, 2, 9, 9], "w": w(3, 2, 3, 3)},
+         dict(dilations=[2, 2], auto_pad="VALID")),
     case("conv1d-same-lower", 17, "Conv", {"x": [1, 2, 10], "w": w(3, 2, 4)}, dict(auto_pad="SAME_LOWER")),
     case("matmul", 17, "MatMul", {"a": [2, 3, 4], "b": w(4, 5)}, {}),
     case("gemm", 17, "Gemm", {"a": [3, 4], "b": w(5, 4), "c": w(5)}, dict(alpha=0.5, beta=2.0, transB=1)),
@@ -111,7 +114,7 @@ CASES = [
     case("clip-opset9-attributes", 9, "Clip", {"x": [2, 3]}, dict(min=-0.5, max=0.5)),
     case("clip-opset13-inputs", 13, "Clip", {"x": [2, 3], "lo": np.float32(-0.5), "hi": np.float32(0.5)}, {}),
     case("clip-max-only", 13, "Clip", {"x": [2, 3], "": None, "hi": np.float32(0.25)}, {}),
-    case("identity", 17, "Identity", {"x": [2, 3]}, {}),
+    case("identity-opset26", 26, "Identity", {"x": [2, 3]}, {}),
     case("softmax", 17, "Softmax", {"x": [2, 3, 4]}, dict(axis=1)),
     case("softmax-opset11-last-axis", 11, "Softmax", {"x": [2, 3, 4]}, dict(axis=-1)),
     case("softmax-opset11-default-axis", 11, "Softmax", {"x": [2, 3, 4]}, {}, 1, True),
@@ -122,10 +125,12 @@ CASES = [
      {"x": [1, 3, 4, 4], "s": w(3), "b": w(3), "m": w(3), "v": w(3, positive=True)}, {}),
     case("maxpool", 12, "MaxPool", {"x": [1, 2, 9, 9]},
      dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, dilations=[1, 2])),
-    case("maxpool-opset8-unused-indices", 8, "MaxPool", {"x": [1, 2, 6, 6]}, dict(kernel_shape=[2, 2], strides=[2, 2]), 2),
+    case("maxpool-opset8-unused-indices", 8, "MaxPool", {"x": [1, 2, 6, 6]},
+         dict(kernel_shape=[2, 2], strides=[2, 2]), 2),
     case("averagepool", 19, "AveragePool", {"x": [1, 2, 8, 8]},
      dict(kernel_shape=[3, 3], auto_pad="SAME_LOWER", count_include_pad=1)),
-    case("averagepool-opset10", 10, "AveragePool", {"x": [1, 2, 7, 7]}, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    case("averagepool-opset10", 10, "AveragePool", {"x": [1, 2, 7, 7]},
+         dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
     case("globalaveragepool", 17, "GlobalAveragePool", {"x": [1, 3, 5, 5]}, {}),
     case("concat", 17, "Concat", {"a": [2, 3], "b": [2, 1], "c": w(2, 2)}, dict(axis=-1)),
     case("split-opset13-input", 13, "Split", {"x": [2, 6], "split": i64(1, 2, 3)}, dict(axis=-1), 3),
@@ -243,7 +248,8 @@ def test_shape_computations_are_resolved_for_the_fixed_shapes():
 
 
 def test_export_after_a_union_uses_the_smallest_node():
-    model = make([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])], {"x": [4]}, ["y"])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])]
+    model = make(nodes, {"x": [4]}, ["y"])
     imported = import_model(model)
     g = imported.egraph
     g.union([imported.values["r"]], [imported.values["y"]])  # Identity(r) = r
@@ -264,6 +270,18 @@ def test_export_of_a_scalar_constant_node():
     out = export_model(imported, {**choice, cls: node})
     assert [numpy_helper.to_array(t).tolist() for t in out.graph.initializer] == [2.0]
     assert verify(model, out).ok
+
+
+def test_an_op_missing_from_the_opset_is_a_clear_error():
+    model = make([helper.make_node("Tanh", ["x"], ["y"])], {"x": [3]}, ["y"], opset=17)
+    imported = import_model(model)
+    g = imported.egraph
+    (gelu,) = g.add("Gelu", {"x": [imported.values["x"]]})
+    g.union([gelu], [imported.values["y"]])  # not equal: this only gives the export a Gelu to write
+    g.rebuild()
+    ((node,),) = g.sql("SELECT id FROM op_gelu")
+    with pytest.raises(RelsatError, match="Gelu.*opset 17"):
+        export_model(imported, {**original_choice(g, [gelu]), int(g.find([gelu])[0]): node})
 
 
 def test_outputs_that_are_inputs_weights_or_shared():
@@ -364,6 +382,16 @@ def test_save_model_atomic_replaces_the_file(tmp_path):
     save_model_atomic(model, dst)
     assert os.listdir(tmp_path) == ["m.onnx"]
     assert onnx.load_model(str(dst)) == model
+
+
+def test_verify_reports_the_failing_output():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["x"], ["r"])]
+    model = make(nodes, {"x": [2, 4]}, ["r", "y"], {"w": w(4, 3)})
+    other = make(nodes, {"x": [2, 4]}, ["r", "y"], {"w": w(4, 3, seed=5)})
+    result = verify(model, other)
+    assert not result.ok and result.per_output["r"].ok and not result.per_output["y"].ok
+    assert result.message.startswith("output 'y': max abs err") and "\n" not in result.message
+    assert verify(model, model).max_abs_err == 0.0
 
 
 # ---------------------------------------------------------------- a real model
