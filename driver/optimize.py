@@ -66,8 +66,11 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
     phases: dict[str, float] = {}
     t = time.perf_counter()
     source = str(model_or_path) if not isinstance(model_or_path, onnx.ModelProto) else "<model>"
-    model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else load_model(model_or_path)
-    check_ort_loadable(model)
+    if isinstance(model_or_path, onnx.ModelProto):
+        model = model_or_path
+        check_ort_loadable(model)
+    else:
+        model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
     if db is not None and Path(db).exists():
         Path(db).unlink()  # a fresh e-graph per run; the file is the user's to keep afterwards
     g = EGraph(db)
