@@ -71,8 +71,10 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
         check_ort_loadable(model)
     else:
         model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
-    if db is not None and Path(db).exists():
-        Path(db).unlink()  # a fresh e-graph per run; the file is the user's to keep afterwards
+    if db is not None:
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        if Path(db).exists():
+            Path(db).unlink()  # a fresh e-graph per run; the file is the user's to keep afterwards
     g = EGraph(db)
     imported = import_model(model, input_shapes=input_shapes, egraph=g)
     phases["import"] = time.perf_counter() - t
@@ -135,6 +137,7 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
     if not check.ok:
         raise RelsatError(f"{source}: verification failed, no model written: {check.message}")
     if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
         save_model_atomic(optimized, output)
     if not keep_egraph:
         g.close()

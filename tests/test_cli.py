@@ -21,7 +21,7 @@ def small_resnet(tmp_path_factory):
 
 
 def test_optimize_writes_a_verified_model_report_and_database(small_resnet, tmp_path):
-    out, rep, db = tmp_path / "o.onnx", tmp_path / "r.json", tmp_path / "g.duckdb"
+    out, rep, db = tmp_path / "a" / "o.onnx", tmp_path / "b" / "r.json", tmp_path / "c" / "g.duckdb"  # folders made
     before = small_resnet.read_bytes()
     res = runner.invoke(app, ["optimize", str(small_resnet), "-o", str(out), "--report", str(rep), "--db", str(db)])
     assert res.exit_code == 0, res.output
