@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from relsat.extract.analytic import analytic_costs, problem_from
@@ -98,12 +99,9 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
     orig = original_choice(g, roots)
     cost_of = dict(zip(node_ids.tolist(), problem.node_cost.tolist()))
     original_cost = sum(cost_of.get(n, 0.0) for n in set(orig.values()))
-    g.con.execute("CREATE OR REPLACE TABLE extraction AS SELECT * FROM (VALUES (NULL::BIGINT, NULL::BIGINT)) "
-                  "v(eclass, node) WHERE false")
-    frame = {"eclass": list(choice), "node": list(choice.values())}
-    import numpy as np
-    g.con.register("_choice", {k: np.asarray(v, dtype=np.int64) for k, v in frame.items()})
-    g.con.execute("INSERT INTO extraction SELECT * FROM _choice")
+    g.con.register("_choice", {"eclass": np.fromiter(choice, dtype=np.int64, count=len(choice)),
+                               "node": np.fromiter(choice.values(), dtype=np.int64, count=len(choice))})
+    g.con.execute("CREATE OR REPLACE TABLE extraction AS SELECT eclass, node FROM _choice")
     g.con.unregister("_choice")
     phases["extract"] = time.perf_counter() - t
 

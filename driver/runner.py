@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 from relsat.programs.compiler import Compiled, compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
@@ -131,7 +133,7 @@ class Runner:
                         node_budget -= res.new_nodes
                     before = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
                     for u in c.unions:
-                        g.con.execute(f"INSERT INTO pending SELECT * FROM ({u}) p(a, b) WHERE a <> b")
+                        g.union_from(u)
                     applied = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
                 t2 = time.perf_counter()
                 it.apply_s += t2 - t1
@@ -170,7 +172,6 @@ class Runner:
                       [it.round, it.enodes, it.eclasses, it.match_s, it.apply_s, it.rebuild_s, it.applied, it.unions])
         if stats:
             cols = list(zip(*stats))
-            import numpy as np
             frame = {"round": np.array(cols[0]), "rule": np.array(cols[1], dtype=object),
                      "matches": np.array(cols[2]), "applied": np.array(cols[3]), "new_nodes": np.array(cols[4]),
                      "seconds": np.array(cols[5], dtype=float), "banned": np.array(cols[6], dtype=bool)}

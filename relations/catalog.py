@@ -324,7 +324,6 @@ OPS: tuple[OpDef, ...] = (
 )
 
 BY_TYPE: dict[str, OpDef] = {op.op_type: op for op in OPS}
-LEAVES = tuple(op for op in OPS if op.leaf)
 
 
 def lookup(op_type: str) -> OpDef:
@@ -333,8 +332,3 @@ def lookup(op_type: str) -> OpDef:
         return BY_TYPE[op_type]
     except KeyError:
         raise KeyError(f"unknown operator {op_type!r}; known: {', '.join(sorted(BY_TYPE))}") from None
-
-
-def attr_default(op: OpDef, name: str) -> object:
-    a = op.attr(name)
-    return None if a.default is REQUIRED else a.default

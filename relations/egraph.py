@@ -240,7 +240,7 @@ class EGraph:
 
     def union_from(self, source: str) -> None:
         """Queue unions from a SELECT of (a, b) pairs."""
-        self.con.execute(f"INSERT INTO pending SELECT * FROM ({source})")
+        self.con.execute(f"INSERT INTO pending SELECT * FROM ({source}) p(a, b) WHERE a <> b")
 
     def find(self, ids) -> np.ndarray:
         frame = {"i": np.arange(len(ids), dtype=np.int64), "x": np.asarray(ids, dtype=np.int64)}
@@ -331,8 +331,10 @@ class EGraph:
         c.execute(f"DELETE FROM {op_table} WHERE id IN (SELECT id FROM _grp WHERE id <> keep_id)")
 
     def _tables(self):
+        """Live tables to canonicalise: (table, child columns, list columns, key). Leaves have only
+        ``out`` to rewrite, and their duplicates (same name/ref) are congruent too."""
         for op in OPS:
-            if op.table in self.live and not op.leaf:
+            if op.table in self.live:
                 fixed = tuple(i.column for i in op.inputs if not i.variadic)
                 var = tuple(i.column for i in op.inputs if i.variadic)
                 yield op.table, fixed, var, key_columns(op)
@@ -358,9 +360,6 @@ class EGraph:
                 "SELECT count(*) FROM _map m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root "
                 "WHERE e.is_const <> r.is_const").fetchall()[0][0])
             self._merge_analyses()
-            for op in OPS:
-                if op.leaf and op.table in self.live:
-                    self._canonicalize(op.table, (), ())
             tables = list(self._tables())
             for table, fixed, var, _ in tables:
                 self._canonicalize(table, fixed, var)
@@ -368,9 +367,6 @@ class EGraph:
             for table, _, _, keys in tables:
                 self._congruence(table, keys)
             report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
-            for op in OPS:  # leaves are keyed by name/ref, so their duplicates are congruent too
-                if op.leaf and op.table in self.live:
-                    self._congruence(op.table, key_columns(op))
         if displaced_const:
             self.propagate_const()
         report.seconds = time.perf_counter() - t0
