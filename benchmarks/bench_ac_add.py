@@ -1,11 +1,14 @@
-"""Saturation scale benchmark with an exact answer: an Add chain over n inputs under ac-add.
+"""Saturation scale benchmark with an exact answer: an Add chain over n inputs under ac-add,
+relsat beside egglog saturating the same two rules.
 
-    python -m relsat.benchmarks.bench_ac_add [--n 8 9 10 11]
+    python -m relsat.benchmarks.bench_ac_add [--n 8 9 10 11] [--no-egglog] [--timeout S]
 
 Saturating Add(...Add(Add(x0, x1), x2)..., x{n-1}) with exactly commutativity and
-associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.
-Each n runs in a fresh process so the peak memory (max RSS) is that run's own.
-Prints time split into match / apply / rebuild and checks the exact counts.
+associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.  Each
+(system, n) runs in a fresh process, so its peak memory (max RSS, interpreter and libraries
+included; ``base_mib`` is the RSS before saturation) is its own, under a wall-clock cap: a run
+that passes it is reported with ``seconds = None``.  ``series()`` returns the rows for other
+benchmarks (``benchmarks/compare.py``); ``main`` prints them as a Markdown table.
 """
 
 from __future__ import annotations
@@ -15,54 +18,158 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+RULES = Path(__file__).resolve().parent.parent / "programs" / "rules" / "ac-add.rules"
 
-def run_one(n: int) -> dict:
+
+def exact_counts(n: int) -> tuple[int, int]:
+    """(Add e-classes, Add e-nodes) of the saturated chain over n inputs."""
+    return 2**n - n - 1, 3**n - 2 ** (n + 1) + 1
+
+
+def _rss_mib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def run_relsat(n: int, memory_limit: str | None = None) -> dict:
     from relsat.driver.runner import Limits, Runner
     from relsat.programs.parser import load_rules
     from relsat.relations.egraph import EGraph
 
-    rules = list(load_rules(Path(__file__).resolve().parent.parent / "programs" / "rules" / "ac-add.rules").rules)
+    rules = list(load_rules(RULES).rules)
     g = EGraph()
+    spill = tempfile.TemporaryDirectory(prefix="relsat-bench-")  # where DuckDB spills past memory_limit
+    g.con.execute(f"SET temp_directory = '{spill.name}'")
+    if memory_limit:
+        g.con.execute(f"SET memory_limit = '{memory_limit}'")
     x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(n)], dtype=object), "shape": [4], "dtype": 1})
     acc = x[0]
     for i in range(1, n):
         acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
+    base = _rss_mib()
     t = time.perf_counter()
-    rep = Runner(g, rules, Limits(iterations=200, enodes=10**8, seconds=3600), scheduler="simple").run()
+    rep = Runner(g, rules, Limits(iterations=200, enodes=10**9, seconds=10**6), scheduler="simple").run()
     seconds = time.perf_counter() - t
     classes, nodes = g.sql("SELECT count(DISTINCT out), count(*) FROM op_add")[0]
+    g.close()
+    spill.cleanup()
     return {
-        "n": n, "seconds": round(seconds, 2), "rounds": len(rep.iterations),
+        "system": "relsat", "n": n, "seconds": round(seconds, 2), "peak_mib": _rss_mib(), "base_mib": base,
+        "enodes": nodes, "eclasses": classes, "exact": (classes, nodes) == exact_counts(n),
+        "rounds": len(rep.iterations), "stop": rep.stop_reason.value,
         "match_s": round(sum(i.match_s for i in rep.iterations), 2),
         "apply_s": round(sum(i.apply_s for i in rep.iterations), 2),
         "rebuild_s": round(sum(i.rebuild_s for i in rep.iterations), 2),
-        "add_eclasses": classes, "add_enodes": nodes,
-        "exact": classes == 2**n - n - 1 and nodes == 3**n - 2 ** (n + 1) + 1,
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def egglog_program(n: int) -> str:
+    """The chain and the two rules in egglog's language (``rewrite`` is one-directional)."""
+    lets = "\n".join(f'(let $x{i} (Var "x{i}"))' for i in range(n))
+    chain = "$x0"
+    for i in range(1, n):
+        chain = f"(Add {chain} $x{i})"
+    return f"""
+(datatype T (Var String) (Add T T))
+{lets}
+(let $root {chain})
+(rewrite (Add a b) (Add b a))
+(rewrite (Add a (Add b c)) (Add (Add a b) c))
+(relation IsAdd (T))
+(ruleset count)
+(rule ((= e (Add a b))) ((IsAdd e)) :ruleset count)
+"""
+
+
+def run_egglog(n: int) -> dict:
+    import egglog.bindings as eb
+
+    g = eb.EGraph()
+    g.run_program(*g.parse_program(egglog_program(n)))
+    base = _rss_mib()
+    t = time.perf_counter()
+    g.run_program(*g.parse_program("(run-schedule (saturate (run)))"))
+    seconds = time.perf_counter() - t
+    peak = _rss_mib()
+    # after the timed part: one pass of a separate ruleset marks every Add e-class once
+    out = g.run_program(*g.parse_program("(run count 1) (print-size Add) (print-size IsAdd)"))
+    nodes, classes = (int(str(o).strip()) for o in out[-2:])
+    return {
+        "system": _version("egglog"), "n": n, "seconds": round(seconds, 2),
+        "peak_mib": peak, "base_mib": base, "enodes": nodes, "eclasses": classes,
+        "exact": (classes, nodes) == exact_counts(n),
+    }
+
+
+def _version(system: str) -> str:
+    if system == "egglog":
+        from importlib.metadata import version
+        return f"egglog {version('egglog')}"
+    return system
+
+
+def run_isolated(system: str, n: int, timeout: float, memory_limit: str | None = None) -> dict:
+    """One run in a fresh interpreter, killed after ``timeout`` seconds (then seconds is None)."""
+    cmd = [sys.executable, "-m", "relsat.benchmarks.bench_ac_add", "--one", system, str(n)]
+    if memory_limit:
+        cmd += ["--memory-limit", memory_limit]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"system": _version(system), "n": n, "seconds": None, "peak_mib": None, "enodes": None,
+                "eclasses": None, "exact": False, "note": f"killed after {timeout:g} s"}
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"system": _version(system), "n": n, "seconds": None, "peak_mib": None, "enodes": None,
+                "eclasses": None, "exact": False, "note": f"failed: {last[:200]}"}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def series(ns, with_egglog: bool = True, timeout: float = 600.0, memory_limit: str | None = "12GB") -> list[dict]:
+    """Rows (keys: system, n, seconds, peak_mib, enodes, eclasses, exact; relsat rows also rounds,
+    stop, match_s, apply_s, rebuild_s, base_mib) for every n, relsat then egglog, each run isolated."""
+    rows = []
+    for n in ns:
+        for system in ("relsat", "egglog") if with_egglog else ("relsat",):
+            rows.append(run_isolated(system, n, timeout, memory_limit if system == "relsat" else None))
+    return rows
+
+
+def _cell(v) -> str:
+    return "-" if v is None else str(v)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="+", default=[8, 9, 10, 11])
-    p.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--no-egglog", action="store_true", help="relsat only")
+    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock cap per run, seconds")
+    p.add_argument("--memory-limit", default="12GB", help="DuckDB memory_limit for the relsat runs")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
+    p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one)))
+        system, n = args.one[0], int(args.one[1])
+        row = run_relsat(n, args.memory_limit) if system == "relsat" else run_egglog(n)
+        print(json.dumps(row))
         return
-    print("| n | seconds | match | apply | rebuild | rounds | Add e-classes | Add e-nodes | exact | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    if not args.json:
+        print("| system | n | seconds | match | apply | rebuild | rounds | Add e-classes | Add e-nodes | exact "
+              "| peak RSS MiB | note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.n:
-        res = subprocess.run([sys.executable, "-m", "relsat.benchmarks.bench_ac_add", "--one", str(n)],
-                             capture_output=True, text=True, check=True)
-        r = json.loads(res.stdout)
-        print(f"| {r['n']} | {r['seconds']} | {r['match_s']} | {r['apply_s']} | {r['rebuild_s']} | {r['rounds']} | "
-              f"{r['add_eclasses']} | {r['add_enodes']} | {r['exact']} | {r['peak_rss_mib']} |", flush=True)
+        for row in series([n], not args.no_egglog, args.timeout, args.memory_limit):
+            if args.json:
+                print(json.dumps(row), flush=True)
+                continue
+            print(" | ".join(["", row["system"], str(row["n"])] + [_cell(row.get(k)) for k in (
+                "seconds", "match_s", "apply_s", "rebuild_s", "rounds", "eclasses", "enodes", "exact", "peak_mib",
+                "note")]).strip() + " |", flush=True)
 
 
 if __name__ == "__main__":

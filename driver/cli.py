@@ -1,4 +1,4 @@
-"""The ``relsat`` command line: optimize, zoo, query, rules.
+"""The ``relsat`` command line: optimize, costs, zoo, query, rules.
 
 Every user-facing failure is a RelsatError printed as one line on stderr with
 exit status 1; nothing is written unless the step that writes succeeds.
@@ -21,10 +21,16 @@ from .errors import RelsatError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
 zoo_app = typer.Typer(no_args_is_help=True, help="The benchmark model zoo.")
 rules_app = typer.Typer(no_args_is_help=True, help="Rule sets: list and verify.")
+costs_app = typer.Typer(no_args_is_help=True, help="The persistent cache of measured operator costs.")
 app.add_typer(zoo_app, name="zoo")
 app.add_typer(rules_app, name="rules")
+app.add_typer(costs_app, name="costs")
 out = Console()
 err = Console(stderr=True)
+
+
+def error_line(e: Exception) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 def _fail(e: Exception) -> None:
@@ -65,21 +71,28 @@ def optimize(
     input_shape: List[str] = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims"),
     iter_limit: int = typer.Option(10, "--iter-limit"),
     node_limit: int = typer.Option(2000, "--node-limit"),
-    time_limit: float = typer.Option(60.0, "--time-limit"),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="saturation time limit, seconds"),
     extractor: str = typer.Option("ilp", "--extractor", help="ilp | greedy"),
+    cost_model: str = typer.Option("measured", "--cost-model", help="measured (ONNX Runtime, cached) | analytic"),
+    provider: str = typer.Option("cpu", "--provider", help="cpu | cuda: where costs and latency are measured"),
+    threads: int = typer.Option(1, "--threads", help="intra-op threads for profiling and latency"),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first"),
+    no_measure: bool = typer.Option(False, "--no-measure", help="skip the final latency guard"),
+    mip_gap: float = typer.Option(1e-4, "--mip-gap", help="relative MIP gap at which the ILP stops"),
+    ilp_time_limit: float = typer.Option(30.0, "--ilp-time-limit", help="ILP time limit, seconds"),
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
 ) -> None:
-    """Optimize one model: saturate with the rules, extract the cheapest graph, verify, write."""
+    """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
     from .optimize import optimize as run
 
     try:
-        if extractor not in ("ilp", "greedy"):
-            raise RelsatError(f"--extractor {extractor}: expected ilp or greedy")
         source = _load_input(model)
         with err.status("optimizing ...") as status:
             result = run(source, rules=rules, db=db, input_shapes=_parse_shapes(input_shape) or None,
                          iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit,
-                         extractor=extractor, output=output,
+                         extractor=extractor, output=output, cost_model=cost_model, provider=provider,
+                         threads=threads, costs=costs, measure=not no_measure, mip_gap=mip_gap,
+                         ilp_time_limit=ilp_time_limit, on_status=status.update,
                          on_round=lambda it: status.update(f"saturating: round {it.round}, {it.enodes} e-nodes"))
     except RelsatError as e:
         _fail(e)
@@ -103,18 +116,98 @@ def _summary(rep: dict) -> None:
     t.add_row("nodes", f"{rep['nodes_in']} -> {rep['nodes_out']}")
     t.add_row("e-graph", f"{rep['enodes']} e-nodes, {rep['eclasses']} e-classes, "
               f"{len(rep['iterations'])} rounds, stop: {rep['stop_reason']}")
-    top = ", ".join(f"{k} x{v}" for k, v in list(rep["rules_applied"].items())[:4]) or "none"
+    top = ", ".join(f"{k} x{v}" for k, v in list(rep["rules_applied"].items())[:4] if v) or "none"
     t.add_row("rules applied", top)
     x = rep["extraction"]
     gap = "" if x["gap"] is None else f", gap {x['gap']:.2%}"
     t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms ({rep['cost_model']}), "
               f"{x['method']} {x['status']}{gap}")
+    p = rep.get("profile")
+    if p:
+        fb = f", {p['failed']} fell back to analytic" if p["failed"] else ""
+        t.add_row("profiling", f"{p['signatures']} signatures ({p['provider']}, {p['threads']} thread(s)): "
+                  f"{p['measured']} timed, {p['cached']} from the cache{fb}")
+    lat = rep.get("latency")
+    if lat:
+        t.add_row("latency", f"{lat['original_ms']:.3f} -> {lat['optimized_ms']:.3f} ms, speedup "
+                  f"{lat['speedup']:.3f}x; CPU time {lat['original_cpu_ms']:.3f} -> {lat['optimized_cpu_ms']:.3f} ms, "
+                  f"{lat['cpu_speedup']:.3f}x ({lat['runs']} interleaved runs each, medians; guard on "
+                  f"{'CPU time' if lat['metric'] == 'cpu' else 'wall clock'})")
+    if rep.get("written") == "original":
+        t.add_row("graph written", "the original (re-exported): see the notices")
     v = rep["verification"]
     t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e}")
     t.add_row("time", ", ".join(f"{k} {s:.2f}s" for k, s in rep["phases_s"].items()))
     for n in rep["notices"]:
         t.add_row("notice", n)
     t.add_row("written", rep["output"])
+    out.print(t)
+
+
+def _cache(path: Optional[Path]):
+    from relsat.extract.cost_cache import CostCache
+
+    return CostCache(path)
+
+
+@costs_app.command("export")
+def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parquet, or a DuckDB file"),
+                 cache: Optional[Path] = typer.Option(None, "--cache", help="the cost cache (default: "
+                                                      "$RELSAT_COST_CACHE or the user cache directory)")) -> None:
+    """Write every cached operator cost to FILE (import it elsewhere with optimize --costs FILE)."""
+    from relsat.extract.cost_cache import default_path
+
+    try:
+        where = cache or default_path()
+        if not Path(where).exists():
+            raise RelsatError(f"{where}: no cost cache yet (run relsat optimize first)")
+        c = _cache(where)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        c.export(file)
+        n = c.count()
+    except RelsatError as e:
+        _fail(e)
+    except Exception as e:
+        _fail(RelsatError(f"{file}: cannot export the cost cache: {error_line(e)}"))
+    out.print(f"{file}: {n} operator costs exported from {c.path}", highlight=False)
+
+
+@costs_app.command("import")
+def costs_import(file: Path = typer.Argument(..., help="a table written by relsat costs export"),
+                 cache: Optional[Path] = typer.Option(None, "--cache", help="the cost cache to merge into")) -> None:
+    """Merge an exported cost table into the cost cache (its rows win over local ones)."""
+    try:
+        if not file.is_file():
+            raise RelsatError(f"{file}: no such cost table file")
+        c = _cache(cache)
+        n = c.import_(file)
+    except RelsatError as e:
+        _fail(e)
+    except Exception as e:
+        _fail(RelsatError(f"{file}: cannot import it as a cost table: {error_line(e)}"))
+    out.print(f"{file}: {n} operator costs merged into {c.path}", highlight=False)
+
+
+@costs_app.command("info")
+def costs_info(cache: Optional[Path] = typer.Option(None, "--cache", help="the cost cache")) -> None:
+    """Where the cost cache is and what it holds, by provider, threads and ONNX Runtime version."""
+    import duckdb
+
+    from relsat.extract.cost_cache import default_path
+
+    where = cache or default_path()
+    if not Path(where).exists():
+        out.print(f"cost cache: {where} (none yet: relsat optimize creates it)", highlight=False)
+        return
+    try:
+        c = _cache(where)
+        rows = c.summary()
+    except (RelsatError, duckdb.Error) as e:
+        _fail(RelsatError(f"cost cache: {error_line(e)}"))
+    out.print(f"cost cache: {c.path} ({sum(r[3] for r in rows)} operator costs)", highlight=False)
+    t = Table("provider", "threads", "onnxruntime", "costs", "op types", "last measured")
+    for r in rows:
+        t.add_row(*[str(v) for v in r])
     out.print(t)
 
 
@@ -208,6 +301,11 @@ def rules_check(names: List[str] = typer.Argument(..., help="rule set names or f
         _fail(e)
     if failed:
         raise typer.Exit(1)
+
+
+from .batch import batch  # noqa: E402  (batch imports cli helpers lazily)
+
+app.command()(batch)
 
 
 def main() -> None:

@@ -3,14 +3,15 @@
 Owns ``original_choice`` (the import-order choice that reproduces the original
 graph), ``export_model`` (topological order, unique value names, the original
 input/output names, lifted attributes written back as initializers or attributes
-by opset, constant subgraphs folded into initializers with ONNX Runtime, opaque
-nodes written back verbatim, the original opsets/IR version/metadata) and
-``save_model_atomic``.
+by opset, Gelu below opset 20 written as its definition in primitives, constant
+subgraphs folded into initializers with ONNX Runtime, opaque nodes written back
+verbatim, the original opsets/IR version/metadata) and ``save_model_atomic``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -276,8 +277,32 @@ class _Writer:
             self.inits.append(numpy_helper.from_array(arr, name))
         return self.lifted[key]
 
+    def gelu(self, c: int, n: _Node) -> None:
+        """Gelu below opset 20, where ONNX has no Gelu op: its definition in ONNX primitives."""
+        x = self.value(n.children[0])
+
+        def const(v: float) -> str:
+            return self.lifted_init(v, self.info[n.children[0]].dtype or onnx.TensorProto.FLOAT)
+
+        steps = ([("Mul", x, x), ("Mul", None, x), ("Mul", None, const(0.044715)), ("Add", x, None),
+                  ("Mul", None, const(math.sqrt(2 / math.pi))), ("Tanh", None)] if n.attrs["approximate"] == "tanh"
+                 else [("Div", x, const(math.sqrt(2))), ("Erf", None)])
+        steps += [("Add", None, const(1.0)), ("Mul", x, None), ("Mul", None, const(0.5))]
+        prev = None
+        for k, (op_type, *ins) in enumerate(steps):
+            try:
+                onnx.defs.get_schema(op_type, self.opset)
+            except onnx.defs.SchemaError:
+                raise RelsatError(f"cannot export Gelu at opset {self.opset}: neither Gelu nor {op_type} exists "
+                                  f"there") from None
+            out = self.value(c) if k == len(steps) - 1 else self.fresh("gelu")
+            self.out_nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [out], name=out))
+            prev = out
+
     def catalog(self, c: int, n: _Node) -> None:
         op = BY_TYPE[n.op]
+        if op.op_type == "Gelu" and self.opset < 20:
+            return self.gelu(c, n)
         try:
             schema = onnx.defs.get_schema(op.op_type, self.opset)
         except onnx.defs.SchemaError:
@@ -419,3 +444,19 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def enode_proto(op: str, children: list[int], attrs: dict, info: dict, opset: int):
+    """One e-node written exactly as ``export_model`` writes it, standing alone (for the profiler's
+    one-node models). ``op`` is a catalog op_type, or "opaque" with ``attrs = {"node": NodeProto
+    bytes}``; ``children`` its child e-classes (-1 = absent); ``info`` maps each child e-class to
+    ``(shape, dtype)``. Returns the NodeProto, the initializers it reads (lifted attributes) and the
+    input name given to each child e-class."""
+    from types import SimpleNamespace
+
+    w = _Writer(SimpleNamespace(egraph=None, opset_imports={"": opset}), {},
+                {c: _Info(s, d, False) for c, (s, d) in info.items()}, {}, set(), {})
+    own = min([0, *children]) - 2  # an id no child has: the node's own value gets a fresh name
+    node = _Node(-1, op, own, list(children), dict(attrs))
+    (w.opaque if op == "opaque" else w.catalog)(own, node)
+    return w.out_nodes[-1], list(w.inits), {c: w.name[c] for c in children if c != -1}

@@ -2,12 +2,18 @@
 
 Owns reading and checking a model file (``load_model``, ``check_ort_loadable``),
 specializing dynamic input dims, and translating the graph into the e-graph
-(``import_model`` -> ``ImportResult``): initializers and Constant nodes become
-deduplicated Weight leaves, graph inputs Input leaves, and each node either a
-catalog node (attributes defaulted and normalized, lifted inputs turned into
-attributes, shapes checked against ONNX shape inference) or an opaque node that
-keeps its NodeProto (``add_opaque``).  Nodes are inserted in batches per
-(operator, topological level).
+(``import_model`` -> ``ImportResult``): float32 scalars (initializers and
+Constant nodes) become Constant(value_float) leaves, other initializers and
+Constant values deduplicated Weight leaves, graph inputs Input leaves, and each
+node either a catalog node (attributes defaulted and normalized, lifted inputs
+turned into attributes, shapes checked against ONNX shape inference) or an
+opaque node that keeps its NodeProto (``add_opaque``).
+
+All nodes of a model are written in one set-oriented batch (``_Plan``,
+``_write``): e-class ids are assigned while the graph is walked in Python
+(hash-consing identical nodes), then every table gets one INSERT and the
+catalog's shape rules are checked in one query per batch, so the number of SQL
+statements does not grow with the depth of the graph.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from relsat.relations.catalog import BY_TYPE, REQUIRED, OpDef
+from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED, OpDef
 from relsat.relations.egraph import EGraph
-from relsat.relations.schema import q
+from relsat.relations.schema import key_columns, q
 
 from .errors import RelsatError
 from .verify import error_line, ort_session
@@ -36,7 +42,8 @@ _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifo
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
 _SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Squeeze", "Unsqueeze", "Cast", "Add", "Sub", "Mul",
               "Div", "Neg", "Abs", "Floor", "Ceil", "Min", "Max", "Equal", "Less", "Greater", "Not", "Where",
-              "Identity", "Reshape", "ReduceProd", "Mod"}  # evaluated at import over small constants
+              "Identity", "Reshape", "ReduceProd", "Mod", "ConstantOfShape", "Transpose", "Range", "Expand", "Tile",
+              "LessOrEqual", "GreaterOrEqual", "And", "Or", "Sum"}  # evaluated at import over small constants
 
 
 @dataclass
@@ -236,7 +243,8 @@ def _infer_types(model: onnx.ModelProto, shapes: dict):
         light = helper.make_model(
             helper.make_graph(nodes, g.name, inputs, g.output, list(consts.values()),
                               sparse_initializer=g.sparse_initializer),
-            opset_imports=model.opset_import, ir_version=model.ir_version, functions=model.functions)
+            opset_imports=model.opset_import, ir_version=max(model.ir_version, 4),  # IR 3 ignores unlisted initializers
+            functions=model.functions)
         types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph)
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
@@ -313,7 +321,8 @@ def _constant_value(node: onnx.NodeProto):
 
 def _digest(arr: np.ndarray, dtype: int) -> str:
     h = hashlib.sha1(f"{dtype}|{list(arr.shape)}|".encode())
-    h.update(np.ascontiguousarray(arr).tobytes())
+    a = np.ascontiguousarray(arr)
+    h.update(repr(a.tolist()).encode() if a.dtype == object else a.reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
@@ -459,7 +468,224 @@ _HOOKS = {"Conv": _window, "MaxPool": _window, "AveragePool": _window, "Softmax"
           "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad}
 
 
+# ------------------------------------------------------------ bulk insertion
+_GETITEM = BY_TYPE["getitem"]
+_P0 = 1 << 60  # provisional e-class ids while a batch is planned; real ids come from class_seq when written
+
+
+@dataclass
+class _Row:
+    """One e-node to write: a catalog node (``op``), or an opaque one (``op`` None, ``attrs["node"]``
+    its NodeProto, ``children["inputs"]`` its input e-classes)."""
+
+    op: OpDef | None
+    children: dict  # child column -> e-class (a list for a variadic input); -1 = absent
+    attrs: dict
+    out: int
+    src: list = field(default_factory=list)  # positions of the ONNX nodes it stands for; empty: not checked
+
+
+class _Plan:
+    """E-classes and e-nodes to write in one batch (``_write``), children before parents; new
+    e-classes have provisional ids (>= _P0) until written."""
+
+    def __init__(self):
+        self.classes: list[tuple] = []  # (shape, dtype, is_const, tuple_shapes, tuple_dtypes); None = unknown
+        self.rows: list[_Row] = []
+
+    def new_class(self, shape, dtype, const, tuple_shapes=None, tuple_dtypes=None) -> int:
+        self.classes.append((shape, dtype, bool(const), tuple_shapes, tuple_dtypes))
+        return _P0 + len(self.classes) - 1
+
+
+def _json(v):
+    return None if v is None else json.dumps(v)
+
+
+def _rule_sql(op: OpDef) -> str:
+    """The catalog's shape, dtype and canonical-attribute rules of ``op`` evaluated on the rows of its
+    table listed in ``_imp_check``, as ``EGraph.insert_from`` evaluates them on insert: one row (id,
+    out, o_shape, o_dtype, o_tshapes, o_tdtypes, canon_ok) per node."""
+    joins, cols = [], ["n.*"]
+    for inp in op.inputs:
+        c, col = inp.column, q(inp.column)
+        if inp.variadic:
+            joins.append(
+                f"LEFT JOIN (SELECT u.id, list(e.shape ORDER BY u.pos) AS s, list(e.dtype ORDER BY u.pos) AS d, "
+                f"bool_and(e.is_const) AS k FROM (SELECT id, unnest({col}) AS cid, generate_subscripts({col}, 1) AS pos "
+                f"FROM {op.table} WHERE id IN (SELECT id FROM _imp_check)) u JOIN eclass e ON e.id = u.cid "
+                f"GROUP BY u.id) v_{c} ON v_{c}.id = n.id")
+            cols += [f"v_{c}.s AS s_{c}", f"v_{c}.d AS d_{c}", f"v_{c}.k AS k_{c}"]
+        else:
+            joins.append(f"LEFT JOIN eclass e_{c} ON e_{c}.id = n.{col}")
+            cols += [f"e_{c}.shape AS s_{c}", f"e_{c}.dtype AS d_{c}", f"coalesce(e_{c}.is_const, n.{col} = -1) AS k_{c}",
+                     f"e_{c}.tuple_shapes AS ts_{c}", f"e_{c}.tuple_dtypes AS td_{c}"]
+    base = f"SELECT {', '.join(cols)} FROM {op.table} n {' '.join(joins)} WHERE n.id IN (SELECT id FROM _imp_check)"
+    canon_ok = " AND ".join(f"(({expr}) IS NOT DISTINCT FROM {q(a)})" for a, expr in op.canon) or "true"
+    return (f"SELECT id, out, ({op.shape})::BIGINT[] AS o_shape, ({op.dtype or 'd_' + op.child_columns[0]})::INTEGER "
+            f"AS o_dtype, ({op.tuple_shapes or 'NULL'})::BIGINT[][] AS o_tshapes, "
+            f"({op.tuple_dtypes or 'NULL'})::INTEGER[] AS o_tdtypes, {canon_ok} AS canon_ok FROM ({base})")
+
+
+def _write(g: EGraph, plan: _Plan, *, ts: int = 0) -> tuple[set[int], np.ndarray]:
+    """Write a plan in one transaction with a fixed number of statements per operator table,
+    whatever the depth of the graph: new e-classes and their analyses, catalog rows, opaque rows.
+    Then the catalog's rules are evaluated on the rows with a ``src``: an e-class whose shape or
+    dtype the plan left unknown takes the rule's, and a row that its rule rejects or that disagrees
+    with the plan's shape or dtype (ONNX shape inference) rolls the whole batch back.  Returns the
+    positions in ``plan.rows`` of those rows (empty: written) and the real e-class id of each
+    provisional one."""
+    con = g.con
+    if not plan.rows and not plan.classes:
+        return set(), np.zeros(0, dtype=np.int64)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        bad, classes, tables = _write_rows(g, plan, ts)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    if bad:
+        con.execute("ROLLBACK")
+        return bad, classes
+    con.execute("COMMIT")
+    g.live.update(tables)
+    return set(), classes
+
+
+def _write_rows(g: EGraph, plan: _Plan, ts: int):
+    con = g.con
+    fetch = "SELECT nextval('{}') AS i FROM range(?)"
+    classes = np.sort(con.execute(fetch.format("class_seq"), [len(plan.classes)]).fetchnumpy()["i"]).astype(np.int64)
+    node_ids = np.sort(con.execute(fetch.format("node_seq"), [len(plan.rows)]).fetchnumpy()["i"]).astype(np.int64)
+
+    def real(ids) -> np.ndarray:
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        new = a >= _P0
+        return np.where(new, classes[np.where(new, a - _P0, 0)] if len(classes) else a, a)
+
+    def lists(col) -> np.ndarray:
+        return np.array([json.dumps(real(v).tolist()) for v in col], dtype=object)
+
+    if plan.classes:
+        shape, dtype, const, tshapes, tdtypes = zip(*plan.classes)
+        con.register("_imp_classes", {
+            "id": classes, "shape": np.array([_json(s) for s in shape], dtype=object),
+            "dtype": np.array(dtype, dtype=object), "is_const": np.array(const, dtype=bool),
+            "tshapes": np.array([_json(s) for s in tshapes], dtype=object),
+            "tdtypes": np.array([_json(d) for d in tdtypes], dtype=object)})
+        try:
+            con.execute("INSERT INTO eclass (id, shape, dtype, is_const, tuple_shapes, tuple_dtypes, ts) SELECT id, "
+                        "shape::VARCHAR::BIGINT[], dtype::INTEGER, is_const, tshapes::VARCHAR::BIGINT[][], "
+                        f"tdtypes::VARCHAR::INTEGER[], {int(ts)} FROM _imp_classes")
+        finally:
+            con.unregister("_imp_classes")
+    groups: dict = defaultdict(list)
+    for k, r in enumerate(plan.rows):
+        groups[r.op.op_type if r.op else None].append(k)
+    tables = set()
+    for op_type, ks in groups.items():
+        rows = [plan.rows[k] for k in ks]
+        ids, outs = node_ids[ks], real([r.out for r in rows])
+        if op_type is None:
+            _write_opaque(con, ids, outs, [real(r.children["inputs"]).tolist() for r in rows], rows, ts)
+            tables.add("op_opaque")
+            continue
+        op = BY_TYPE[op_type]
+        frame, select = {"id": ids, "out": outs}, ["id"]
+        for inp in op.inputs:
+            col = [r.children[inp.column] for r in rows]
+            if inp.variadic:
+                frame[inp.column] = lists(col)
+                select.append(f"{q(inp.column)}::VARCHAR::BIGINT[]")
+            else:
+                frame[inp.column] = real(col)
+                select.append(q(inp.column))
+        for a in op.attrs:
+            col = [r.attrs[a.name] for r in rows]
+            if a.kind in ("ints", "floats"):
+                frame[a.name] = np.array([json.dumps(list(v)) for v in col], dtype=object)
+                select.append(f"{q(a.name)}::VARCHAR::{a.sql_type}")
+            else:
+                frame[a.name] = np.array(col, dtype={"int": np.int64, "float": np.float64}.get(a.kind, object))
+                select.append(f"{q(a.name)}::{a.sql_type}")
+        names = ", ".join(q(c) for c in [*op.child_columns, *(a.name for a in op.attrs)])
+        con.register("_imp_rows", frame)
+        try:
+            con.execute(f"INSERT INTO {op.table} (id, {names}, out, ts) SELECT {', '.join(select)}, out, {int(ts)} "
+                        f"FROM _imp_rows")
+        finally:
+            con.unregister("_imp_rows")
+        tables.add(op.table)
+    checked = [k for k, r in enumerate(plan.rows) if r.src]
+    if not checked:
+        return set(), classes, tables
+    con.register("_imp_check", {"id": node_ids[checked]})
+    bad_ids: set[int] = set()
+    try:
+        ops = [op for op in OPS if op.op_type in groups and any(plan.rows[k].src for k in groups[op.op_type])]
+        # getitem reads the tuple shapes that its tuple's rule may have filled in
+        for batch in ([op for op in ops if op.op_type != "getitem"], [op for op in ops if op.op_type == "getitem"]):
+            if not batch:
+                continue
+            con.execute("CREATE OR REPLACE TEMP TABLE _imp_rule AS " + " UNION ALL ".join(map(_rule_sql, batch)))
+            con.execute(
+                "UPDATE eclass SET shape = coalesce(eclass.shape, r.o_shape), dtype = coalesce(eclass.dtype, r.o_dtype), "
+                "tuple_shapes = coalesce(eclass.tuple_shapes, r.o_tshapes), tuple_dtypes = coalesce(eclass.tuple_dtypes, "
+                "r.o_tdtypes) FROM _imp_rule r WHERE eclass.id = r.out AND (eclass.shape IS NULL OR eclass.dtype IS NULL)")
+            bad_ids.update(i for (i,) in con.execute(
+                "SELECT r.id FROM _imp_rule r JOIN eclass e ON e.id = r.out WHERE NOT r.canon_ok "
+                "OR (r.o_shape IS NULL AND r.o_tshapes IS NULL) OR e.shape IS DISTINCT FROM r.o_shape "
+                "OR e.dtype IS DISTINCT FROM r.o_dtype OR e.tuple_shapes IS DISTINCT FROM r.o_tshapes "
+                "OR e.tuple_dtypes IS DISTINCT FROM r.o_tdtypes").fetchall())
+    finally:
+        con.unregister("_imp_check")
+    position = {int(i): k for k, i in enumerate(node_ids)}
+    return {position[i] for i in bad_ids}, classes, tables
+
+
+def _write_opaque(con, ids, outs, inputs, rows: list[_Row], ts: int) -> None:
+    nodes = [r.attrs["node"] for r in rows]
+    frame = {
+        "id": ids, "out": outs, "rid": np.arange(len(rows), dtype=np.int64),
+        "node": np.array([n.SerializeToString() for n in nodes], dtype=object),
+        "op_type": np.array([n.op_type for n in nodes], dtype=object),
+        "domain": np.array([n.domain for n in nodes], dtype=object),
+        "n_outputs": np.array([len(n.output) for n in nodes], dtype=np.int32),
+        "inputs": np.array([json.dumps(ins) for ins in inputs], dtype=object),
+        "shapes": np.array([json.dumps(r.attrs["shapes"]) for r in rows], dtype=object),
+        "dtypes": np.array([json.dumps(r.attrs["dtypes"]) for r in rows], dtype=object),
+    }
+    con.register("_imp_opaque", frame)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _imp_opq AS SELECT id, out, (SELECT coalesce(max(proto), 0) FROM "
+                    "opaque_nodes) + rid + 1 AS proto, node, op_type, domain, n_outputs, inputs::VARCHAR::BIGINT[] AS "
+                    "inputs, shapes::VARCHAR::BIGINT[][] AS shapes, dtypes::VARCHAR::INTEGER[] AS dtypes FROM _imp_opaque")
+    finally:
+        con.unregister("_imp_opaque")
+    con.execute("INSERT INTO opaque_nodes (proto, op_type, domain, node, n_outputs, output_shapes, output_dtypes) "
+                "SELECT proto, op_type, domain, node, n_outputs, shapes, dtypes FROM _imp_opq")
+    con.execute(f"INSERT INTO op_opaque (id, proto, inputs, out, ts) SELECT id, proto, inputs, out, {int(ts)} FROM _imp_opq")
+
+
 # ---------------------------------------------------------- opaque nodes
+def _plan_opaque(plan: _Plan, node: onnx.NodeProto, inputs, shapes, dtypes, const: bool) -> list[int]:
+    """Plan an opaque node: its e-class per output position (-1 where the output is omitted).  A
+    single-output node's e-class is a tensor; a multi-output node's is a tuple whose outputs get
+    getitem nodes."""
+    shapes, dtypes = list(shapes), list(dtypes)
+    single = len(node.output) == 1
+    out = plan.new_class(shapes[0], dtypes[0], const) if single else plan.new_class(None, None, const, shapes, dtypes)
+    plan.rows.append(_Row(None, {"inputs": list(inputs)}, {"node": node, "shapes": shapes, "dtypes": dtypes}, out))
+    if single:
+        return [out]
+    result = [-1] * len(node.output)
+    for i, o in enumerate(node.output):
+        if o:
+            result[i] = plan.new_class(shapes[i], dtypes[i], const)
+            plan.rows.append(_Row(_GETITEM, {"t": out}, {"index": i}, result[i]))
+    return result
+
+
 def add_opaque(g: EGraph, nodes, inputs, output_shapes, output_dtypes, *, ts: int = 0) -> list[list[int]]:
     """Insert opaque nodes in one batch of set-oriented SQL; returns each node's e-class per output
     position (-1 where the output is omitted).
@@ -472,51 +698,14 @@ def add_opaque(g: EGraph, nodes, inputs, output_shapes, output_dtypes, *, ts: in
     not random."""
     if not len(nodes):
         return []
-    frame = {
-        "rid": np.arange(len(nodes), dtype=np.int64),
-        "node": np.array([n.SerializeToString() for n in nodes], dtype=object),
-        "op_type": np.array([n.op_type for n in nodes], dtype=object),
-        "domain": np.array([n.domain for n in nodes], dtype=object),
-        "n_outputs": np.array([len(n.output) for n in nodes], dtype=np.int32),
-        "present": np.array([json.dumps([i for i, o in enumerate(n.output) if o]) for n in nodes], dtype=object),
-        "inputs": np.array([json.dumps([int(c) for c in ins]) for ins in inputs], dtype=object),
-        "shapes": np.array([json.dumps(s) for s in output_shapes], dtype=object),
-        "dtypes": np.array([json.dumps(d) for d in output_dtypes], dtype=object),
-    }
-    random = ", ".join(f"'{op}'" for op in sorted(_RANDOM_OPS))
-    c = g.con
-    c.register("_opaque_batch", frame)
-    try:
-        c.execute(
-            "CREATE OR REPLACE TEMP TABLE _opq AS SELECT *, (len(inputs) > 0 AND NOT (op_type IN (" + random + ") "
-            "AND domain = '') AND NOT EXISTS (SELECT 1 FROM unnest(inputs) u(i) LEFT JOIN eclass k ON k.id = u.i "
-            "WHERE k.is_const IS NOT true)) AS is_const FROM (SELECT rid, (SELECT coalesce(max(proto), 0) "
-            "FROM opaque_nodes) + rid + 1 AS proto, node, op_type, domain, n_outputs, "
-            "present::VARCHAR::INTEGER[] AS present, inputs::VARCHAR::BIGINT[] AS inputs, "
-            "shapes::VARCHAR::BIGINT[][] AS shapes, dtypes::VARCHAR::INTEGER[] AS dtypes, "
-            "nextval('node_seq') AS id, nextval('class_seq') AS out FROM _opaque_batch)")
-    finally:
-        c.unregister("_opaque_batch")
-    c.execute("INSERT INTO opaque_nodes SELECT proto, op_type, domain, node, n_outputs, shapes, dtypes FROM _opq")
-    c.execute(f"INSERT INTO op_opaque (id, proto, inputs, out, ts) SELECT id, proto, inputs, out, {int(ts)} FROM _opq")
-    c.execute(
-        "INSERT INTO eclass (id, shape, dtype, is_const, tuple_shapes, tuple_dtypes, ts) SELECT out, "
-        "CASE WHEN n_outputs = 1 THEN shapes[1] END, CASE WHEN n_outputs = 1 THEN dtypes[1] END, is_const, "
-        f"CASE WHEN n_outputs <> 1 THEN shapes END, CASE WHEN n_outputs <> 1 THEN dtypes END, {int(ts)} FROM _opq")
-    c.execute(
-        "CREATE OR REPLACE TEMP TABLE _opq_items AS SELECT nextval('node_seq') AS id, rid, out AS t, i, "
-        "nextval('class_seq') AS cls, shapes[i + 1] AS shape, dtypes[i + 1] AS dtype, is_const FROM "
-        "(SELECT rid, out, shapes, dtypes, is_const, unnest(present) AS i FROM _opq WHERE n_outputs <> 1)")
-    c.execute(f'INSERT INTO op_getitem (id, t, "index", out, ts) SELECT id, t, i, cls, {int(ts)} FROM _opq_items')
-    c.execute("INSERT INTO eclass (id, shape, dtype, is_const, tuple_shapes, tuple_dtypes, ts) "
-              f"SELECT cls, shape, dtype, is_const, NULL, NULL, {int(ts)} FROM _opq_items")
-    g.live.update({"op_opaque", "op_getitem"})
-    result = [[-1] * len(n.output) for n in nodes]
-    for rid, out in c.execute("SELECT rid, out FROM _opq WHERE n_outputs = 1").fetchall():
-        result[rid][0] = out
-    for rid, i, cls in c.execute("SELECT rid, i, cls FROM _opq_items").fetchall():
-        result[rid][i] = cls
-    return result
+    known = sorted({int(c) for ins in inputs for c in ins})
+    const = dict(g.sql("SELECT id, is_const FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))", [known])) if known else {}
+    plan = _Plan()
+    outs = [_plan_opaque(plan, node, ins, shapes, dtypes, bool(ins) and not (
+        node.op_type in _RANDOM_OPS and node.domain == "") and all(const.get(int(c)) is True for c in ins))
+            for node, ins, shapes, dtypes in zip(nodes, inputs, output_shapes, output_dtypes)]
+    _, classes = _write(g, plan, ts=ts)
+    return [[int(classes[c - _P0]) if c >= _P0 else c for c in row] for row in outs]
 
 
 # ----------------------------------------------------------------- import
@@ -526,7 +715,10 @@ class _Item:
     op: OpDef
     children: dict
     attrs: dict
-    out: int = -1  # the e-class once inserted (a tuple e-class for Split)
+
+
+def _frozen(v):
+    return tuple(v) if isinstance(v, list) else v
 
 
 class _Importer:
@@ -536,6 +728,7 @@ class _Importer:
         self.consts: dict[str, np.ndarray] = {}
         self.notices: list[str] = []
         self.opaque_ops: Counter = Counter()
+        self.merge = any(not t.startswith(("op_input", "op_weight", "op_constant")) for t in g.live)
         graph = model.graph
         self.used = {o.name for o in graph.output} | {
             i for n in graph.node for i in [*n.input, *outer_names(n)] if i}
@@ -554,18 +747,34 @@ class _Importer:
 
     # leaves
     def add_weights(self, items: list[tuple[str, np.ndarray, int]]) -> None:
+        """Initializers and Constant values: a float32 scalar becomes a Constant leaf (value_float, as
+        rules match it), any other tensor a Weight leaf (identical tensors share one)."""
+        scalars = [(name, arr) for name, arr, dtype in items if dtype == onnx.TensorProto.FLOAT and arr.ndim == 0]
+        if scalars:
+            names, arrs = zip(*scalars)
+            ids = self.g.add("Constant", attrs={"value_float": np.array([float(a) for a in arrs], dtype=np.float64)})
+            self.cls.update(zip(names, ids.tolist()))
+            self.consts.update(scalars)
+        items = [it for it in items if not (it[2] == onnx.TensorProto.FLOAT and it[1].ndim == 0)]
         g = self.g
-        by_digest = {d: r for d, r in g.sql("SELECT digest, ref FROM weights") if r in g.tensors}
+        held = [(r, dt, tuple(s), d) for r, dt, s, d in g.sql("SELECT ref, dtype, shape, digest FROM weights")
+                if r in g.tensors]
+        # only tensors that share their dtype and shape with another one can be equal: hash those alone
+        group = Counter([(dt, s) for _, dt, s, _ in held] + [(dt, arr.shape) for _, arr, dt in items])
+        by_digest = {d or _digest(g.tensors[r], dt): r for r, dt, s, d in held if group[dt, s] > 1}
         next_ref = max([0, *g.tensors, *(r for (r,) in g.sql("SELECT ref FROM weights"))]) + 1
         rows, ref_of = [], {}
         for name, arr, dtype in items:
-            d = _digest(arr, dtype)
-            if d not in by_digest:
-                by_digest[d] = next_ref
+            d = _digest(arr, dtype) if group[dtype, arr.shape] > 1 else None
+            if d is None or d not in by_digest:
+                if d is not None:
+                    by_digest[d] = next_ref
+                ref_of[name] = next_ref
                 g.tensors[next_ref] = arr
                 rows.append((next_ref, name, dtype, json.dumps(list(arr.shape)), d))
                 next_ref += 1
-            ref_of[name] = by_digest[d]
+            else:
+                ref_of[name] = by_digest[d]
             self.consts[name] = arr
         if rows:
             refs, names, dtypes, shapes, digests = zip(*rows)
@@ -613,7 +822,10 @@ class _Importer:
                 kind = op.attr(lifted[i].attr).kind
                 v = self.consts.get(name)
                 if v is not None and kind == "float" and np.size(v) == 1:
-                    attrs[lifted[i].attr] = float(np.asarray(v).reshape(-1)[0])
+                    x = np.asarray(v).reshape(-1)[0]
+                    if x.dtype.kind in "iu" and int(float(x)) != int(x):
+                        return None  # an integer a float attribute cannot hold exactly (beyond 2**53)
+                    attrs[lifted[i].attr] = float(x)
                 elif v is not None and kind == "ints":
                     attrs[lifted[i].attr] = self.const_ints(name)
                 elif op.op_type == "Reshape" and self.shape(node.output[0]) is not None:
@@ -621,7 +833,7 @@ class _Importer:
                 else:
                     return None
         shapes = [self.shape(n) if n else None for n in data]
-        if any(n and s is None for n, s in zip(data, shapes)) or not data or not data[0]:
+        if any(n and (s is None or n not in self.cls) for n, s in zip(data, shapes)) or not data or not data[0]:
             return None
         hook = _HOOKS.get(op.op_type)
         if hook and not hook(self, node, attrs, data, shapes):
@@ -652,100 +864,99 @@ class _Importer:
                 children[inp.column] = self.cls[name] if name else -1
         return _Item(node, op, children, attrs)
 
-    def _agrees(self, it: _Item, shape, dtype, tuple_shapes, tuple_dtypes) -> bool:
-        """Do the e-class's shape and dtype match ONNX shape inference where that knows them?"""
-        got = list(zip(tuple_shapes, tuple_dtypes)) if it.op.is_tuple else [(shape, dtype)]
-        outs = list(it.node.output) if it.op.is_tuple else [it.node.output[0]]
-        for o, (s, d) in zip(outs, got):
-            want_dtype, want_shape = self.types.get(o) or (None, None)
-            if (want_shape is not None and want_shape != s) or (want_dtype is not None and want_dtype != d):
-                return False
-        return len(got) == len(outs)
+    def plan(self, nodes: list[onnx.NodeProto], forced: set[int], const: dict[int, bool]) -> _Plan:
+        """Every node as a row of one batch, in order (``nodes`` is topologically sorted): catalog
+        nodes hash-consed on (op, children, attributes), typed by ONNX shape inference; the nodes at
+        positions ``forced``, and those the catalog cannot represent, opaque."""
+        plan, seen, proj = _Plan(), {}, {}
+        self.opaque_ops = Counter()
 
-    def insert(self, op: OpDef, items: list[_Item]) -> list[_Item]:
-        """Hash-cons a batch of catalog nodes; returns the items that must become opaque instead
-        (their shape rule rejects them, or disagrees with ONNX shape inference)."""
-        con = self.g.con
-        frame, select = {"rid": np.arange(len(items), dtype=np.int64)}, ["rid"]
-        for inp in op.inputs:
-            col = [it.children[inp.column] for it in items]
-            if inp.variadic:
-                frame[inp.column] = np.array([json.dumps(c) for c in col], dtype=object)
-                select.append(f"{q(inp.column)}::VARCHAR::BIGINT[] AS {q(inp.column)}")
+        def getitem(t: int, index: int, name: str, src: list) -> int:
+            if (t, index) not in proj:
+                dtype, shape = self.types.get(name) or (None, None)
+                proj[t, index] = c = plan.new_class(shape, dtype, const[t])
+                const[c] = const[t]
+                plan.rows.append(_Row(_GETITEM, {"t": t}, {"index": index}, c, src))
+            return proj[t, index]
+
+        for pos, node in enumerate(nodes):
+            item = None if pos in forced else self.spec(node)
+            if item is None:
+                self.opaque_ops[node.op_type] += 1
+                ins = [self.klass(n, f"node '{node.name}' ({node.op_type})")
+                       for n in [*(i for i in node.input if i), *outer_names(node)]]
+                types = [self.types.get(o) or (None, None) for o in node.output]
+                k = bool(ins) and not (node.op_type in _RANDOM_OPS and node.domain == "") and all(const[c] for c in ins)
+                outs = _plan_opaque(plan, node, ins, [s for _, s in types], [d for d, _ in types], k)
+                const.update((c, k) for c in outs)
+                self.cls.update((o, c) for o, c in zip(node.output, outs) if o)
+                continue
+            op = item.op
+            values = [_frozen(item.children[c]) for c in op.child_columns]
+            key = (op.op_type, *values, *(_frozen(item.attrs[a.name]) for a in op.attrs))
+            if key in seen:
+                out, src = seen[key]
+                src.append(pos)
             else:
-                frame[inp.column] = np.array(col, dtype=np.int64)
-                select.append(q(inp.column))
-        for a in op.attrs:
-            col = [it.attrs[a.name] for it in items]
-            if a.kind == "ints":
-                frame[a.name] = np.array([json.dumps([int(v) for v in x]) for x in col], dtype=object)
-                select.append(f"{q(a.name)}::VARCHAR::BIGINT[] AS {q(a.name)}")
+                kids = [c for v in values for c in (v if isinstance(v, tuple) else (v,)) if c != -1]
+                k = all(const[c] for c in kids)
+                if op.is_tuple:
+                    types = [self.types.get(o) or (None, None) for o in node.output]
+                    known = all(d is not None and s is not None for d, s in types)
+                    out = plan.new_class(None, None, k, [s for _, s in types] if known else None,
+                                         [d for d, _ in types] if known else None)
+                else:
+                    dtype, shape = self.types.get(node.output[0]) or (None, None)
+                    out = plan.new_class(shape, dtype, k)
+                const[out], src = k, [pos]
+                seen[key] = out, src
+                plan.rows.append(_Row(op, item.children, item.attrs, out, src))
+            if op.is_tuple:
+                for index, o in enumerate(node.output):
+                    if o:
+                        self.cls[o] = getitem(out, index, o, src)
             else:
-                frame[a.name] = np.array(col, dtype={"int": np.int64, "float": np.float64}.get(a.kind, object))
-                select.append(q(a.name))
-        con.register("_import_batch", frame)
-        con.execute("BEGIN TRANSACTION")
-        try:
-            res = self.g.insert_from(op, f"SELECT {', '.join(select)} FROM _import_batch", result="_import_out")
-            got = {rid: rest for rid, *rest in con.execute(
-                f"SELECT r.rid, e.id, e.shape, e.dtype, e.tuple_shapes, e.tuple_dtypes FROM {res.table} r "
-                f"JOIN eclass e ON e.id = r.out").fetchall()}
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        finally:
-            con.unregister("_import_batch")
-        bad = [i for i, it in enumerate(items) if i not in got or not self._agrees(it, *got[i][1:])]
-        if any(i in got for i in bad):  # a node was added with the wrong shape: undo, add the others
-            con.execute("ROLLBACK")
-            good = [it for i, it in enumerate(items) if i not in set(bad)]
-            return [items[i] for i in bad] + (self.insert(op, good) if good else [])
-        con.execute("COMMIT")
-        for i, it in enumerate(items):
-            if i in got:
-                it.out = got[i][0]
-                if not op.is_tuple:
-                    self.cls[it.node.output[0]] = it.out
-        return [items[i] for i in bad]
+                self.cls[node.output[0]] = out
+        return plan
 
     def run(self, nodes: list[onnx.NodeProto]) -> None:
+        """Insert the nodes in one set-oriented batch (``_write``), whatever the depth of the graph.
+        A node whose catalog rule disagrees with ONNX shape inference is kept opaque (the batch is
+        planned again without it)."""
         level_of: dict[str, int] = {}
-        levels = defaultdict(list)
+        levels = []
         for node in nodes:
             lvl = 1 + max((level_of.get(n, 0) for n in [*node.input, *outer_names(node)] if n), default=0)
             level_of.update((o, lvl) for o in node.output)
-            levels[lvl].append(node)
-        for lvl in sorted(levels):
-            groups, opaque = defaultdict(list), []
-            for node in levels[lvl]:
-                item = self.spec(node)
-                if item is None:
-                    opaque.append(node)
-                else:
-                    groups[item.op.op_type].append(item)
-            for op_type, items in groups.items():
-                for it in self.insert(BY_TYPE[op_type], items):
-                    self.notices.append(f"node '{it.node.name}' ({op_type}): relsat's shape rule disagrees with "
-                                        f"ONNX shape inference; kept opaque")
-                    opaque.append(it.node)
-            self.add_getitems([it for items in groups.values() for it in items if it.op.is_tuple and it.out >= 0])
-            self.add_opaque(opaque)
-
-    def add_getitems(self, items: list[_Item]) -> None:
-        rows = [(it.out, i, o) for it in items for i, o in enumerate(it.node.output) if o]
-        if rows:
-            t, idx, outs = zip(*rows)
-            ids = self.g.add("getitem", {"t": np.array(t, dtype=np.int64)}, {"index": np.array(idx, dtype=np.int64)})
-            self.cls.update(zip(outs, ids.tolist()))
-
-    def add_opaque(self, nodes: list[onnx.NodeProto]) -> None:
-        self.opaque_ops.update(n.op_type for n in nodes)
-        inputs = [[self.klass(n, f"node '{node.name}' ({node.op_type})")
-                   for n in [*(i for i in node.input if i), *outer_names(node)]] for node in nodes]
-        types = [[self.types.get(o) or (None, None) for o in node.output] for node in nodes]
-        outs = add_opaque(self.g, nodes, inputs, [[s for _, s in t] for t in types], [[d for d, _ in t] for t in types])
-        for node, classes in zip(nodes, outs):
-            self.cls.update((o, c) for o, c in zip(node.output, classes) if o)
+            levels.append(lvl)
+        nodes = [nodes[i] for i in sorted(range(len(nodes)), key=levels.__getitem__)]  # children first
+        leaves = dict(self.cls)
+        known = sorted(set(leaves.values()))
+        const0 = dict(self.g.sql("SELECT id, is_const FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))",
+                                 [known])) if known else {}
+        forced: set[int] = set()
+        while True:
+            self.cls = dict(leaves)
+            plan = self.plan(nodes, forced, dict(const0))
+            bad, classes = _write(self.g, plan)
+            if not bad:
+                break
+            for k in sorted(bad):
+                for pos in plan.rows[k].src:
+                    if pos not in forced:
+                        forced.add(pos)
+                        node = nodes[pos]
+                        self.notices.append(f"node '{node.name}' ({node.op_type}): relsat's shape rule disagrees "
+                                            f"with ONNX shape inference; kept opaque")
+        self.cls = {name: int(classes[c - _P0]) if c >= _P0 else c for name, c in self.cls.items()}
+        if self.merge:  # the e-graph held nodes before: hash-cons the new rows against them
+            for op in OPS:
+                if op.table in self.g.live and not op.leaf:
+                    on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM n.{q(k)}" for k in key_columns(op))
+                    self.g.union_from(f"SELECT n.out, o.out FROM {op.table} n JOIN {op.table} o ON {on} AND o.id < n.id")
+            self.g.rebuild()
+            names = list(self.cls)
+            self.cls = dict(zip(names, self.g.find([self.cls[n] for n in names]).tolist()))
 
 
 def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] | None = None,
@@ -780,7 +991,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         else:
             nodes.append(node)
     if computed:
-        notices.append("computed from the fixed input shapes: " + ", ".join(
+        notices.append("computed at import from constants and the fixed input shapes: " + ", ".join(
             f"{op} x{n}" if n > 1 else op for op, n in computed.most_common()))
     imp.add_weights(weights)
     inputs = [(v.name, v.type.tensor_type.elem_type, shapes[v.name]) for v in real_inputs]

@@ -4,11 +4,16 @@ Like egg's Runner: ``Limits`` (iterations, e-nodes, seconds), a scheduler
 (``simple`` or ``backoff``, which bans a rule whose matches exceed its threshold
 for a few rounds, doubling each time), a separate budget of rounds for
 multi-pattern rules (TENSAT's k_multi), semi-naive evaluation (a rule only sees
-matches that use a row newer than its previous run), one ``Iteration`` record
-per round and a ``StopReason``.  Per round the number of SQL statements depends
-on the number of rules, never on the number of matches; the e-node limit is
-honoured inside a round by capping each insert.  Iterations and per-rule
-statistics are stored in the ``iterations`` and ``rule_stats`` tables.
+matches that use a row newer than its previous run; rows a rebuild rewrote count
+as new), cycle filtering for multi-pattern rules (``cycle_filter``: an
+application whose unions would make an e-class depend on itself is dropped, see
+``relations.reach``), one ``Iteration`` record per round and a ``StopReason``.
+Per round the number of SQL statements depends on the number of rules, never on
+the number of matches; the e-node limit is honoured inside a round by capping
+each rule's matches and each insert (a round that had to leave matches out stops
+the run with ``node limit``).  Iterations and per-rule statistics are stored in
+the ``iterations`` and ``rule_stats`` tables.  While it runs, DuckDB's
+``preserve_insertion_order`` is off (no statement here depends on row order).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from relsat.programs.compiler import Compiled, compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
+from relsat.relations.reach import cyclic_matches
 
 
 class StopReason(str, Enum):
@@ -48,7 +54,7 @@ class Iteration:
     match_s: float
     apply_s: float
     rebuild_s: float
-    applied: int  # union pairs queued by rules
+    applied: int  # union pairs queued by rules, plus new nodes placed straight into a matched e-class
     unions: int  # e-class ids merged by the rebuild
     new_nodes: int
 
@@ -79,9 +85,19 @@ class Runner:
     match_limit: int = 20_000  # backoff threshold (scaled by 2**times_banned)
     ban_length: int = 2
     semi_naive: bool = True
+    cycle_filter: bool = True  # drop multi-pattern applications whose unions would close a cycle
     on_round: object = None  # callback(Iteration) for progress display
 
     def run(self) -> Report:
+        g = self.egraph
+        order = g.con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+        g.con.execute("SET preserve_insertion_order = false")  # lets DuckDB number and insert rows in parallel
+        try:
+            return self._run()
+        finally:
+            g.con.execute(f"SET preserve_insertion_order = {str(order).lower()}")
+
+    def _run(self) -> Report:
         g, lim = self.egraph, self.limits
         states = [RuleState(compile_rule(r)) for r in self.rules]
         report = Report()
@@ -98,7 +114,7 @@ class Runner:
                 report.stop_reason = StopReason.TIME_LIMIT
                 break
             it = Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0)
-            stats, any_banned, node_budget = [], False, lim.enodes - enodes
+            stats, any_banned, capped, node_budget = [], False, False, lim.enodes - enodes
             for st in states:
                 c = st.compiled
                 if c.multi and rnd - first_round >= lim.multi_rounds:
@@ -110,9 +126,9 @@ class Runner:
                 t0 = time.perf_counter()
                 # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
                 # spent on partial right sides
-                cap = f" LIMIT {max(node_budget, 0) // max(len(c.builds), 1)}" if c.builds else ""
+                cap = max(node_budget, 0) // max(len(c.builds), 1) if c.builds else None
                 g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
-                              f"({c.match_sql.format(since=since)}){cap}")
+                              f"({c.match_sql.format(since=since)}){'' if cap is None else f' LIMIT {cap}'}")
                 matches = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
                 t1 = time.perf_counter()
                 it.match_s += t1 - t0
@@ -124,17 +140,28 @@ class Runner:
                     stats.append((rnd, c.rule, matches, 0, 0, t1 - t0, True))
                     continue  # the matches are not applied, so `since` stays
                 st.since = rnd
+                capped |= cap is not None and matches >= cap  # (matches past the cap are lost)
                 new_nodes = applied = 0
                 if matches:
+                    # with cycle filtering, right sides get e-classes of their own first, so the check
+                    # sees what each union would join
+                    filtering = self.cycle_filter and c.multi
                     for b in c.builds:
                         res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(node_budget, 0),
-                                            result=b.name)
+                                            result=b.name, target=None if filtering else b.target)
                         new_nodes += res.new_nodes
                         node_budget -= res.new_nodes
+                        applied += res.targeted  # an application that needs no union
+                    if filtering:
+                        cyclic_matches(g, c.pairs)
+                        for t in ("_m",) + c.results:  # the unions read these
+                            g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM _cyc)")
                     before = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
                     for u in c.unions:
                         g.union_from(u)
-                    applied = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+                    applied += g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+                    for b in c.builds:  # free the rule's intermediate tables before the next rule
+                        g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
                 t2 = time.perf_counter()
                 it.apply_s += t2 - t1
                 it.applied += applied
@@ -142,7 +169,7 @@ class Runner:
                 report.applied_by_rule[c.rule] = report.applied_by_rule.get(c.rule, 0) + applied
                 stats.append((rnd, c.rule, matches, applied, new_nodes, t2 - t0, False))
             t3 = time.perf_counter()
-            rb = g.rebuild()
+            rb = g.rebuild(ts=rnd)
             it.rebuild_s = time.perf_counter() - t3
             it.unions = rb.unions
             counts = g.counts()
@@ -152,11 +179,11 @@ class Runner:
             self._record(it, stats)
             if self.on_round:
                 self.on_round(it)
+            if node_budget <= 0 or capped:  # matches were left unapplied for want of nodes
+                report.stop_reason = StopReason.NODE_LIMIT
+                break
             if it.new_nodes == 0 and it.unions == 0 and not any_banned:
                 report.stop_reason = StopReason.SATURATED
-                break
-            if node_budget <= 0:
-                report.stop_reason = StopReason.NODE_LIMIT
                 break
         else:
             report.stop_reason = StopReason.ITERATION_LIMIT

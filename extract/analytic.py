@@ -23,12 +23,16 @@ BYTES_PER_MS = 5e6  # ~5 GB/s effective memory bandwidth for elementwise traffic
 LAUNCH_MS = 0.002  # per-node overhead in ONNX Runtime's executor
 ELEM_BYTES = 4
 
-COSTS_DDL = "CREATE TABLE IF NOT EXISTS costs (node BIGINT, op VARCHAR, ms DOUBLE, source VARCHAR)"
+# One row per e-node: the cost extraction uses (ms) and where it came from (source: 'analytic',
+# 'leaf', or from relsat.extract.measured 'measured', 'cache', 'analytic-fallback', 'const',
+# 'projection'), the analytic estimate beside it, and the cost-cache key of a measured one.
+COSTS_DDL = ("CREATE OR REPLACE TABLE costs (node BIGINT, op VARCHAR, ms DOUBLE, source VARCHAR, "
+             "analytic_ms DOUBLE, key VARCHAR)")
+_INSERT = "INSERT INTO costs (node, op, ms, source, analytic_ms) SELECT *, ms FROM"
 
 
 def analytic_costs(g: EGraph) -> None:
     g.con.execute(COSTS_DDL)
-    g.con.execute("DELETE FROM costs")
     for op in OPS:
         if op.table not in g.live or op.leaf:
             continue
@@ -47,16 +51,16 @@ def analytic_costs(g: EGraph) -> None:
         out_elems = "coalesce(prod(s_out), list_sum(list_transform(ts_out, lambda s: prod(s))), 0)"
         src = (f"SELECT {', '.join(cols)} FROM {op.table} n JOIN eclass o ON o.id = n.out {' '.join(joins)}")
         g.con.execute(
-            f"INSERT INTO costs SELECT id, '{op.op_type}', CASE WHEN const_out THEN 0 ELSE "
+            f"{_INSERT} (SELECT id, '{op.op_type}', CASE WHEN const_out THEN 0 ELSE "
             f"({op.flops}) / {FLOPS_PER_MS} + ({' + '.join(bytes_in) or '0'} + {out_elems}) * {ELEM_BYTES} / {BYTES_PER_MS}"
-            f" + CASE WHEN ({op.flops}) > 0 THEN {LAUNCH_MS} ELSE 0 END END, 'analytic' FROM ({src})")
+            f" + CASE WHEN ({op.flops}) > 0 THEN {LAUNCH_MS} ELSE 0 END END AS ms, 'analytic' FROM ({src}))")
     if "op_opaque" in g.live:
         g.con.execute(
-            f"INSERT INTO costs SELECT n.id, p.op_type, CASE WHEN o.is_const THEN 0 ELSE {LAUNCH_MS} + "
+            f"{_INSERT} (SELECT n.id, p.op_type, CASE WHEN o.is_const THEN 0 ELSE {LAUNCH_MS} + "
             f"coalesce(list_sum(list_transform(p.output_shapes, lambda s: prod(s))), 0) * {ELEM_BYTES} / {BYTES_PER_MS}"
-            f" END, 'analytic' FROM op_opaque n JOIN opaque_nodes p USING (proto) JOIN eclass o ON o.id = n.out")
+            f" END AS ms, 'analytic' FROM op_opaque n JOIN opaque_nodes p USING (proto) JOIN eclass o ON o.id = n.out)")
     for leaf in ("op_input", "op_weight", "op_constant"):
-        g.con.execute(f"INSERT INTO costs SELECT id, '{leaf[3:]}', 0, 'leaf' FROM {leaf}")
+        g.con.execute(f"{_INSERT} (SELECT id, '{leaf[3:]}', 0.0 AS ms, 'leaf' FROM {leaf})")
 
 
 def problem_from(g: EGraph, roots) -> tuple[ExtractionProblem, np.ndarray]:

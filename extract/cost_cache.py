@@ -169,6 +169,12 @@ class CostCache:
 
     merge_from = import_
 
+    def summary(self) -> list[tuple]:
+        """(provider, threads, ort_version, costs, distinct op types, last measured) per group."""
+        return self._run(lambda con: con.execute(
+            "SELECT provider, threads, ort_version, count(*), count(DISTINCT op_type), max(measured_at) "
+            "FROM costs GROUP BY ALL ORDER BY ALL").fetchall())
+
     def count(self) -> int:
         return self._run(lambda con: con.execute("SELECT count(*) FROM costs").fetchone()[0])
 

@@ -5,7 +5,8 @@ built to time it, and :func:`profile`, which answers from the :class:`CostCache`
 can and times the rest with ONNX Runtime (or, for ``provider="cuda"`` without
 onnxruntime-gpu, with PyTorch via :mod:`relsat.extract.torch_cuda`). Sessions use the same
 options as whole-model timing: ``threads`` intra-op threads, one inter-op thread,
-sequential execution, ``ORT_ENABLE_ALL``.
+sequential execution, ``ORT_ENABLE_ALL``. With one thread on the CPU the calling thread's CPU
+time is measured (see :func:`timer`); the clock is part of the cache key.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +27,7 @@ from .cost_cache import CostCache, CostRow
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
 FLUSH_EVERY = 200  # store new measurements every this many samples
+MIN_REPEATS = 3  # timed runs a sample gets even when it overruns its time budget
 
 
 class ProviderUnavailable(RuntimeError):
@@ -72,8 +75,8 @@ class OpSample:
         """sha256 of everything that determines the cost; node, input and output names excluded."""
         slots, consts = self._slots()
         fetched = [i for i, o in enumerate(self.node.output) if o and o in self.outputs]
-        head = [provider, threads, ort.__version__, self.node.op_type, self.node.domain,
-                self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
+        head = [provider, threads, timer(provider, threads).__name__, ort.__version__, self.node.op_type,
+                self.node.domain, self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
         h = hashlib.sha256(json.dumps(head).encode())
         blobs = [a.SerializeToString(deterministic=True)
                  for a in sorted(self.node.attribute, key=lambda a: a.name)]
@@ -195,15 +198,32 @@ def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.nd
     return feeds
 
 
-def _median_ms(run, warmup: int, repeats: int) -> float:
+def timer(backend: str, threads: int):
+    """The clock a timing uses: with one intra-op thread on the CPU, ONNX Runtime runs the kernel on
+    the calling thread, so that thread's CPU time measures it without the time other processes
+    take on a shared machine; otherwise the wall clock."""
+    return time.thread_time if backend == "cpu" and threads == 1 else time.perf_counter
+
+
+def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
+               clock=time.perf_counter) -> tuple[float, int]:
+    """Median ms (by ``clock``) over at most ``repeats`` timed runs after at most ``warmup`` runs, and
+    the runs timed. With ``budget_s``, slow operators get fewer runs: warm-up stops after half the
+    budget (at least one run), timing once the budget is spent and ``MIN_REPEATS`` runs were timed."""
+    start = time.perf_counter()
     for _ in range(warmup):
         run()
-    times = []
+        if budget_s is not None and time.perf_counter() - start > budget_s / 2:
+            break
+    times: list[float] = []
+    start = time.perf_counter()
     for _ in range(repeats):
-        start = time.perf_counter()
+        t = clock()
         run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
+        times.append(clock() - t)
+        if budget_s is not None and len(times) >= MIN_REPEATS and time.perf_counter() - start > budget_s:
+            break
+    return float(np.median(times) * 1e3), len(times)
 
 
 def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
@@ -219,21 +239,32 @@ def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.Inferenc
 
 
 def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repeats: int,
-                 rng: np.random.Generator) -> float:
+                 rng: np.random.Generator, budget_s: float | None = None) -> tuple[float, int]:
+    """(median ms, timed runs) of one sample."""
     feeds = random_inputs(sample, rng)
     if backend == "cuda-torch":
         from . import torch_cuda
         consts = {t.name: numpy_helper.to_array(t) for t in sample.initializers}
-        return torch_cuda.time_op(sample, {**consts, **feeds}, warmup, repeats)
+        return torch_cuda.time_op(sample, {**consts, **feeds}, warmup, repeats), repeats
     session = _session(build_model(sample), backend, threads)
     if backend == "cpu":
-        return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats)
+        return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats, budget_s,
+                          timer(backend, threads))
     binding = session.io_binding()  # CUDA: keep data on the device, time the kernels only
     for name, value in feeds.items():
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
     for name in sample.outputs:
         binding.bind_output(name, "cuda")
-    return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats)
+    return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats, budget_s)
+
+
+def call_overhead_ms(provider: str = "cpu", threads: int = 1, repeats: int = 200) -> float:
+    """Median ms of running a one-node model that does nothing (Identity of one float): the
+    fixed cost of a ``session.run`` call that every one-node timing includes and that an
+    operator inside a whole model does not pay."""
+    node = helper.make_node("Identity", ["x"], ["y"])
+    sample = OpSample(node, (("x", onnx.TensorProto.FLOAT, (1,)),), (), ("y",))
+    return _time_sample(sample, _backend(provider), threads, 20, repeats, np.random.default_rng(0))[0]
 
 
 @dataclass
@@ -245,17 +276,22 @@ class ProfileReport:
     measured: int = 0  # new signatures timed successfully
     cached: int = 0  # signatures answered by the cache
     failures: dict[str, str] = field(default_factory=dict)  # key -> reason
+    new_keys: set[str] = field(default_factory=set)  # the signatures timed by this call
 
 
 def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
             cache: CostCache | None = None, warmup: int = 3, repeats: int = 10,
-            progress: bool = True, time_budget_s: float | None = None) -> ProfileReport:
+            progress: bool | Callable[[int, int], None] = True, time_budget_s: float | None = None,
+            sample_budget_s: float | None = None) -> ProfileReport:
     """Median ms per sample over ``repeats`` timed runs after ``warmup`` runs.
 
     Samples are deduplicated by key and looked up in ``cache`` first; each missing signature
     gets its own session. New measurements are stored in batches of ``FLUSH_EVERY`` and at
     the end (also on interruption). A sample that fails to build or run, or is not reached
     within ``time_budget_s``, costs NaN and its reason is kept in ``report.failures``.
+    ``sample_budget_s`` caps the time spent timing one slow sample (see :func:`_median_ms`).
+    ``progress``: a rich progress bar when true, or a callback ``progress(done, total)``
+    called after each new signature.
     """
     backend = _backend(provider)
     keys = [s.key(backend, threads) for s in samples]
@@ -271,7 +307,8 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
         pending.clear()
 
     bar = None
-    if progress and len(missing) > 5:
+    callback = progress if callable(progress) else None
+    if progress is True and len(missing) > 5:
         from rich.progress import Progress
         bar = Progress(transient=True)
         task = bar.add_task(f"profiling {len(missing)} operators ({provider})", total=len(missing))
@@ -285,21 +322,43 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
             else:
                 try:
                     rng = np.random.default_rng(int(key[:16], 16))
-                    ms = _time_sample(sample, backend, threads, warmup, repeats, rng)
+                    ms, runs = _time_sample(sample, backend, threads, warmup, repeats, rng, sample_budget_s)
                 except Exception as exc:  # any failure costs NaN, never the whole profile
                     report.failures[key] = f"{type(exc).__name__}: {exc}".strip()
                 else:
                     costs[key] = ms
                     report.measured += 1
+                    report.new_keys.add(key)
                     pending.append(CostRow(key, backend, threads, sample.node.op_type,
-                                           sample.describe(), ms, repeats, ort.__version__))
+                                           sample.describe(), ms, runs, ort.__version__))
                     if len(pending) >= FLUSH_EVERY:
                         flush()
             if bar is not None:
                 bar.advance(task)
+            if callback is not None:
+                callback(len(report.failures) + report.measured, len(missing))
     finally:
         if bar is not None:
             bar.stop()
         flush()
     report.ms[:] = [costs.get(k, np.nan) for k in keys]
+    return report
+
+
+def lookup(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
+           cache: CostCache) -> ProfileReport:
+    """Costs of ``samples`` from ``cache`` alone, without timing anything (NaN where absent), so
+    that a cost table measured elsewhere (``provider="cuda"`` on a machine without a GPU) can be
+    used. For ``cuda`` both backends' keys are tried, onnxruntime's first."""
+    backends = ["cpu"] if provider == "cpu" else ["cuda", "cuda-torch"] if provider == "cuda" else []
+    if not backends:
+        raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
+    per = [[s.key(b, threads) for s in samples] for b in backends]
+    found = cache.lookup(sorted({k for keys in per for k in keys}))
+    keys = [next((k for k in ks if k in found), ks[0]) for ks in zip(*per)]
+    report = ProfileReport(ms=np.array([found.get(k, np.nan) for k in keys], dtype=np.float64),
+                           keys=keys, cached=len({k for k in keys if k in found}))
+    for k in keys:
+        if k not in found:
+            report.failures[k] = f"not in the cost cache and provider {provider!r} cannot run here"
     return report

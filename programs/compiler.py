@@ -13,6 +13,7 @@ the rule's text, never by the number of matches.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from relsat.relations.catalog import BY_TYPE
@@ -29,6 +30,7 @@ class Build:
     name: str
     op: str
     source: str
+    target: str | None = None  # source column with the pattern root a new top node goes into
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Compiled:
     builds: tuple[Build, ...]
     unions: tuple[str, ...]  # SELECT (a, b) pairs
     multi: bool
+    pairs: str = ""  # SELECT (mid, a, b): every union pair with its match, for cycle filtering
+    results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
 
 
 def _lit(v) -> str:
@@ -60,6 +64,7 @@ class _Lhs:
         self.eclass_vars: set[str] = set()
         self.aliases: list[str] = []
         self.analysis: dict[str, str] = {}  # e-class variable -> eclass alias
+        self.loose = False  # whether distinct pattern rows can project to the same match row
 
     def bind(self, var: str, expr: str) -> None:
         if var in self.binds:
@@ -91,17 +96,21 @@ class _Lhs:
         if op.variadic:
             col = f"{alias}.{q(op.inputs[0].column)}"
             self.where.append(f"len({col}) = {len(t.children)}")
-            slots = [f"{col}[{i + 1}]" for i in range(len(t.children))]
+            slots = [(f"{col}[{i + 1}]", False) for i in range(len(t.children))]
         else:
-            slots = [f"{alias}.{q(c)}" for c in op.child_columns]
-        for slot, child in zip(slots, t.children):
-            self.child(slot, child)
+            slots = [(f"{alias}.{q(i.column)}", i.optional) for i in op.inputs]
+        if any(a.name not in dict(t.attrs) for a in op.attrs if not (t.op == "getitem" and a.name == "index")):
+            self.loose = True  # an unconstrained attribute: two nodes may give the same match row
+        for (slot, optional), child in zip(slots, t.children):
+            self.child(slot, child, optional)
         return f"{alias}.out"
 
-    def child(self, slot: str, child) -> None:
+    def child(self, slot: str, child, optional: bool = False) -> None:
         if isinstance(child, Absent):
             self.where.append(f"{slot} = -1")
         elif isinstance(child, Var):
+            if optional:  # a variable stands for an e-class: it never matches an absent input
+                self.where.append(f"{slot} <> -1")
             self.eclass_vars.add(child.name)
             self.bind(child.name, slot)
         else:
@@ -156,66 +165,184 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
 def compile_rule(rule: Rule) -> Compiled:
     lhs = _Lhs()
     roots = [lhs.term(p) for p in rule.patterns]
-    if len(rule.patterns) > 1:  # two patterns never match the same node
-        for i in range(len(roots)):
-            for j in range(i + 1, len(roots)):
-                if rule.patterns[i].op == rule.patterns[j].op:
-                    lhs.where.append(f"{roots[i]} <> {roots[j]}")
+    for i in range(len(roots)):  # two patterns never match the same node; mirrored matches only once
+        for j in range(i + 1, len(roots)):
+            if _mirrored(rule, i, j):
+                lhs.where.append(f"{roots[i]} < {roots[j]}")
+            elif rule.patterns[i].op == rule.patterns[j].op:
+                lhs.where.append(f"{roots[i]} <> {roots[j]}")
     lets: dict[str, str] = {}
     for let in rule.lets:
         lets[let.var.name] = f"({_expr(let.expr, lhs, lets)})"
     conds = [_condition(c, lhs, lets) for c in rule.conditions]
-    fresh = " OR ".join(f"{a}.ts >= {{since}}" for a in lhs.aliases)
     cols = [f"{e} AS {q('v_' + v)}" for v, e in lhs.binds.items()]
     cols += [f"{e} AS {q('v_' + v)}" for v, e in lets.items()]
     cols += [f"{r} AS root{i}" for i, r in enumerate(roots)]
-    where = lhs.where + conds + [f"({fresh})"]
-    match_sql = (f"SELECT DISTINCT {', '.join(cols)} FROM {', '.join(lhs.froms)} "
-                 f"WHERE {' AND '.join(where)}")
-    builds: list[Build] = []
+    # semi-naive: a match uses a row newer than {since}; split by the first alias whose row is new, so
+    # the parts are disjoint and each joins the new rows of one alias with the rest
+    parts = []
+    for k, alias in enumerate(lhs.aliases):
+        fresh = [f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
+        parts.append(f"SELECT {', '.join(cols)} FROM {', '.join(lhs.froms)} "
+                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}")
+    # pattern rows are unique by key, so a match row repeats only when an attribute is left free
+    match_sql = (" UNION " if lhs.loose else " UNION ALL ").join(parts)
+    plan: list[dict] = []
     memo: dict[Term, str] = {}
-    unions = []
+    unions, pairs, results = [], [], []
+    needs: dict[str, set[str]] = {}  # build -> match columns its result must carry for later readers
     for i, r in enumerate(rule.rhs):
         if isinstance(r, Var):
             unions.append(f"SELECT m.root{i}, m.{q('v_' + r.name)} FROM _m m")
+            pairs.append(f"SELECT m.mid, m.root{i}, m.{q('v_' + r.name)} FROM _m m")
         else:
-            res = _build(r, builds, memo, rule.name)
-            unions.append(f"SELECT m.root{i}, r.out FROM _m m JOIN {res} r ON r.rid = m.mid")
-    return Compiled(rule.name, match_sql, tuple(builds), tuple(unions), len(rule.patterns) > 1)
+            res = _build(r, plan, memo, target=f"root{i}")
+            needs.setdefault(res, set()).add(f"root{i}")
+            unions.append(f"SELECT r.root{i}, r.out FROM {res} r")
+            pairs.append(f"SELECT r.mid, r.root{i}, r.out FROM {res} r")
+            results.append(res)
+    builds = _sources(plan, needs)
+    return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
+                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)))
 
 
-def _attr_sql(v) -> str:
+def _rename(x, sigma: dict[str, str]):
+    """``x`` (IR) with its variables renamed by ``sigma``."""
+    if isinstance(x, Var):
+        return Var(sigma.get(x.name, x.name))
+    if isinstance(x, tuple):
+        return tuple(_rename(i, sigma) for i in x)
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: _rename(getattr(x, f.name), sigma)
+                                         for f in dataclasses.fields(x) if f.compare})
+    return x
+
+
+def _unify(a, b, sigma: dict[str, str]) -> bool:
+    """Extend ``sigma`` (a swap of variables) so that it maps pattern ``a`` onto pattern ``b``."""
+    if isinstance(a, Var) and isinstance(b, Var):
+        if sigma.get(a.name, b.name) != b.name or sigma.get(b.name, a.name) != a.name:
+            return False
+        sigma[a.name], sigma[b.name] = b.name, a.name
+        return True
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_unify(x, y, sigma) for x, y in zip(a, b))
+    if isinstance(a, Term) and isinstance(b, Term):
+        return (a.op == b.op and a.index == b.index and [n for n, _ in a.attrs] == [n for n, _ in b.attrs]
+                and _unify(tuple(v for _, v in a.attrs), tuple(v for _, v in b.attrs), sigma)
+                and _unify(a.children, b.children, sigma))
+    if isinstance(a, ListOf) and isinstance(b, ListOf):
+        return _unify(a.items, b.items, sigma)
+    return type(a) is type(b) and a == b
+
+
+def _norm(c):
+    """A condition in a form where ``(= a b)`` equals ``(= b a)`` and ``(> a b)`` equals ``(< b a)``."""
+    if isinstance(c, Cmp):
+        if c.op in ("=", "!="):
+            return (c.op, frozenset([c.left, c.right]))
+        if c.op in (">", ">="):
+            return ({">": "<", ">=": "<="}[c.op], c.right, c.left)
+        return (c.op, c.left, c.right)
+    return c
+
+
+def _vars(x) -> set[str]:
+    if isinstance(x, Var):
+        return {x.name}
+    if isinstance(x, tuple):
+        return set().union(*(_vars(i) for i in x)) if x else set()
+    if dataclasses.is_dataclass(x):
+        return set().union(*(_vars(getattr(x, f.name)) for f in dataclasses.fields(x) if f.compare))
+    return set()
+
+
+def _mirrored(rule: Rule, i: int, j: int) -> bool:
+    """Whether matching patterns i and j the other way round only mirrors the application: the
+    left side (patterns, lets, conditions) is invariant under swapping the two patterns and their
+    variables, and every right side uses the variables of both, so the swapped match merges the
+    same two nodes again (e.g. into Concat(w2, w1) instead of Concat(w1, w2)).  Such a pair is then
+    matched in one order only."""
+    pats = rule.patterns
+    sigma: dict[str, str] = {}
+    if not _unify(pats[i], pats[j], sigma):
+        return False
+    for let in rule.lets:  # a let whose expression maps onto another let's swaps with it
+        image = _rename(let.expr, sigma)
+        partner = [o for o in rule.lets if o.expr == image]
+        if not partner or not _unify(let.var, partner[0].var, sigma):
+            return False
+    swapped = list(pats)
+    swapped[i], swapped[j] = pats[j], pats[i]
+    if tuple(_rename(p, sigma) for p in pats) != tuple(swapped):
+        return False
+    if {_norm(_rename(c, sigma)) for c in rule.conditions} != {_norm(c) for c in rule.conditions}:
+        return False
+    both = (_vars(pats[i]) | _vars(pats[j])) - _vars(tuple(p for k, p in enumerate(pats) if k not in (i, j)))
+    return all(both <= _vars(r) for r in rule.rhs)
+
+
+def _attr_sql(v, refs: set[str]) -> str:
     if isinstance(v, Lit):
         return _lit(v.value)
     if isinstance(v, Var):
+        refs.add(q("v_" + v.name))
         return f"m.{q('v_' + v.name)}"
-    return "[" + ", ".join(_attr_sql(i) for i in v.items) + "]"
+    return "[" + ", ".join(_attr_sql(i, refs) for i in v.items) + "]"
 
 
-def _build(t: Term, builds: list[Build], memo: dict, rule: str) -> str:
+def _build(t: Term, plan: list[dict], memo: dict, target: str | None = None) -> str:
+    """Plan the build steps of right-side term ``t`` (children first); return its result table.
+
+    A step over built children reads the first child's result as ``m`` and joins the others by
+    ``mid``; ``insert_from`` carries source columns into the result, so no step joins back to
+    ``_m`` (``_sources`` decides which match columns each step carries)."""
     if t in memo:
         return memo[t]
     op = BY_TYPE[t.op]
-    joins, children = [], []
+    base, joins, children, refs = "_m", [], [], set()
     for child in t.children:
         if isinstance(child, Absent):
             children.append("-1")
         elif isinstance(child, Var):
+            refs.add(q("v_" + child.name))
             children.append(f"m.{q('v_' + child.name)}")
         else:
-            res = _build(child, builds, memo, rule)
-            alias = f"j{len(joins)}"
-            joins.append(f"JOIN {res} {alias} ON {alias}.rid = m.mid")
-            children.append(f"{alias}.out")
-    cols = ["m.mid AS rid"]
+            res = _build(child, plan, memo)
+            if base == "_m":
+                base = res
+                children.append("m.out")
+            else:
+                alias = f"j{len(joins)}"
+                joins.append(f"JOIN {res} {alias} ON {alias}.mid = m.mid")
+                children.append(f"{alias}.out")
+    cols = []
     if op.variadic:
         cols.append(f"[{', '.join(children)}] AS {q(op.inputs[0].column)}")
     else:
         cols += [f"{c} AS {q(col)}" for c, col in zip(children, op.child_columns)]
     if t.op == "getitem":
         cols.append(f"{t.index} AS {q('index')}")
-    cols += [f"{_attr_sql(v)} AS {q(name)}" for name, v in t.attrs]
-    name = f"_r{len(builds)}"
-    builds.append(Build(name, t.op, f"SELECT {', '.join(cols)} FROM _m m {' '.join(joins)}"))
+    cols += [f"{_attr_sql(v, refs)} AS {q(name)}" for name, v in t.attrs]
+    name = f"_r{len(plan)}"
+    plan.append({"name": name, "op": t.op, "base": base, "joins": joins, "cols": cols, "refs": refs,
+                 "target": target})
     memo[t] = name
     return name
+
+
+def _sources(plan: list[dict], needs: dict[str, set[str]]) -> tuple[Build, ...]:
+    """The SELECT of each planned step.  A result carries only the match columns that the steps
+    reading it as their ``m`` (and the unions) still use, so wide matches stay narrow."""
+    for step in reversed(plan):
+        carried = needs.setdefault(step["name"], set()) | ({step["target"]} if step["target"] else set())
+        needs[step["name"]] = carried
+        if step["base"] != "_m":
+            needs.setdefault(step["base"], set()).update(carried | step["refs"])
+    out = []
+    for step in plan:
+        carry = [f"m.{c}" for c in sorted(needs[step["name"]])]
+        cols = ["m.mid AS rid", "m.mid"] + carry + step["cols"]
+        out.append(Build(step["name"], step["op"], f"SELECT {', '.join(cols)} FROM {step['base']} m "
+                         f"{' '.join(step['joins'])}".rstrip(), step["target"]))
+    return tuple(out)

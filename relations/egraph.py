@@ -3,16 +3,19 @@
 ``EGraph`` owns a DuckDB connection (in memory, or a file the user keeps).
 Every operation is a fixed number of SQL statements per operator table:
 
-* ``insert_from(op, source_sql)`` hash-conses a batch of nodes: candidate rows
-  get their shape, dtype and constness from the catalog's SQL rules, invalid
-  ones are dropped, new keys get fresh node and e-class ids from sequences, and
-  the e-class of every candidate row is returned as a temp table.
+* ``insert_from(op, source_sql)`` hash-conses a batch of nodes: every candidate
+  row is looked up by key first (one left join), only missing keys get their
+  shape, dtype and constness from the catalog's SQL rules, invalid ones are
+  dropped, new keys get fresh node ids and either a fresh e-class or, with
+  ``target``, the e-class a rule's match says they equal; the result table
+  carries the source's columns and each row's e-class.
 * ``union(a, b)`` queues pairs; ``rebuild()`` merges them: connected components
-  by min-label propagation with pointer jumping, analyses merged (a shape
-  conflict is an error naming both e-classes), the union-find table extended,
-  op tables canonicalised with ``UPDATE ... FROM`` only where they touch a
-  displaced id, and congruent rows found by joining the touched rows against
-  their table on the key, repeated until nothing new is unioned.
+  by min-label propagation (one recursive CTE keyed by node), analyses merged (a
+  shape conflict is an error naming both e-classes), the union-find table
+  (displaced ids only) extended, and per op table the rows touching a displaced
+  id rewritten and regrouped by key (congruent rows collapse to the oldest, their
+  e-classes queued for union), the whole table when most rows move, repeated
+  until nothing new is unioned.  Nothing runs when nothing was unioned.
 
 Python never loops over rows or e-nodes here.
 """
@@ -50,8 +53,9 @@ class RebuildReport:
 
 @dataclass
 class InsertResult:
-    table: str  # temp table (rid, out) for every candidate row that has a node
+    table: str  # temp table (rid, out, the carried source columns) for every source row that has a node
     new_nodes: int = 0
+    targeted: int = 0  # new nodes placed straight into their target e-class
 
 
 def _sql_literal(value) -> str:
@@ -80,6 +84,7 @@ class EGraph:
     tensors: dict = field(init=False, repr=False, default_factory=dict)  # weight ref -> np.ndarray
     live: set = field(init=False, default_factory=set)  # op tables that hold rows
     pass_no: int = field(init=False, default=0)
+    const_dirty: bool = field(init=False, default=False)  # constness changed outside a rebuild
 
     def __post_init__(self) -> None:
         self.con = duckdb.connect(str(self.path) if self.path else ":memory:", read_only=self.read_only)
@@ -100,13 +105,10 @@ class EGraph:
         return self.con.execute(query, params or []).fetchall()
 
     # ---------------------------------------------------------------- insert
-    def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
-                    result: str = "_ins") -> InsertResult:
-        """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
-        child columns and any attribute columns; omitted attributes take their defaults; leaves
-        also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added."""
-        src_cols = {c[0] for c in self.con.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()}
-        joins, cols = [], ["b.rid"]
+    def _shape_select(self, op: OpDef, source: str, src_cols: set[str], extra: tuple[str, ...] = ()) -> str:
+        """A SELECT of (rid, key columns, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, extra...) for
+        the rows of ``source`` whose shape rule accepts them (attributes canonicalised, defaults filled)."""
+        joins, cols = [], ["b.rid"] + [f"b.{q(x)}" for x in extra]
         for inp in op.inputs:
             c = q(inp.column)
             cols.append(f"b.{c}")
@@ -126,13 +128,7 @@ class EGraph:
                 cols += [f"{alias}.shape AS s_{inp.column}", f"{alias}.dtype AS d_{inp.column}",
                          f"coalesce({alias}.is_const, b.{c} = -1) AS k_{inp.column}",
                          f"{alias}.tuple_shapes AS ts_{inp.column}", f"{alias}.tuple_dtypes AS td_{inp.column}"]
-        for a in op.attrs:
-            if a.name in src_cols:
-                cols.append(f"b.{q(a.name)}::{a.sql_type} AS {q(a.name)}")
-            elif a.default is REQUIRED:
-                raise ValueError(f"{op.op_type}: attribute {a.name!r} has no default and was not given")
-            else:
-                cols.append(f"{_sql_literal(a.default)}::{a.sql_type} AS {q(a.name)}")
+        cols += self._attr_cols(op, src_cols)
         if op.leaf and op.op_type != "Constant":
             cols += ["b.shape::BIGINT[] AS s_leaf", "b.dtype::INTEGER AS d_leaf"]
         base = f"SELECT {', '.join(cols)} FROM ({source}) b {' '.join(joins)}"
@@ -147,36 +143,107 @@ class EGraph:
             const = " AND ".join(f"k_{c}" for c in op.child_columns) or "true"
         tshapes = op.tuple_shapes or "NULL::BIGINT[][]"
         tdtypes = op.tuple_dtypes or "NULL::INTEGER[]"
+        keysel = ", ".join(q(k) for k in key_columns(op))
+        valid = "o_tshapes IS NOT NULL" if op.is_tuple else "o_shape IS NOT NULL"
+        more = "".join(f", {q(x)}" for x in extra)
+        return (f"SELECT * FROM (SELECT rid, {keysel}, "
+                f"({shape})::BIGINT[] AS o_shape, ({dtype})::INTEGER AS o_dtype, ({const}) AS o_const, "
+                f"({tshapes})::BIGINT[][] AS o_tshapes, ({tdtypes})::INTEGER[] AS o_tdtypes{more} FROM ({level2})) "
+                f"WHERE {valid}")
+
+    @staticmethod
+    def _attr_cols(op: OpDef, src_cols: set[str]) -> list[str]:
+        cols = []
+        for a in op.attrs:
+            if a.name in src_cols:
+                cols.append(f"b.{q(a.name)}::{a.sql_type} AS {q(a.name)}")
+            elif a.default is REQUIRED:
+                raise ValueError(f"{op.op_type}: attribute {a.name!r} has no default and was not given")
+            else:
+                cols.append(f"{_sql_literal(a.default)}::{a.sql_type} AS {q(a.name)}")
+        return cols
+
+    def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
+                    result: str = "_ins", target: str | None = None) -> InsertResult:
+        """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
+        child columns and any attribute columns; omitted attributes take their defaults; leaves
+        also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added.
+
+        The result table holds, for every source row that has a node, the row's other source
+        columns (carried through, so a later step needs no join back by ``rid``), its key columns
+        (attributes canonicalised) and ``out``, the node's e-class.  ``source`` must not have an
+        ``out`` column.
+
+        ``target`` names a source column holding an existing canonical e-class that the row's node
+        is known to equal (the root of a rule's match): a new node goes straight into that e-class
+        instead of a fresh one, which saves an e-class and a union per new node.  Its shape must
+        agree with the e-class's (else ShapeConflict); a constant node makes the e-class constant.
+
+        Every row is looked up by key first (one left join); only keys not found pay for the shape
+        rule's joins with ``eclass`` (except ops whose key canonicalisation needs shapes, and leaves).
+        The statements run are the same whatever the data, so their number per round stays fixed."""
+        c = self.con
+        src = [r[0] for r in c.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()]
         keys = key_columns(op)
         keysel = ", ".join(q(k) for k in keys)
-        valid = "o_tshapes IS NOT NULL" if op.is_tuple else "o_shape IS NOT NULL"
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _cand AS SELECT * FROM (SELECT rid, {keysel}, "
-            f"({shape})::BIGINT[] AS o_shape, ({dtype})::INTEGER AS o_dtype, ({const}) AS o_const, "
-            f"({tshapes})::BIGINT[][] AS o_tshapes, ({tdtypes})::INTEGER[] AS o_tdtypes FROM ({level2})) "
-            f"WHERE {valid}"
-        )
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM c.{q(k)}" for k in keys)
         lim = f" LIMIT {int(limit)}" if limit is not None else ""
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT nextval('node_seq') AS id, {keysel}, "
-            f"nextval('class_seq') AS out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM ("
-            f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {op.table} o WHERE {on}){lim})"
-        )
-        new = self.con.execute("SELECT count(*) FROM _new").fetchall()[0][0]
+        extra = (target,) if target else ()
+        if not op.canon and not op.leaf:
+            given = [a for a in op.attrs if a.name in src]
+            repl = f" REPLACE ({', '.join(f'b.{q(a.name)}::{a.sql_type} AS {q(a.name)}' for a in given)})" if given else ""
+            defaults = [x for x in self._attr_cols(op, set(src)) if not x.startswith("b.")]
+            cols = ", ".join([f"b.*{repl}"] + defaults)
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
+                      f"LEFT JOIN {op.table} o ON {on}")
+            missing = f"SELECT DISTINCT ON ({keysel}) * EXCLUDE (out) FROM _keys WHERE out IS NULL"
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
+                      f"{self._shape_select(op, missing, set(src) | set(keys), extra)}")
+            fresh = f"SELECT * FROM _cand{lim}"
+        else:
+            carried = tuple(x for x in src if x not in keys and x != "rid")
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS {self._shape_select(op, source, set(src), carried)}")
+            fresh = (f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
+                     f"(SELECT 1 FROM {op.table} o WHERE {on}){lim}")
+        out = f"coalesce({q(target)}, nextval('class_seq'))" if target else "nextval('class_seq')"
+        tgt = f"{q(target)} IS NOT NULL" if target else "false"
+        c.execute(
+            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT nextval('node_seq') AS id, {keysel}, {out} AS out, "
+            f"{tgt} AS tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM ({fresh})")
+        new, targeted = c.execute("SELECT count(*), count(*) FILTER (tgt) FROM _new").fetchall()[0]
+        if target:
+            self._check_targets()
+        c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM _new")
+        c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
+                  f"FROM _new WHERE NOT tgt")
         if new:
-            self.con.execute(
-                f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM _new"
-            )
-            self.con.execute(
-                f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} FROM _new"
-            )
             self.live.add(op.table)
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.rid, o.out FROM _cand c JOIN {op.table} o ON {on}"
-        )
-        return InsertResult(result, new)
+        if not op.canon and not op.leaf:
+            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE out IS NOT NULL "
+                      f"UNION ALL SELECT c.* REPLACE (o.out AS out) FROM _keys c JOIN _new o ON {on} "
+                      f"WHERE c.out IS NULL")
+        else:
+            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.* EXCLUDE (o_shape, o_dtype, o_const, "
+                      f"o_tshapes, o_tdtypes), o.out FROM _cand c JOIN {op.table} o ON {on}")
+        for t in ("_keys", "_cand", "_new"):  # large in big rounds: free them now
+            c.execute(f"DROP TABLE IF EXISTS {t}")
+        return InsertResult(result, new, targeted)
+
+    def _check_targets(self) -> None:
+        """New nodes placed into existing e-classes: their shapes must agree; constness spreads."""
+        c = self.con
+        bad = c.execute(
+            "SELECT n.out, n.o_shape, e.shape, n.o_dtype, e.dtype FROM _new n JOIN eclass e ON e.id = n.out "
+            "WHERE n.tgt AND (n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
+            "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes) LIMIT 1").fetchall()
+        if bad:
+            cid, s, es, d, ed = bad[0]
+            raise ShapeConflict(f"a node of shape {s} (dtype {d}) was derived equal to e-class {cid} "
+                                f"(shape {es}, dtype {ed}); nodes {self._describe_class(cid)}")
+        made = c.execute("UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM _new WHERE tgt AND o_const) k "
+                         "WHERE eclass.id = k.out AND NOT eclass.is_const").fetchall()[0][0]
+        if made:
+            self.const_dirty = True
 
     def add(self, op_type: str, children: dict | None = None, attrs: dict | None = None, *,
             n: int | None = None, ts: int = 0) -> np.ndarray:
@@ -254,81 +321,98 @@ class EGraph:
 
     # ---------------------------------------------------------------- rebuild
     def _components(self) -> int:
-        """Turn pending pairs into ``_map(id, root)`` for every id that stops being canonical."""
+        """Turn pending pairs into ``_map(id, root)`` for every id that stops being canonical.
+
+        Min-label propagation in one recursive CTE keyed by node (``USING KEY``): each step only
+        revisits the neighbours of the labels that dropped in the step before."""
         c = self.con
         c.execute(
-            "CREATE OR REPLACE TEMP TABLE _edges AS SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM ("
-            "SELECT coalesce(ua.root, p.a) AS x, coalesce(ub.root, p.b) AS y FROM pending p "
-            "LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub ON ub.id = p.b) WHERE x <> y"
+            "CREATE OR REPLACE TEMP TABLE _adj AS SELECT unnest([x, y]) AS n, unnest([y, x]) AS k FROM ("
+            "SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM (SELECT coalesce(ua.root, p.a) AS x, "
+            "coalesce(ub.root, p.b) AS y FROM pending p LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub ON ub.id = p.b) "
+            "WHERE x <> y)"
         )
         c.execute("DELETE FROM pending")
-        if not c.execute("SELECT count(*) FROM _edges").fetchall()[0][0]:
-            return 0
-        c.execute("CREATE OR REPLACE TEMP TABLE _lbl AS SELECT n, min(l) AS l FROM ("
-                  "SELECT x, x FROM _edges UNION ALL SELECT y, x FROM _edges) t(n, l) GROUP BY n")
-        while True:
-            # hook each node to the smallest label among its neighbours, then jump pointers
-            c.execute(
-                "CREATE OR REPLACE TEMP TABLE _lbl2 AS SELECT n, least(l, coalesce(m, l)) AS l FROM _lbl LEFT JOIN ("
-                "SELECT e.y AS k, min(a.l) AS m FROM _edges e JOIN _lbl a ON a.n = e.x GROUP BY e.y UNION ALL "
-                "SELECT e.x, min(b.l) FROM _edges e JOIN _lbl b ON b.n = e.y GROUP BY e.x) h ON h.k = n")
-            c.execute(
-                "CREATE OR REPLACE TEMP TABLE _lbl2 AS SELECT n, min(l) AS l FROM (SELECT a.n, least(a.l, coalesce(b.l, a.l)) AS l "
-                "FROM _lbl2 a LEFT JOIN _lbl2 b ON b.n = a.l) GROUP BY n")
-            changed = c.execute("SELECT count(*) FROM _lbl a JOIN _lbl2 b USING (n) WHERE a.l <> b.l").fetchall()[0][0]
-            c.execute("CREATE OR REPLACE TEMP TABLE _lbl AS SELECT * FROM _lbl2")
-            if not changed:
-                break
-        c.execute("CREATE OR REPLACE TEMP TABLE _map AS SELECT n AS id, l AS root FROM _lbl WHERE n <> l")
+        c.execute(
+            "CREATE OR REPLACE TEMP TABLE _map AS WITH RECURSIVE cc(n, l) USING KEY (n) AS ("
+            "SELECT n, least(n, min(k)) FROM _adj GROUP BY n UNION "
+            "SELECT e.k, min(c.l) FROM cc c JOIN _adj e ON e.n = c.n JOIN recurring.cc r ON r.n = e.k "
+            "WHERE c.l < r.l GROUP BY e.k) "
+            "SELECT n AS id, l AS root FROM cc WHERE n <> l")
         return c.execute("SELECT count(*) FROM _map").fetchall()[0][0]
 
-    def _merge_analyses(self) -> None:
+    def _merge_analyses(self) -> bool:
+        """Fold the analyses of displaced e-classes into their roots and extend the union-find;
+        returns whether a displaced e-class differed from its root in constness."""
         c = self.con
-        bad = c.execute(
-            "SELECT m.root, m.id, r.shape, e.shape, r.dtype, e.dtype FROM _map m JOIN eclass e ON e.id = m.id "
-            "JOIN eclass r ON r.id = m.root WHERE r.shape IS DISTINCT FROM e.shape OR r.dtype IS DISTINCT FROM e.dtype "
-            "OR r.tuple_shapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
-        if bad:
-            r, i, rs, es, rd, ed = bad[0]
+        const_diff, bad = c.execute(
+            "SELECT count(*) FILTER (e.is_const <> r.is_const), min(m.id) FILTER (r.shape IS DISTINCT FROM e.shape "
+            "OR r.dtype IS DISTINCT FROM e.dtype OR r.tuple_shapes IS DISTINCT FROM e.tuple_shapes) "
+            "FROM _map m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root").fetchall()[0]
+        if bad is not None:
+            r, i, rs, es, rd, ed = c.execute(
+                "SELECT m.root, m.id, r.shape, e.shape, r.dtype, e.dtype FROM _map m JOIN eclass e ON e.id = m.id "
+                "JOIN eclass r ON r.id = m.root WHERE m.id = ?", [bad]).fetchall()[0]
             raise ShapeConflict(
                 f"union of e-class {r} (shape {rs}, dtype {rd}) and e-class {i} (shape {es}, dtype {ed}): "
                 f"shapes or dtypes differ; nodes {self._describe_class(r)} and {self._describe_class(i)}")
-        c.execute(
-            "UPDATE eclass SET is_const = true FROM (SELECT m.root FROM _map m JOIN eclass e ON e.id = m.id "
-            "WHERE e.is_const) k WHERE eclass.id = k.root AND NOT eclass.is_const")
+        c.execute("UPDATE eclass SET is_const = true FROM (SELECT m.root FROM _map m JOIN eclass e ON e.id = m.id "
+                  "WHERE e.is_const) k WHERE eclass.id = k.root AND NOT eclass.is_const")
         c.execute("DELETE FROM eclass WHERE id IN (SELECT id FROM _map)")
         c.execute("UPDATE uf SET root = m.root FROM _map m WHERE uf.root = m.id")
         c.execute("INSERT INTO uf SELECT id, root FROM _map")
+        return bool(const_diff)
 
     def _describe_class(self, cid: int) -> str:
         rows = self.con.execute("SELECT op, id FROM enodes WHERE eclass = ? LIMIT 3", [cid]).fetchall()
         return ", ".join(f"{op}#{nid}" for op, nid in rows) or f"class {cid}"
 
-    def _canonicalize(self, op_table: str, child_cols: tuple[str, ...], variadic_cols: tuple[str, ...]) -> None:
+    def _recanonicalize(self, table: str, fixed: tuple[str, ...], var: tuple[str, ...],
+                        keys: tuple[str, ...], ts: int | None = None) -> int:
+        """Rewrite the rows of ``table`` that touch a displaced id and restore congruence among them.
+
+        The touched rows, canonicalised, move to ``_t``; rows of ``_t`` sharing a key collapse to the
+        oldest, and a key that an untouched row already holds (untouched rows are unique by key)
+        keeps that row; every other e-class of a collapsed key is queued for union.  When most rows
+        are touched the table is rebuilt from ``_t`` whole (cheaper than deleting most of it).
+        Rewritten rows get round ``ts`` when given: they may match patterns they did not match
+        before, so semi-naive evaluation must see them as new.  Returns the rows rewritten."""
         c, p = self.con, self.pass_no
-        for col in child_cols + ("out",):
-            c.execute(f"UPDATE {op_table} SET {q(col)} = m.root, touched = {p} FROM _map m "
-                      f"WHERE {op_table}.{q(col)} = m.id")
-        for col in variadic_cols:
+        joins, exprs, hit = [], {}, []
+        for col in fixed + ("out",):
+            alias = f"m_{col}"
+            joins.append(f"LEFT JOIN _map {alias} ON {alias}.id = o.{q(col)}")
+            exprs[col] = f"coalesce({alias}.root, o.{q(col)})"
+            hit.append(f"{alias}.id IS NOT NULL")
+        for col in var:
             c.execute(
-                f"CREATE OR REPLACE TEMP TABLE _fix AS SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) AS v "
-                f"FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {op_table} "
+                f"CREATE OR REPLACE TEMP TABLE _fix_{col} AS SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) "
+                f"AS v FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {table} "
                 f"WHERE list_has_any({q(col)}, (SELECT coalesce(list(id), []) FROM _map))) u "
                 f"LEFT JOIN _map m ON m.id = u.cid GROUP BY u.id")
-            c.execute(f"UPDATE {op_table} SET {q(col)} = f.v, touched = {p} FROM _fix f WHERE {op_table}.id = f.id")
-
-    def _congruence(self, op_table: str, keys: tuple[str, ...]) -> None:
-        """Rows that share a key with a touched row: keep the oldest, union the others' e-classes into it."""
-        c, p = self.con, self.pass_no
-        cols = ", ".join(q(k) for k in keys)
-        on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM t.{q(k)}" for k in keys)
+            joins.append(f"LEFT JOIN _fix_{col} f_{col} ON f_{col}.id = o.id")
+            exprs[col] = f"coalesce(f_{col}.v, o.{q(col)})"
+            hit.append(f"f_{col}.id IS NOT NULL")
+        cols = ", ".join(exprs.get(k, f"o.{q(k)}") + f" AS {q(k)}" for k in keys)
+        hits = " OR ".join(hit)
+        stamp = "o.ts" if ts is None else f"CASE WHEN {hits} THEN {int(ts)} ELSE o.ts END"
+        c.execute(f"CREATE OR REPLACE TEMP TABLE _t AS SELECT o.id, {cols}, {exprs['out']} AS out, {stamp} AS ts, "
+                  f"({hits}) AS hit FROM {table} o {' '.join(joins)}")
+        touched, total = c.execute("SELECT count(*) FILTER (hit), count(*) FROM _t").fetchall()[0]
+        full = 2 * touched > total  # most rows move: rebuild the table from _t (same statements either way)
+        c.execute(f"DELETE FROM _t WHERE NOT hit AND NOT {str(full).lower()}")
+        c.execute(f"DELETE FROM {table}" + ("" if full else " WHERE id IN (SELECT id FROM _t)"))
+        keysel = ", ".join(q(k) for k in keys)
+        on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM g.{q(k)}" for k in keys)
         c.execute(
-            f"CREATE OR REPLACE TEMP TABLE _grp AS SELECT id, out, min(id) OVER w AS keep_id, "
-            f"arg_min(out, id) OVER w AS keep_out FROM (SELECT o.* FROM {op_table} o SEMI JOIN "
-            f"(SELECT DISTINCT {cols} FROM {op_table} WHERE touched = {p}) t ON {on}) "
-            f"WINDOW w AS (PARTITION BY {cols})")
-        c.execute("INSERT INTO pending SELECT out, keep_out FROM _grp WHERE out <> keep_out")
-        c.execute(f"DELETE FROM {op_table} WHERE id IN (SELECT id FROM _grp WHERE id <> keep_id)")
+            f"CREATE OR REPLACE TEMP TABLE _g AS SELECT g.*, o.out AS old FROM (SELECT {keysel}, min(id) AS id, "
+            f"arg_min(out, id) AS out, arg_min(ts, id) AS ts, CASE WHEN count(*) > 1 THEN list(out) END AS outs "
+            f"FROM _t GROUP BY {keysel}) g LEFT JOIN {table} o ON {on}")
+        c.execute("INSERT INTO pending SELECT x, k FROM (SELECT unnest(coalesce(outs, [out])) AS x, coalesce(old, out) "
+                  "AS k FROM _g WHERE outs IS NOT NULL OR old IS NOT NULL) WHERE x <> k")
+        c.execute(f"INSERT INTO {table} (id, {keysel}, out, ts, touched) SELECT id, {keysel}, out, ts, {p} "
+                  f"FROM _g WHERE old IS NULL")
+        return touched
 
     def _tables(self):
         """Live tables to canonicalise: (table, child columns, list columns, key). Leaves have only
@@ -341,14 +425,18 @@ class EGraph:
         if "op_opaque" in self.live:
             yield "op_opaque", (), ("inputs",), ("proto", "inputs")
 
-    def rebuild(self) -> RebuildReport:
-        """Apply pending unions and restore congruence, to a fixpoint."""
+    def rebuild(self, ts: int | None = None) -> RebuildReport:
+        """Apply pending unions and restore congruence, to a fixpoint; rows rewritten get round
+        ``ts`` (when given) so that semi-naive matching treats them as new."""
         t0 = time.perf_counter()
         report = RebuildReport()
         if not self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]:
+            if self.const_dirty:
+                self.const_dirty = False
+                self.propagate_const()
             report.skipped = True
             return report
-        displaced_const = False
+        displaced_const, self.const_dirty = self.const_dirty, False
         while True:
             merged = self._components()
             if not merged:
@@ -356,17 +444,13 @@ class EGraph:
             report.passes += 1
             report.unions += merged
             self.pass_no += 1
-            displaced_const |= bool(self.con.execute(
-                "SELECT count(*) FROM _map m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root "
-                "WHERE e.is_const <> r.is_const").fetchall()[0][0])
-            self._merge_analyses()
-            tables = list(self._tables())
-            for table, fixed, var, _ in tables:
-                self._canonicalize(table, fixed, var)
+            displaced_const |= self._merge_analyses()
             before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
-            for table, _, _, keys in tables:
-                self._congruence(table, keys)
+            for table, fixed, var, keys in list(self._tables()):
+                self._recanonicalize(table, fixed, var, keys, ts)
             report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+        for t in ("_adj", "_map", "_t", "_g"):
+            self.con.execute(f"DROP TABLE IF EXISTS {t}")
         if displaced_const:
             self.propagate_const()
         report.seconds = time.perf_counter() - t0
@@ -437,7 +521,9 @@ class EGraph:
 
     def _check_shapes(self, op: OpDef) -> None:
         cols = ", ".join(["id AS rid"] + [q(c) for c in key_columns(op)])
-        self.insert_from(op, f"SELECT {cols} FROM {op.table}", result="_shapecheck", limit=0)
+        src = f"SELECT {cols} FROM {op.table}"
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
+                         f"{self._shape_select(op, src, {'rid', *key_columns(op)})}")
         bad = self.con.execute(
             f"SELECT n.id, n.out, c.o_shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
             f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.o_shape IS DISTINCT FROM e.shape "

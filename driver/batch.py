@@ -1,0 +1,732 @@
+"""``relsat batch``: optimize every model of a folder or glob, in parallel, resumably.
+
+``run_batch(spec, outdir, ...)`` is the Python API and ``batch`` the typer command (the CLI
+registers it with ``app.command()(batch)``).  Each model runs the ``optimize`` pipeline
+(:func:`relsat.driver.optimize.optimize`) in its own worker process, started with the *spawn*
+method (DuckDB and ONNX Runtime are not fork-safe once used, and ``import onnxruntime`` already
+starts a thread).  At most ``jobs`` workers run at once.  A worker gets one model and then
+exits, so a model that runs past ``model_timeout`` is stopped by killing exactly its process
+(a ``concurrent.futures`` pool cannot kill one task without breaking every other one), and a
+model that crashes its process (a segfault, the OOM killer) is a failure of that model only.
+
+What goes into OUTDIR:
+
+- ``<name>.onnx`` the optimized model, ``<name>.json`` its report and, with ``keep_db``,
+  ``<name>.duckdb`` its e-graph.  A worker writes them through temporary files and renames;
+  when a model fails, the files of any earlier success of that name are removed, so the files
+  in OUTDIR always agree with the results table.
+- ``results.duckdb``, table ``results``: one row per model name (its latest attempt), written
+  by this process only, after every model (a batch that is interrupted keeps what it did).
+  It is opened only for each write, so ``relsat query OUTDIR/results.duckdb`` works while a
+  batch runs.
+- ``results.csv`` and ``summary.md``: the rows of the models of this run, rewritten atomically
+  at the end (also after Ctrl-C).
+
+Resume: a model is skipped when the table holds an ``ok`` row with the same model-file hash
+(SHA-256 of the ``.onnx`` file and of any external-data files it names) and the same options
+hash (SHA-256 of the optimize options, the content of every rule file used, and the relsat
+version) and its output files still exist.  Failed models are attempted again (a time-out or
+a crash may not recur; a fixed environment may help); ``skip_failed`` skips them too when
+their key is unchanged, and ``force`` reruns everything.  ``jobs``, ``model_timeout`` and
+``keep_db`` are not part of the options hash.
+
+Names: a model's name is its path relative to the folder (or, for a glob, to the common
+folder of the matches) without ``.onnx``, with ``/`` replaced by ``__``.  Files under OUTDIR
+and hidden files are never taken as inputs.
+
+One batch at a time may use an OUTDIR (``OUTDIR/.batch.lock``, an advisory ``flock``).
+
+Workers are spawned, so a script that calls ``run_batch`` must guard its top level with
+``if __name__ == "__main__":`` (the spawned interpreter imports the main module).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import fcntl
+import glob as globlib
+import hashlib
+import inspect
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_conns
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from .errors import RelsatError
+
+RESERVED = {"results", "summary"}
+DEFAULT_MODEL_TIMEOUT_S = 900.0
+
+# the results table: (column, DuckDB type); the order is the CSV's
+COLUMNS = [
+    ("model", "VARCHAR PRIMARY KEY"),
+    ("status", "VARCHAR"),  # ok | failed
+    ("reason", "VARCHAR"),  # one line, for failures
+    ("speedup", "DOUBLE"),  # before / after (> 1 is faster)
+    ("speedup_source", "VARCHAR"),  # measured latency | predicted cost (<cost model>)
+    ("latency_before_ms", "DOUBLE"),
+    ("latency_after_ms", "DOUBLE"),
+    ("cost_before", "DOUBLE"),
+    ("cost_after", "DOUBLE"),
+    ("cost_model", "VARCHAR"),
+    ("written", "VARCHAR"),  # optimized | original (the latency guard kept the original graph)
+    ("optimizer_s", "DOUBLE"),  # the pipeline's phases summed (import .. verify)
+    ("wall_s", "DOUBLE"),  # the worker from start to end, process start included
+    ("enodes", "BIGINT"),
+    ("eclasses", "BIGINT"),
+    ("rounds", "INTEGER"),
+    ("stop_reason", "VARCHAR"),
+    ("nodes_in", "INTEGER"),
+    ("nodes_out", "INTEGER"),
+    ("top_rules", "VARCHAR"),  # the rules applied most: "name xN, ..."
+    ("rules_applied", "JSON"),
+    ("max_abs_err", "DOUBLE"),
+    ("path", "VARCHAR"),
+    ("file_sha256", "VARCHAR"),
+    ("options_sha256", "VARCHAR"),
+    ("options", "JSON"),
+    ("output", "VARCHAR"),
+    ("report", "VARCHAR"),
+    ("db", "VARCHAR"),
+    ("phases_s", "JSON"),
+    ("detail", "VARCHAR"),  # traceback of an unexpected error
+    ("finished_at", "TIMESTAMP"),
+]
+COLUMN_NAMES = [c for c, _ in COLUMNS]
+
+
+@dataclass
+class ModelTask:
+    name: str
+    path: Path
+    file_sha256: str = ""
+
+
+@dataclass
+class BatchResult:
+    outdir: Path
+    rows: list[dict]  # one per model of this run, sorted by name, with "this_run" added
+    ran: int = 0
+    skipped: int = 0
+    failed: int = 0  # rows of this run whose status is failed (skipped ones included)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and not self.interrupted
+
+
+# ---------------------------------------------------------------- inputs, names, hashes
+
+
+def find_models(spec: str | os.PathLike, outdir: Path | None = None) -> list[ModelTask]:
+    """The models a DIR_OR_GLOB names: every ``*.onnx`` file under a folder (recursively), or the
+    files a glob matches (``**`` recurses); files under ``outdir`` and hidden files left out."""
+    spec = str(spec)
+    out_root = outdir.resolve() if outdir is not None else None
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        base = p.resolve()
+        files = [f for f in base.rglob("*.onnx") if f.is_file()
+                 and not any(part.startswith(".") for part in f.relative_to(base).parts)]
+    elif p.is_file():
+        files = [p.resolve()]
+        base = files[0].parent
+    else:
+        if not globlib.has_magic(spec):
+            raise RelsatError(f"{spec}: no such folder or file")
+        files = [Path(f).resolve() for f in globlib.glob(os.path.expanduser(spec), recursive=True)]
+        files = [f for f in files if f.is_file() and not f.name.startswith(".")]
+        base = Path(os.path.commonpath([f.parent for f in files])) if files else None
+    if out_root is not None:
+        files = [f for f in files if out_root != f.parent and out_root not in f.parents]
+    if not files:
+        raise RelsatError(f"{spec}: no .onnx models found" + (" (outside the output folder)" if out_root else ""))
+    files = sorted(set(files))
+    tasks, seen = [], set()
+    for f in files:
+        rel = f.relative_to(base)
+        stem = rel.with_suffix("") if rel.suffix.lower() == ".onnx" else rel
+        name = "__".join(stem.parts)
+        if name in RESERVED:
+            name += "_model"
+        while name.lower() in seen:  # case-insensitive file systems
+            name += "_"
+        seen.add(name.lower())
+        tasks.append(ModelTask(name, f))
+    return tasks
+
+
+def _sha256_file(path: Path, h=None):
+    h = h or hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h
+
+
+def model_hash(path: Path) -> str:
+    """SHA-256 of the model file and, in order, of the external-data files it names (a file that
+    does not parse as ONNX is hashed as bytes: it will fail, and a changed file is a new key)."""
+    h = _sha256_file(path)
+    try:
+        import onnx
+
+        m = onnx.load_model(str(path), load_external_data=False)
+        locations = []
+        for t in _all_tensors(m):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                loc = {e.key: e.value for e in t.external_data}.get("location")
+                if loc and loc not in locations:
+                    locations.append(loc)
+        for loc in locations:
+            target = path.parent / loc
+            h.update(b"\0external:" + loc.encode())
+            if target.is_file():
+                _sha256_file(target, h)
+    except Exception:
+        pass
+    return h.hexdigest()
+
+
+def _all_tensors(model):
+    from onnx import GraphProto
+
+    def graphs(g: GraphProto):
+        yield g
+        for n in g.node:
+            for a in n.attribute:
+                if a.g.ByteSize():
+                    yield from graphs(a.g)
+                for sub in a.graphs:
+                    yield from graphs(sub)
+
+    for g in graphs(model.graph):
+        yield from g.initializer
+        for n in g.node:
+            for a in n.attribute:
+                if a.t.ByteSize():
+                    yield a.t
+                yield from a.tensors
+
+
+def resolve_options(rules=("default",), input_shapes=None, **options) -> tuple[dict, dict, str]:
+    """Check the optimize options once, before any worker starts, and return
+    ``(worker options, options as recorded, options hash)``.  Rule set names become absolute
+    file paths (workers do not depend on the current folder) and the hash covers each rule
+    file's content, so editing a rule file invalidates earlier results."""
+    from relsat import __version__
+
+    from .optimize import optimize, rule_files
+
+    sig = inspect.signature(optimize)
+    internal = {"model_or_path", "output", "db", "on_round", "on_status", "keep_egraph", "rules", "input_shapes"}
+    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        unknown = sorted(set(options) - set(sig.parameters) | (set(options) & internal))
+        if unknown:
+            raise RelsatError(f"batch: optimize has no option {', '.join(unknown)}")
+    options = dict({k: p.default for k, p in sig.parameters.items()
+                    if k not in internal and p.default is not inspect.Parameter.empty}, **options)
+    options = {k: str(Path(v).expanduser().resolve()) if isinstance(v, os.PathLike) else v for k, v in options.items()}
+    try:  # the pipeline's own option checks, once here rather than once per model
+        from .optimize import _check_options
+    except ImportError:
+        _check_options = None
+    if _check_options is not None:
+        check_params = inspect.signature(_check_options).parameters
+        if set(check_params) <= set(options):
+            _check_options(**{k: options[k] for k in check_params})
+    rules = list(rules or [])
+    files = rule_files(rules) if rules else []
+    worker = dict(options, rules=[str(f.resolve()) for f in files], input_shapes=input_shapes or None)
+    recorded = dict(options, rules=rules, input_shapes=input_shapes or None)
+    keyed = dict(options, input_shapes=input_shapes or None, relsat=__version__,
+                 rules=[[name, _sha256_file(f).hexdigest()] for name, f in zip(rules, files)])
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()
+    return worker, recorded, digest
+
+
+# ---------------------------------------------------------------- the worker (a child process)
+
+
+def _outputs(outdir: Path, name: str) -> dict[str, Path]:
+    return {"output": outdir / f"{name}.onnx", "report": outdir / f"{name}.json", "db": outdir / f"{name}.duckdb"}
+
+
+def _remove_outputs(outdir: Path, name: str) -> None:
+    """Remove a model's outputs and any temporary files a killed worker left."""
+    paths = list(_outputs(outdir, name).values())
+    paths += [outdir / f"{name}.onnx.data", outdir / f"{name}.duckdb.wal"]
+    stem = globlib.escape(str(outdir / f".{name}"))
+    for pattern in (".onnx.*", ".json.*.tmp", ".duckdb.tmp-*"):  # save_model_atomic, _write_atomic, the e-graph
+        paths += [Path(p) for p in globlib.glob(stem + pattern)]
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _latencies(rep: dict) -> tuple[float | None, float | None]:
+    """Measured latencies (ms) before and after, from the report, when it has them."""
+    def num(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    for before_key, after_key in (("latency_before_ms", "latency_after_ms"), ("latency_before", "latency_after")):
+        if num(rep.get(before_key)) and num(rep.get(after_key)):
+            return num(rep[before_key]), num(rep[after_key])
+    for key in ("latency", "latency_ms", "measured", "measurement"):
+        sub = rep.get(key)
+        if isinstance(sub, dict):
+            for b, a in (("before_ms", "after_ms"), ("original_ms", "optimized_ms"), ("before", "after"),
+                         ("original", "optimized")):
+                if num(sub.get(b)) and num(sub.get(a)):
+                    return num(sub[b]), num(sub[a])
+    return None, None
+
+
+def row_from_report(rep: dict) -> dict:
+    """The results-table fields one optimize report gives."""
+    before, after = _latencies(rep)
+    cost_model = rep.get("cost_model")
+    if before and after:
+        speedup, source = before / after, "measured latency"
+    elif rep.get("cost_before") and rep.get("cost_after"):
+        speedup, source = rep["cost_before"] / rep["cost_after"], f"predicted cost ({cost_model})"
+    else:
+        speedup, source = None, None
+    applied = rep.get("rules_applied") or {}
+    top = sorted(((k, v) for k, v in applied.items() if v), key=lambda kv: -kv[1])[:3]
+    phases = rep.get("phases_s") or {}
+    return {
+        "speedup": speedup, "speedup_source": source, "latency_before_ms": before, "latency_after_ms": after,
+        "cost_before": rep.get("cost_before"), "cost_after": rep.get("cost_after"), "cost_model": cost_model,
+        "written": rep.get("written", "optimized"),
+        "optimizer_s": float(sum(phases.values())) if phases else None,
+        "enodes": rep.get("enodes"), "eclasses": rep.get("eclasses"),
+        "rounds": len(rep.get("iterations") or []), "stop_reason": rep.get("stop_reason"),
+        "nodes_in": rep.get("nodes_in"), "nodes_out": rep.get("nodes_out"),
+        "top_rules": ", ".join(f"{k} x{v}" for k, v in top), "rules_applied": json.dumps(applied),
+        "max_abs_err": (rep.get("verification") or {}).get("max_abs_err"), "phases_s": json.dumps(phases),
+    }
+
+
+def _optimize_one(task: ModelTask, outdir: Path, options: dict, keep_db: bool, on_round, on_status) -> dict:
+    from .optimize import optimize
+
+    if "on_status" in inspect.signature(optimize).parameters:
+        options = dict(options, on_status=on_status)
+
+    outs = _outputs(outdir, task.name)
+    tmp_db = outdir / f".{task.name}.duckdb.tmp-{os.getpid()}" if keep_db else None
+    try:
+        result = optimize(task.path, output=outs["output"], db=tmp_db, on_round=on_round, **options)
+        if tmp_db is not None:
+            wal, final_wal = tmp_db.with_name(tmp_db.name + ".wal"), outs["db"].with_name(outs["db"].name + ".wal")
+            final_wal.unlink(missing_ok=True)
+            if wal.exists():  # closed e-graphs are checkpointed, but a WAL must go with its file
+                os.replace(wal, final_wal)
+            os.replace(tmp_db, outs["db"])
+    finally:
+        if tmp_db is not None:
+            for p in (tmp_db, tmp_db.with_name(tmp_db.name + ".wal")):
+                p.unlink(missing_ok=True)
+    rep = dict(result.report)
+    rep.update(input=str(task.path), output=str(outs["output"]), model=task.name, file_sha256=task.file_sha256)
+    _write_atomic(outs["report"], json.dumps(rep, indent=2, default=str))
+    row = row_from_report(rep)
+    row.update(output=str(outs["output"]), report=str(outs["report"]), db=str(outs["db"]) if keep_db else None)
+    return row
+
+
+def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool) -> None:
+    """Child process: optimize one model, send ("status", text) messages while it runs and one
+    ("done", fields) message at the end (``status`` ok or failed, with the reason)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    started = time.perf_counter()
+
+    def send(*msg):
+        try:
+            conn.send(msg)
+        except Exception:
+            pass
+
+    def on_round(it):
+        send("status", f"saturating: round {getattr(it, 'round', '?')}, {getattr(it, 'enodes', '?')} e-nodes")
+
+    try:
+        fields = _optimize_one(task, outdir, options, keep_db, on_round, lambda text: send("status", str(text)))
+        fields["status"] = "ok"
+    except RelsatError as e:
+        fields = {"status": "failed", "reason": _one_line(e)}
+    except Exception as e:  # a bug or an unexpected library error: still one model's failure
+        fields = {"status": "failed", "reason": _one_line(f"internal error: {type(e).__name__}: {e}"),
+                  "detail": traceback.format_exc()}
+    fields["wall_s"] = time.perf_counter() - started
+    conn.send(("done", fields))
+    conn.close()
+
+
+# ---------------------------------------------------------------- the results table and files
+
+
+class _Results:
+    """OUTDIR/results.duckdb, opened for each read or write only."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._run(self._create)
+
+    def _run(self, work):
+        import duckdb
+
+        try:
+            with duckdb.connect(str(self.path)) as con:
+                return work(con)
+        except duckdb.Error as e:
+            raise RelsatError(f"{self.path}: {str(e).splitlines()[0]}") from None
+
+    @staticmethod
+    def _create(con):
+        con.execute("CREATE TABLE IF NOT EXISTS results(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")")
+        for c, t in COLUMNS[1:]:  # tables written by an older relsat get the new columns
+            con.execute(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {c} {t}")
+
+    def rows(self) -> dict[str, dict]:
+        def work(con):
+            cur = con.execute(f"SELECT {', '.join(COLUMN_NAMES)} FROM results")
+            return {r[0]: dict(zip(COLUMN_NAMES, r)) for r in cur.fetchall()}
+
+        return self._run(work)
+
+    def put(self, row: dict) -> None:
+        values = [row.get(c) for c in COLUMN_NAMES]
+        self._run(lambda con: con.execute(
+            f"INSERT OR REPLACE INTO results ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join('?' * len(values))})",
+            values))
+
+
+def _fmt(v, spec="") -> str:
+    if v is None:
+        return ""
+    return format(v, spec) if spec else str(v)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    cols = COLUMN_NAMES + ["this_run"]
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_fmt(r.get(c)) for c in cols])
+    _write_atomic(path, buf.getvalue())
+
+
+def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: dict) -> None:
+    rows = result.rows
+
+    def cell(text) -> str:
+        return _fmt(text).replace("|", "\\|")
+
+    lines = [
+        "# relsat batch",
+        "",
+        f"- input: `{spec}`",
+        f"- finished: {dt.datetime.now().isoformat(timespec='seconds')}, {result.seconds:.1f} s",
+        f"- options: `{json.dumps(recorded_options, sort_keys=True, default=str)}`",
+        f"- models: {len(rows)}; optimized now {sum(r['this_run'] == 'optimized' for r in rows)}, "
+        f"done earlier and skipped {sum(r['this_run'].startswith('skipped') for r in rows)}, "
+        f"failed {result.failed}" + (" (interrupted)" if result.interrupted else ""),
+        "- speedup = before / after: from measured latencies when the report has them, else the "
+        "ratio of predicted model costs (column *from*); *written* = original when the latency guard "
+        "found the optimized graph not faster and wrote the original graph",
+        "",
+        "| model | status | speedup | from | written | optimizer s | e-nodes | e-classes | nodes in -> out "
+        "| rules applied most | this run | reason |",
+        "|---|---|---:|---|---|---:|---:|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        nodes = f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
+        lines.append("| " + " | ".join(cell(x) for x in [
+            r["model"], r["status"], _fmt(r.get("speedup"), ".3f"), r.get("speedup_source"), r.get("written"),
+            _fmt(r.get("optimizer_s"), ".2f"), r.get("enodes"), r.get("eclasses"), nodes,
+            r.get("top_rules"), r["this_run"], r.get("reason")]) + " |")
+    _write_atomic(path, "\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------- the parent: scheduling
+
+
+@dataclass
+class _Running:
+    task: ModelTask
+    proc: object
+    conn: object
+    started: float
+    deadline: float | None
+    progress_id: int | None = None
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"worker process died: killed by {sig}{hint}"
+    return f"worker process exited with status {code} before reporting"
+
+
+def _lock_outdir(outdir: Path):
+    fh = open(outdir / ".batch.lock", "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise RelsatError(f"{outdir}: another relsat batch is writing to this folder") from None
+    return fh
+
+
+def run_batch(spec, outdir, *, jobs: int = 1, model_timeout: float | None = DEFAULT_MODEL_TIMEOUT_S,
+              keep_db: bool = False, skip_failed: bool = False, force: bool = False,
+              console=None, on_result: Callable[[dict], None] | None = None,
+              rules=("default",), input_shapes=None, **options) -> BatchResult:
+    """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
+
+    ``options`` go to :func:`relsat.driver.optimize.optimize` unchanged (``iter_limit``,
+    ``node_limit``, ``time_limit``, ``extractor``, and whatever else it accepts).  A rich
+    progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
+    or 0 for none) is a wall-clock limit per model, process start included.
+    Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
+    use); a model's failure is a row with status ``failed``."""
+    t0 = time.perf_counter()
+    if jobs < 1:
+        raise RelsatError(f"--jobs {jobs}: expected 1 or more")
+    if model_timeout is not None and model_timeout < 0:
+        raise RelsatError(f"--model-timeout {model_timeout}: expected seconds >= 0 (0: no limit)")
+    outdir = Path(outdir).expanduser().resolve()
+    if outdir.exists() and not outdir.is_dir():
+        raise RelsatError(f"{outdir}: exists and is not a folder")
+    tasks = find_models(spec, outdir)
+    worker_options, recorded, options_hash = resolve_options(rules=rules, input_shapes=input_shapes, **options)
+    outdir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_outdir(outdir)
+    try:
+        results = _Results(outdir / "results.duckdb")
+        previous = results.rows()
+        common = {"options_sha256": options_hash, "options": json.dumps(recorded, sort_keys=True, default=str)}
+        rows: dict[str, dict] = {}
+        todo: deque[ModelTask] = deque()
+        for task in tasks:
+            task.file_sha256 = model_hash(task.path)
+            prev = previous.get(task.name)
+            same = (prev is not None and prev["file_sha256"] == task.file_sha256
+                    and prev["options_sha256"] == options_hash and not force)
+            outs = _outputs(outdir, task.name)
+            files_there = outs["output"].is_file() and outs["report"].is_file() and (not keep_db or outs["db"].is_file())
+            if same and prev["status"] == "ok" and files_there:
+                rows[task.name] = dict(prev, this_run="skipped (done)")
+            elif same and prev["status"] == "failed" and skip_failed:
+                rows[task.name] = dict(prev, this_run="skipped (failed before)")
+            else:
+                todo.append(task)
+        result = BatchResult(outdir, [], skipped=len(rows))
+        try:
+            _schedule(todo, outdir, worker_options, keep_db, jobs, model_timeout or None, console, common,
+                      results, rows, on_result, result)
+        except KeyboardInterrupt:
+            result.interrupted = True
+        result.rows = [rows[t.name] for t in sorted(tasks, key=lambda t: t.name) if t.name in rows]
+        result.failed = sum(r["status"] == "failed" for r in result.rows)
+        result.seconds = time.perf_counter() - t0
+        write_csv(outdir / "results.csv", result.rows)
+        write_summary(outdir / "summary.md", result, str(spec), recorded)
+        return result
+    finally:
+        lock.close()
+
+
+def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, common, results, rows,
+              on_result, result) -> None:
+    ctx = mp.get_context("spawn")
+    running: dict[object, _Running] = {}
+    progress = None
+    overall = None
+    if console is not None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=False)
+        progress.start()
+        overall = progress.add_task("batch", total=len(todo))
+
+    def finish(run: _Running, fields: dict) -> None:
+        name = run.task.name
+        row = dict.fromkeys(COLUMN_NAMES)
+        row.update(common, model=name, path=str(run.task.path), file_sha256=run.task.file_sha256,
+                   finished_at=dt.datetime.now())
+        row.update(fields)
+        if row["status"] != "ok":
+            _remove_outputs(outdir, name)
+            row.update({k: None for k in ("output", "report", "db")})
+        results.put(row)
+        rows[name] = dict(row, this_run="optimized" if row["status"] == "ok" else "failed")
+        result.ran += 1
+        if on_result is not None:
+            on_result(rows[name])
+        if progress is not None:
+            progress.remove_task(run.progress_id)
+            progress.advance(overall)
+            if row["status"] == "ok":
+                sp = "" if row.get("speedup") is None else f"{row['speedup']:.3f}x ({row['speedup_source']}), "
+                progress.console.print(f"[green]ok[/green] {name}: {sp}{row.get('wall_s', 0):.1f} s", highlight=False)
+            else:
+                progress.console.print(f"[red]failed[/red] {name}: {row['reason']}", highlight=False, soft_wrap=True)
+            _update_overall(progress, overall, rows, result)
+
+    def stop(run: _Running) -> None:
+        if run.proc.is_alive():
+            run.proc.kill()
+        run.proc.join()
+        run.conn.close()
+        del running[run.conn]
+
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                task = todo.popleft()
+                parent_end, child_end = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker, args=(child_end, task, outdir, options, keep_db),
+                                   name=f"relsat-batch-{task.name}")
+                now = time.monotonic()
+                proc.start()
+                child_end.close()
+                run = _Running(task, proc, parent_end, now, now + model_timeout if model_timeout else None)
+                if progress is not None:
+                    run.progress_id = progress.add_task(f"  {task.name}: starting", total=None)
+                running[parent_end] = run
+            deadlines = [r.deadline for r in running.values() if r.deadline is not None]
+            wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
+            for conn in wait_conns(list(running), timeout=wait_s):
+                run = running[conn]
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    stop(run)
+                    finish(run, {"status": "failed", "reason": _exit_reason(run.proc.exitcode),
+                                 "wall_s": time.monotonic() - run.started})
+                    continue
+                if msg[0] == "status":
+                    if progress is not None:
+                        progress.update(run.progress_id, description=f"  {run.task.name}: {msg[1]}")
+                elif msg[0] == "done":
+                    run.proc.join(10)
+                    stop(run)
+                    finish(run, msg[1])
+            now = time.monotonic()
+            for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
+                stop(run)
+                finish(run, {"status": "failed", "wall_s": now - run.started,
+                             "reason": f"timed out: still running after {model_timeout:g} s (--model-timeout), "
+                                       f"worker killed"})
+    finally:
+        for run in list(running.values()):  # Ctrl-C or an error here: no orphans, no half files
+            stop(run)
+            _remove_outputs(outdir, run.task.name)
+        if progress is not None:
+            progress.stop()
+
+
+def _update_overall(progress, overall, rows, result) -> None:
+    failed = sum(r["status"] == "failed" for r in rows.values())
+    progress.update(overall, description=f"batch ({failed} failed)" if failed else "batch")
+
+
+# ---------------------------------------------------------------- the command
+
+
+def batch(
+    models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
+    outdir: Path = typer.Option(..., "-o", "--output", help="output folder: models, reports, results table"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="models optimized at once, one worker process each "
+                                                   "(more than 1 perturbs measured costs and latencies)"),
+    model_timeout: float = typer.Option(DEFAULT_MODEL_TIMEOUT_S, "--model-timeout",
+                                        help="seconds per model before its worker is killed (0: no limit)"),
+    keep_db: bool = typer.Option(False, "--keep-db", help="keep each e-graph as OUTDIR/NAME.duckdb"),
+    skip_failed: bool = typer.Option(False, "--skip-failed",
+                                     help="on a rerun, also skip models that failed with the same options"),
+    force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
+    rules: List[str] = typer.Option(["default"], "--rules", help="rule set name or .rules file (repeatable)"),
+    input_shape: List[str] = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims"),
+    iter_limit: int = typer.Option(10, "--iter-limit"),
+    node_limit: int = typer.Option(2000, "--node-limit"),
+    time_limit: float = typer.Option(60.0, "--time-limit"),
+    extractor: str = typer.Option("ilp", "--extractor", help="ilp | greedy"),
+    cost_model: str = typer.Option("measured", "--cost-model", help="measured (ONNX Runtime, cached) | analytic"),
+    provider: str = typer.Option("cpu", "--provider", help="cpu | cuda: where costs and latency are measured"),
+    threads: int = typer.Option(1, "--threads", help="intra-op threads for profiling and latency, per worker"),
+    costs: Optional[Path] = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first"),
+    no_measure: bool = typer.Option(False, "--no-measure", help="skip the final latency guard"),
+    mip_gap: float = typer.Option(1e-4, "--mip-gap", help="relative MIP gap at which the ILP stops"),
+    ilp_time_limit: float = typer.Option(30.0, "--ilp-time-limit", help="ILP time limit, seconds"),
+) -> None:
+    """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
+    from .cli import _fail, _parse_shapes, err, out
+
+    try:
+        result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
+                           skip_failed=skip_failed, force=force, console=err, rules=rules,
+                           input_shapes=_parse_shapes(input_shape) or None, iter_limit=iter_limit,
+                           node_limit=node_limit, time_limit=time_limit, extractor=extractor,
+                           cost_model=cost_model, provider=provider, threads=threads, costs=costs,
+                           measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+    except RelsatError as e:
+        _fail(e)
+    _print_summary(out, result)
+    n = len(result.rows)
+    if result.interrupted:
+        err.print(f"[red]interrupted:[/red] {result.ran} models finished this run; rerun to resume", highlight=False)
+        raise typer.Exit(130)
+    if result.failed:
+        err.print(f"[red]{result.failed} of {n} models failed[/red] (reasons in {result.outdir / 'summary.md'})",
+                  highlight=False)
+        raise typer.Exit(1)
+    err.print(f"all {n} models optimized ({result.skipped} done earlier); results in {result.outdir}", highlight=False)
+
+
+def _print_summary(console, result: BatchResult) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"relsat batch -> {result.outdir}")
+    for c in ("model", "status", "speedup", "from", "written", "opt. s", "e-nodes", "nodes", "this run / reason"):
+        t.add_column(c)
+    for r in result.rows:
+        nodes = f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
+        last = r["this_run"] if r["status"] == "ok" else r.get("reason") or ""
+        t.add_row(r["model"], r["status"], _fmt(r.get("speedup"), ".3f"), _fmt(r.get("speedup_source")),
+                  _fmt(r.get("written")), _fmt(r.get("optimizer_s"), ".2f"), _fmt(r.get("enodes")), nodes, last)
+    console.print(t)

@@ -1,0 +1,184 @@
+"""Whole-model latency under ONNX Runtime, and the final guard of ``relsat optimize``.
+
+Owns how relsat times a model (DESIGN section 11): ONNX Runtime sessions with
+``ORT_ENABLE_ALL``, a fixed number of intra-op threads, one inter-op thread and
+sequential execution; the same seeded random inputs for every model; warm-up; then
+runs of all models interleaved (the order alternates every round, so drift hits them
+alike) and the median per model. Repeats adapt to the model: about ``BUDGET_S`` of
+timed runs per model for fast models, at least ``MIN_RUNS`` runs for slow ones.
+
+``guard(original, optimized)`` keeps the optimized model only when its median is
+below the original's by more than ``GUARD_THRESHOLD`` (3 %: the noise of these
+machines). With one intra-op thread on the CPU, ONNX Runtime runs every kernel on the
+calling thread, so the guard compares that thread's CPU time, which other processes on
+a shared machine do not inflate (wall-clock medians were seen to double under load);
+otherwise it compares wall-clock medians. Both are reported.
+
+``python -m relsat.driver.latency A.onnx B.onnx ...`` times model files in a fresh
+process and prints JSON (used by benchmarks/bench_e2e.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from .errors import RelsatError
+from .verify import error_line, random_inputs
+
+GUARD_THRESHOLD = 0.03  # the optimized model must be this much faster (relative) to be kept
+BUDGET_S = 0.5  # timed runs per model take about this long for fast models
+MIN_RUNS = 15  # ... and at least this many runs for slow ones
+MAX_RUNS = 2000
+WARMUP_RUNS = 3  # warm-up runs per model, at least
+WARMUP_S = 0.1  # warm-up continues (up to 20 runs per model) until this long has passed
+_PROTO_LIMIT = 2_000_000_000
+
+
+@dataclass
+class Latency:
+    median_ms: float  # wall clock
+    q1_ms: float
+    q3_ms: float
+    runs: int
+    cpu_ms: float  # median CPU time of the calling thread: with one intra-op thread ONNX Runtime runs
+    # every kernel on it, so this is the latency without the time other processes took from it
+
+
+@dataclass
+class GuardResult:
+    original: Latency
+    optimized: Latency
+    speedup: float  # original / optimized, wall-clock medians
+    cpu_speedup: float  # original / optimized, CPU-time medians of the calling thread
+    metric: str  # what the decision compared: "cpu" or "wall"
+    keep_optimized: bool
+    threshold: float
+    threads: int
+    provider: str
+
+    def as_dict(self) -> dict:
+        return {"original_ms": self.original.median_ms, "optimized_ms": self.optimized.median_ms,
+                "speedup": self.speedup, "original_cpu_ms": self.original.cpu_ms,
+                "optimized_cpu_ms": self.optimized.cpu_ms, "cpu_speedup": self.cpu_speedup,
+                "metric": self.metric, "kept": "optimized" if self.keep_optimized else "original",
+                "threshold": self.threshold, "runs": self.original.runs, "threads": self.threads,
+                "provider": self.provider, "original": asdict(self.original), "optimized": asdict(self.optimized)}
+
+
+def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.InferenceSession:
+    """A timing session: ORT_ENABLE_ALL, ``threads`` intra-op threads, sequential execution."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if provider == "cpu":
+        providers = ["CPUExecutionProvider"]
+    elif provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    else:
+        raise RelsatError(f"provider {provider!r}: ONNX Runtime cannot time whole models with it here "
+                          f"(available: {', '.join(ort.get_available_providers())})")
+    if not isinstance(model_or_path, onnx.ModelProto):
+        return ort.InferenceSession(str(model_or_path), opts, providers=providers)
+    if model_or_path.ByteSize() < _PROTO_LIMIT:
+        return ort.InferenceSession(model_or_path.SerializeToString(), opts, providers=providers)
+    from .onnx_export import save_model_atomic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_model_atomic(model_or_path, path, external_data=True)
+        return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
+                budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0) -> list[Latency]:
+    """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved."""
+    try:
+        sessions = [session(m, threads=threads, provider=provider) for m in models]
+    except RelsatError:
+        raise
+    except Exception as e:
+        raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
+    feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
+    runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
+
+    cpu = [[] for _ in runs]
+
+    def once(k: int) -> float:
+        s, f = runs[k]
+        c, t = time.thread_time(), time.perf_counter()
+        s.run(None, f)
+        wall = time.perf_counter() - t
+        cpu[k].append(time.thread_time() - c)
+        return wall
+
+    warm = [[] for _ in runs]
+    start = time.perf_counter()
+    while min(map(len, warm)) < WARMUP_RUNS or (time.perf_counter() - start < WARMUP_S and len(warm[0]) < 20):
+        for k in range(len(runs)):
+            warm[k].append(once(k))
+    per_run = max(float(np.median(w[1:] or w)) for w in warm)
+    n = int(min(MAX_RUNS, max(min_runs, math.ceil(budget_s / max(per_run, 1e-6)))))
+    times = [[] for _ in runs]
+    for c in cpu:
+        c.clear()
+    for r in range(n):
+        order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+        for k in order:
+            times[k].append(once(k))
+    out = []
+    for t, c in zip(times, cpu):
+        q1, med, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
+        out.append(Latency(float(med), float(q1), float(q3), n, float(np.median(c) * 1e3)))
+    return out
+
+
+def guard(original, optimized, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
+          threshold: float = GUARD_THRESHOLD, budget_s: float = BUDGET_S) -> GuardResult:
+    """Time both models interleaved; keep the optimized one only if it is faster beyond ``threshold``
+    (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring)."""
+    orig, opt = time_models([original, optimized], threads=threads, provider=provider,
+                            input_shapes=input_shapes, budget_s=budget_s)
+    metric = "cpu" if threads == 1 and provider == "cpu" else "wall"
+    a, b = (orig.cpu_ms, opt.cpu_ms) if metric == "cpu" else (orig.median_ms, opt.median_ms)
+    keep = b < a * (1.0 - threshold)
+    return GuardResult(orig, opt, _ratio(orig.median_ms, opt.median_ms), _ratio(orig.cpu_ms, opt.cpu_ms),
+                       metric, keep, threshold, threads, provider)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Time ONNX models under ONNX Runtime, runs interleaved; prints JSON.")
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--provider", default="cpu")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of timed runs per model (fast models)")
+    ap.add_argument("--min-runs", type=int, default=MIN_RUNS)
+    args = ap.parse_args(argv)
+    try:
+        res = time_models(args.models, threads=args.threads, provider=args.provider, budget_s=args.budget,
+                          min_runs=args.min_runs)
+    except RelsatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1)
+    print(json.dumps([{"model": m, **asdict(r)} for m, r in zip(args.models, res)]))
+
+
+if __name__ == "__main__":
+    main()
