@@ -387,9 +387,8 @@ class EGraph:
         for col in var:
             c.execute(
                 f"CREATE OR REPLACE TEMP TABLE _fix_{col} AS SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) "
-                f"AS v FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {table} "
-                f"WHERE list_has_any({q(col)}, (SELECT coalesce(list(id), []) FROM _map))) u "
-                f"LEFT JOIN _map m ON m.id = u.cid GROUP BY u.id")
+                f"AS v FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {table}) u "
+                f"LEFT JOIN _map m ON m.id = u.cid GROUP BY u.id HAVING count(m.id) > 0")
             joins.append(f"LEFT JOIN _fix_{col} f_{col} ON f_{col}.id = o.id")
             exprs[col] = f"coalesce(f_{col}.v, o.{q(col)})"
             hit.append(f"f_{col}.id IS NOT NULL")

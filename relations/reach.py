@@ -38,26 +38,37 @@ def cyclic_matches(g, pairs: str, result: str = "_cyc") -> int:
     """Create temp table ``result(mid)``: the matches of ``pairs`` (a SELECT of (mid, a, b) union
     pairs) with a pair whose union would close a cycle (a reaches b or b reaches a, a <> b).
 
-    Only e-classes that reach some queried e-class can lie on such a path, so the search from
-    every queried e-class runs over the edges among those ancestors.  Returns the matches found."""
+    Each direction is one search, started from whichever side has fewer distinct e-classes
+    (typically the few matched roots, not the many new right sides) and confined to the classes
+    the other side can reach (or be reached from), so it stays near the matches.  Returns the
+    matches found."""
     c = g.con
     c.execute(f"CREATE OR REPLACE TEMP TABLE _cpairs AS SELECT DISTINCT mid, a, b FROM ({pairs}) p(mid, a, b) "
               f"WHERE a <> b")
     c.execute(f"CREATE OR REPLACE TEMP TABLE _cedges AS {class_edges_sql(g)}")
-    c.execute(
-        "CREATE OR REPLACE TEMP TABLE _creach AS WITH RECURSIVE "
-        "anc(c) AS (SELECT a FROM _cpairs UNION SELECT b FROM _cpairs "
-        "           UNION SELECT e.parent FROM anc JOIN _cedges e ON e.child = anc.c), "
-        "sub AS MATERIALIZED (SELECT e.parent, e.child FROM _cedges e WHERE e.parent IN (SELECT c FROM anc) "
-        "                     AND e.child IN (SELECT c FROM anc)), "
-        "r(s, c) AS (SELECT a, a FROM _cpairs UNION SELECT b, b FROM _cpairs "
-        "            UNION SELECT r.s, e.child FROM r JOIN sub e ON e.parent = r.c) "
-        "SELECT s, c FROM r WHERE s <> c")
-    c.execute(
-        f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
-        f"SELECT p.mid FROM _cpairs p JOIN _creach r ON r.s = p.a AND r.c = p.b UNION ALL "
-        f"SELECT p.mid FROM _cpairs p JOIN _creach r ON r.s = p.b AND r.c = p.a)")
+    na, nb = c.execute("SELECT count(DISTINCT a), count(DISTINCT b) FROM _cpairs").fetchall()[0]
+    c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
+              f"{_reaching('b', 'a', nb, na)} UNION ALL {_reaching('a', 'b', na, nb)})")
     return c.execute(f"SELECT count(*) FROM {result}").fetchall()[0][0]
+
+
+def _reaching(x: str, y: str, nx: int, ny: int) -> str:
+    """A SELECT of the ``mid`` of ``_cpairs`` rows whose class ``x`` reaches their class ``y``.
+
+    Searched down from the x side within the ancestors of the y side, or, when the y side has
+    fewer classes, up from the y side within the descendants of the x side."""
+    if ny <= nx:
+        start, other, fwd, back, hit = y, x, "parent", "child", f"r.s = p.{y} AND r.c = p.{x}"
+    else:
+        start, other, fwd, back, hit = x, y, "child", "parent", f"r.s = p.{x} AND r.c = p.{y}"
+    # `near`: the classes the other side reaches going the opposite way; the search stays inside
+    return (
+        f"SELECT p.mid FROM _cpairs p JOIN (WITH RECURSIVE "
+        f"near(c) AS (SELECT {other} FROM _cpairs UNION SELECT e.{back} FROM near JOIN _cedges e ON e.{fwd} = near.c), "
+        f"r(s, c) AS (SELECT DISTINCT {start}, {start} FROM _cpairs UNION SELECT r.s, e.{fwd} FROM r "
+        f"JOIN _cedges e ON e.{back} = r.c WHERE e.{fwd} IN (SELECT c FROM near)) "
+        f"SELECT s, c FROM r WHERE s <> c) r ON {hit}"
+    )
 
 
 def cyclic_classes(g) -> list[int]:
