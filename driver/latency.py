@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from relsat.extract.profile import session_options
+
 from .errors import RelsatError
 from .verify import error_line, random_inputs
 
@@ -78,12 +80,7 @@ class GuardResult:
 
 def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.InferenceSession:
     """A timing session: ORT_ENABLE_ALL, ``threads`` intra-op threads, sequential execution."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
+    opts = session_options(threads)
     if provider == "cpu":
         providers = ["CPUExecutionProvider"]
     elif provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
@@ -105,45 +102,55 @@ def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.In
 
 def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
                 budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0) -> list[Latency]:
-    """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved."""
-    try:
-        sessions = [session(m, threads=threads, provider=provider) for m in models]
-    except RelsatError:
-        raise
-    except Exception as e:
-        raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
-    feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
-    runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
+    """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved.
 
-    cpu = [[] for _ in runs]
+    The runs are made in two blocks with fresh sessions, created in the given order and then in
+    the reverse order: the sessions a process creates first ran a few percent slower here,
+    whatever the model, which is as large as the differences the guard has to judge."""
+    times: list[list[float]] = [[] for _ in models]
+    cpu: list[list[float]] = [[] for _ in models]
+    for block in range(2):
+        order = list(range(len(models)))[::1 if block == 0 else -1]
+        try:
+            made = {k: session(models[k], threads=threads, provider=provider) for k in order}
+        except RelsatError:
+            raise
+        except Exception as e:
+            raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
+        sessions = [made[k] for k in range(len(models))]
+        feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
+        runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
+        _timed_block(runs, times, cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
+    out = []
+    for t, c in zip(times, cpu):
+        q1, med, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
+        out.append(Latency(float(med), float(q1), float(q3), len(t), float(np.median(c) * 1e3)))
+    return out
 
-    def once(k: int) -> float:
+
+def _timed_block(runs, times, cpu, budget_s: float, min_runs: int) -> None:
+    """Warm up, then run every model once per round (alternating direction), appending wall and
+    calling-thread CPU seconds to ``times`` and ``cpu``."""
+    def once(k: int, record: bool) -> float:
         s, f = runs[k]
         c, t = time.thread_time(), time.perf_counter()
         s.run(None, f)
         wall = time.perf_counter() - t
-        cpu[k].append(time.thread_time() - c)
+        if record:
+            times[k].append(wall)
+            cpu[k].append(time.thread_time() - c)
         return wall
 
     warm = [[] for _ in runs]
     start = time.perf_counter()
     while min(map(len, warm)) < WARMUP_RUNS or (time.perf_counter() - start < WARMUP_S and len(warm[0]) < 20):
         for k in range(len(runs)):
-            warm[k].append(once(k))
+            warm[k].append(once(k, False))
     per_run = max(float(np.median(w[1:] or w)) for w in warm)
     n = int(min(MAX_RUNS, max(min_runs, math.ceil(budget_s / max(per_run, 1e-6)))))
-    times = [[] for _ in runs]
-    for c in cpu:
-        c.clear()
     for r in range(n):
-        order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
-        for k in order:
-            times[k].append(once(k))
-    out = []
-    for t, c in zip(times, cpu):
-        q1, med, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
-        out.append(Latency(float(med), float(q1), float(q3), n, float(np.median(c) * 1e3)))
-    return out
+        for k in (range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))):
+            once(k, True)
 
 
 def guard(original, optimized, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,

@@ -226,13 +226,20 @@ def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
     return float(np.median(times) * 1e3), len(times)
 
 
-def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
+def session_options(threads: int) -> ort.SessionOptions:
+    """The options every timing session uses: ORT_ENABLE_ALL, ``threads`` intra-op threads, one
+    inter-op thread, sequential execution."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    return opts
+
+
+def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
+    opts = session_options(threads)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if backend == "cuda" \
         else ["CPUExecutionProvider"]
     return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
