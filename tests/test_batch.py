@@ -125,6 +125,28 @@ def test_batch_optimizes_good_models_reports_bad_ones_and_resumes(zoo_dir, tmp_p
     assert leftovers(out) == []
 
 
+def test_batch_over_the_whole_small_zoo(tmp_path, monkeypatch):
+    """Every zoo model (reduced size) plus a corrupt file, with the wrong rule breaking nasrnn:
+    the nine others are optimized and verify, the two bad ones are reported, a rerun skips."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in zoo.NAMES:
+        zoo.save(zoo.build(name, small=True), models / f"{name}.onnx")
+    (models / "broken.onnx").write_bytes(b"\x08\x07not a model" * 10)
+    wrong = tmp_path / "wrong.rules"
+    wrong.write_text(WRONG_RULE)
+    monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
+    out = tmp_path / "out"
+    first = B.run_batch(models, out, rules=["default", str(wrong)], **FAST)
+    status = {r["model"]: r["status"] for r in first.rows}
+    assert status == {**{n: "ok" for n in zoo.NAMES if n != "nasrnn"}, "nasrnn": "failed", "broken": "failed"}
+    for name in zoo.NAMES:
+        if name != "nasrnn":
+            assert verify(onnx.load(models / f"{name}.onnx"), onnx.load(out / f"{name}.onnx")).ok
+    again = B.run_batch(models, out, rules=["default", str(wrong)], **FAST)
+    assert (again.skipped, again.failed) == (len(zoo.NAMES) - 1, 2)
+
+
 def test_model_timeout_kills_the_worker_and_removes_stale_outputs(tmp_path):
     models = tmp_path / "m"
     models.mkdir()
