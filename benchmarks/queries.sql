@@ -8,8 +8,9 @@
 
 -- name: rules_per_round
 -- Which rules fired most in each round: the top 3 per round by matches applied (ties kept), with what
--- they added: e-nodes built and union pairs queued (banned rules' matches were not applied).
-SELECT round, rule, matches, new_nodes, applied AS unions_queued, round(seconds, 3) AS seconds
+-- they added: e-nodes built and applications (union pairs queued plus new nodes put straight into the
+-- matched e-class; banned rules' matches were not applied).
+SELECT round, rule, matches, new_nodes, applied AS applications, round(seconds, 3) AS seconds
 FROM rule_stats
 WHERE matches > 0 AND NOT banned
 QUALIFY rank() OVER (PARTITION BY round ORDER BY matches DESC) <= 3

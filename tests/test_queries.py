@@ -99,8 +99,9 @@ def test_rules_per_round(saved):
     for rnd in sorted({r["round"] for r in raw}):
         live = [r for r in raw if r["round"] == rnd and r["matches"] > 0 and not r["banned"]]
         top = [r for r in live if sum(x["matches"] > r["matches"] for x in live) < 3]  # rank() <= 3
-        expect += sorted(((rnd, r["rule"], r["matches"]) for r in top), key=lambda t: (t[0], -t[2], t[1]))
-    assert [(r["round"], r["rule"], r["matches"]) for r in got] == expect
+        expect += sorted(((rnd, r["rule"], r["matches"], r["new_nodes"], r["applied"]) for r in top),
+                         key=lambda t: (t[0], -t[2], t[1]))
+    assert [(r["round"], r["rule"], r["matches"], r["new_nodes"], r["applications"]) for r in got] == expect
     # rule_stats agrees with the runner's own report
     for it in report["iterations"]:
         per = [r for r in raw if r["round"] == it["round"]]
