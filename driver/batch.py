@@ -64,6 +64,7 @@ from typing import Callable, List, Optional
 
 import typer
 
+from . import options as opt
 from .errors import RelsatError
 
 RESERVED = {"results", "summary"}
@@ -680,30 +681,30 @@ def batch(
     skip_failed: bool = typer.Option(False, "--skip-failed",
                                      help="on a rerun, also skip models that failed with the same options"),
     force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
-    rules: List[str] = typer.Option(["default"], "--rules", help="rule set name or .rules file (repeatable)"),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims"),
-    iter_limit: int = typer.Option(10, "--iter-limit"),
-    node_limit: int = typer.Option(2000, "--node-limit"),
-    time_limit: float = typer.Option(60.0, "--time-limit"),
-    extractor: str = typer.Option("ilp", "--extractor", help="ilp | greedy"),
-    cost_model: str = typer.Option("measured", "--cost-model", help="measured (ONNX Runtime, cached) | analytic"),
-    provider: str = typer.Option("cpu", "--provider", help="cpu | cuda: where costs and latency are measured"),
-    threads: int = typer.Option(1, "--threads", help="intra-op threads for profiling and latency, per worker"),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first"),
-    no_measure: bool = typer.Option(False, "--no-measure", help="skip the final latency guard"),
-    mip_gap: float = typer.Option(1e-4, "--mip-gap", help="relative MIP gap at which the ILP stops"),
-    ilp_time_limit: float = typer.Option(30.0, "--ilp-time-limit", help="ILP time limit, seconds"),
+    rules: List[str] = opt.RULES,
+    input_shape: List[str] = opt.INPUT_SHAPE,
+    iter_limit: int = opt.ITER_LIMIT,
+    node_limit: int = opt.NODE_LIMIT,
+    time_limit: float = opt.TIME_LIMIT,
+    extractor: str = opt.EXTRACTOR,
+    cost_model: str = opt.COST_MODEL,
+    provider: str = opt.PROVIDER,
+    threads: int = opt.THREADS,
+    costs: Optional[Path] = opt.COSTS,
+    no_measure: bool = opt.NO_MEASURE,
+    mip_gap: float = opt.MIP_GAP,
+    ilp_time_limit: float = opt.ILP_TIME_LIMIT,
 ) -> None:
     """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
-    from .cli import _fail, _parse_shapes, err, out
+    from .cli import _fail, err, out
 
     try:
+        options = opt.optimize_kwargs(
+            rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
+            time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
+            threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
-                           skip_failed=skip_failed, force=force, console=err, rules=rules,
-                           input_shapes=_parse_shapes(input_shape) or None, iter_limit=iter_limit,
-                           node_limit=node_limit, time_limit=time_limit, extractor=extractor,
-                           cost_model=cost_model, provider=provider, threads=threads, costs=costs,
-                           measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+                           skip_failed=skip_failed, force=force, console=err, **options)
     except RelsatError as e:
         _fail(e)
     _print_summary(out, result)

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from . import options as opt
 from .errors import RelsatError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
@@ -38,19 +39,6 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(1)
 
 
-def _parse_shapes(specs: list[str]) -> dict[str, list[int]]:
-    shapes = {}
-    for spec in specs:
-        name, sep, dims = spec.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            shapes[name] = [int(d) for d in dims.split(",")]
-        except ValueError:
-            raise RelsatError(f"--input-shape {spec!r}: expected NAME=D0,D1,... with integer dims") from None
-    return shapes
-
-
 def _load_input(spec: str):
     if spec.startswith("zoo:"):
         from relsat.benchmarks import zoo
@@ -67,19 +55,19 @@ def optimize(
     model: str = typer.Argument(..., help="an ONNX file, or zoo:NAME for a built-in benchmark model"),
     output: Path = typer.Option(..., "-o", "--output", help="where to write the optimized model"),
     db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
-    rules: List[str] = typer.Option(["default"], "--rules", help="rule set name or .rules file (repeatable)"),
-    input_shape: List[str] = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims"),
-    iter_limit: int = typer.Option(10, "--iter-limit"),
-    node_limit: int = typer.Option(2000, "--node-limit"),
-    time_limit: float = typer.Option(60.0, "--time-limit", help="saturation time limit, seconds"),
-    extractor: str = typer.Option("ilp", "--extractor", help="ilp | greedy"),
-    cost_model: str = typer.Option("measured", "--cost-model", help="measured (ONNX Runtime, cached) | analytic"),
-    provider: str = typer.Option("cpu", "--provider", help="cpu | cuda: where costs and latency are measured"),
-    threads: int = typer.Option(1, "--threads", help="intra-op threads for profiling and latency"),
-    costs: Optional[Path] = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first"),
-    no_measure: bool = typer.Option(False, "--no-measure", help="skip the final latency guard"),
-    mip_gap: float = typer.Option(1e-4, "--mip-gap", help="relative MIP gap at which the ILP stops"),
-    ilp_time_limit: float = typer.Option(30.0, "--ilp-time-limit", help="ILP time limit, seconds"),
+    rules: List[str] = opt.RULES,
+    input_shape: List[str] = opt.INPUT_SHAPE,
+    iter_limit: int = opt.ITER_LIMIT,
+    node_limit: int = opt.NODE_LIMIT,
+    time_limit: float = opt.TIME_LIMIT,
+    extractor: str = opt.EXTRACTOR,
+    cost_model: str = opt.COST_MODEL,
+    provider: str = opt.PROVIDER,
+    threads: int = opt.THREADS,
+    costs: Optional[Path] = opt.COSTS,
+    no_measure: bool = opt.NO_MEASURE,
+    mip_gap: float = opt.MIP_GAP,
+    ilp_time_limit: float = opt.ILP_TIME_LIMIT,
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
@@ -88,11 +76,11 @@ def optimize(
     try:
         source = _load_input(model)
         with err.status("optimizing ...") as status:
-            result = run(source, rules=rules, db=db, input_shapes=_parse_shapes(input_shape) or None,
-                         iter_limit=iter_limit, node_limit=node_limit, time_limit=time_limit,
-                         extractor=extractor, output=output, cost_model=cost_model, provider=provider,
-                         threads=threads, costs=costs, measure=not no_measure, mip_gap=mip_gap,
-                         ilp_time_limit=ilp_time_limit, on_status=status.update,
+            options = opt.optimize_kwargs(
+                rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
+                time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
+                threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+            result = run(source, db=db, output=output, **options, on_status=status.update,
                          on_round=lambda it: status.update(f"saturating: round {it.round}, {it.enodes} e-nodes"))
     except RelsatError as e:
         _fail(e)

@@ -109,6 +109,7 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
     whatever the model, which is as large as the differences the guard has to judge."""
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]
+    feeds = None
     for block in range(2):
         order = list(range(len(models)))[::1 if block == 0 else -1]
         try:
@@ -118,7 +119,8 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
         except Exception as e:
             raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
         sessions = [made[k] for k in range(len(models))]
-        feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
+        if feeds is None:  # the same inputs for both blocks
+            feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
         runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
         _timed_block(runs, times, cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
     out = []
