@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import options as opt
-from .errors import RelsatError
+from .errors import RelsatError, error_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
 zoo_app = typer.Typer(no_args_is_help=True, help="The benchmark model zoo.")
@@ -30,8 +31,6 @@ out = Console()
 err = Console(stderr=True)
 
 
-def error_line(e: Exception) -> str:
-    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 def _fail(e: Exception) -> None:
@@ -72,18 +71,30 @@ def optimize(
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
     from .optimize import optimize as run
+    from .outputs import check_outputs, protected_paths
 
     try:
         source = _load_input(model)
+        check_outputs(source=None if model.startswith("zoo:") else source, output=output, db=db, report=report,
+                      protected=protected_paths(None, costs))
         with err.status("optimizing ...") as status:
             options = opt.optimize_kwargs(
                 rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
                 time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
                 threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
-            result = run(source, db=db, output=output, **options, on_status=status.update,
-                         on_round=lambda it: status.update(f"saturating: round {it.round}, {it.enodes} e-nodes"))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                try:
+                    result = run(source, db=db, output=output, **options, on_status=status.update,
+                                 on_round=lambda it: status.update(f"saturating: round {it.round}, "
+                                                                   f"{it.enodes} e-nodes"))
+                finally:
+                    for w in caught:
+                        err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
     except RelsatError as e:
         _fail(e)
+    except OSError as e:  # a file system problem the checks could not foresee
+        _fail(RelsatError(f"{e.filename or model}: {e.strerror or e}"))
     rep = result.report
     rep["input"] = model
     rep["output"] = str(output)
@@ -122,9 +133,10 @@ def _summary(rep: dict) -> None:
                   f"{lat['cpu_speedup']:.3f}x ({lat['runs']} interleaved runs each, medians; guard on "
                   f"{'CPU time' if lat['metric'] == 'cpu' else 'wall clock'})")
     if rep.get("written") == "original":
-        t.add_row("graph written", "the original (re-exported): see the notices")
+        t.add_row("graph written", "the input model, unchanged: see the notices")
     v = rep["verification"]
-    t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e}")
+    t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e} "
+              f"({v.get('draws', 0)} input draws)" if v.get("draws") else v["message"])
     t.add_row("time", ", ".join(f"{k} {s:.2f}s" for k, s in rep["phases_s"].items()))
     for n in rep["notices"]:
         t.add_row("notice", n)
@@ -222,27 +234,60 @@ def zoo_build(name: str = typer.Argument(..., help="a zoo model name, or all"),
         out.print(f"{path}: {len(model.graph.node)} nodes ({counts})", highlight=False)
 
 
-@app.command()
-def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize --db)"),
-          sql: str = typer.Argument(...),
-          fmt: str = typer.Option("table", "--format", help="table | csv | json")) -> None:
-    """Run SQL against a saved e-graph."""
+QUERY_FORMATS = ("table", "csv", "json")
+
+
+def open_egraph_readonly(db: Path):
+    """A read-only connection to a saved e-graph that reads nothing else: external access off (no
+    COPY TO, ATTACH of other files, read_csv of arbitrary files), extensions neither installed nor
+    autoloaded, and the configuration locked so a query cannot turn these back on."""
     import duckdb
 
     if not db.exists():
-        _fail(RelsatError(f"{db}: no such e-graph database"))
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        cur = con.execute(sql)
-        rows, cols = cur.fetchall(), [d[0] for d in cur.description]
+        raise RelsatError(f"{db}: no such e-graph database")
+    if not db.is_file():
+        raise RelsatError(f"{db}: is a folder, not an e-graph database")
+    con = duckdb.connect(":memory:")
+    try:  # attached (not opened) so that a connection this process already holds does not conflict
+        literal = "'" + str(db).replace("'", "''") + "'"
+        con.execute(f"ATTACH {literal} AS egraph (READ_ONLY)")
+        con.execute("USE egraph")
+        for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
+                        "autoload_known_extensions = false", "allow_community_extensions = false",
+                        "lock_configuration = true"):
+            con.execute("SET " + setting)
     except duckdb.Error as e:
-        _fail(RelsatError(f"{db}: {str(e).splitlines()[0]}"))
+        con.close()
+        raise RelsatError(f"{db}: cannot open it as a DuckDB database: {error_line(e)}") from None
+    return con
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
+def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize --db)"),
+          sql: str = typer.Argument(..., help="one SQL query (it may start with a -- comment)"),
+          fmt: str = typer.Option("table", "--format", help="table | csv | json")) -> None:
+    """Run SQL against a saved e-graph (read only; the query can read nothing but the e-graph)."""
+    import duckdb
+
+    try:
+        if fmt not in QUERY_FORMATS:
+            raise RelsatError(f"--format {fmt}: expected one of {', '.join(QUERY_FORMATS)}")
+        con = open_egraph_readonly(db)
+        try:
+            cur = con.execute(sql)
+            rows, cols = cur.fetchall(), [d[0] for d in (cur.description or [])]
+        except duckdb.Error as e:
+            raise RelsatError(f"{db}: {error_line(e)}") from None
+        finally:
+            con.close()
+    except RelsatError as e:
+        _fail(e)
     if fmt == "json":
         print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
     elif fmt == "csv":
         import csv
 
-        w = csv.writer(sys.stdout)
+        w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
         w.writerows(rows)
     else:

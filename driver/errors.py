@@ -7,6 +7,16 @@ the reason; the CLI prints it without a traceback.
 """
 
 
+import re
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception's whole message on one line (whitespace collapsed, ONNX Runtime's status
+    prefix removed)."""
+    text = " ".join((str(exc).strip() or type(exc).__name__).split())
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+
+
 class RelsatError(Exception):
     """A user-facing error whose str() is one line naming what failed and why."""
 

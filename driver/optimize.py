@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from relsat.extract.analytic import analytic_costs, problem_from
+from relsat import __version__
 from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
@@ -34,8 +35,9 @@ from . import latency
 from .errors import RelsatError
 from .onnx_export import export_model, original_choice, save_model_atomic
 from .onnx_import import check_ort_loadable, import_model, load_model
+from .outputs import EGraphFile, check_outputs, protected_paths
 from .runner import Limits, Runner
-from .verify import error_line, verify
+from .verify import VerifyResult, error_line, ort_session, verify
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "programs" / "rules"
 
@@ -58,9 +60,41 @@ def rule_files(names) -> list[Path]:
     return out
 
 
-def load_rule_list(names) -> list:
+def is_shipped(path: Path) -> bool:
+    """A rule file of the shipped sets (verified by the test suite), not a user's."""
+    return Path(path).resolve().parent == RULES_DIR
+
+
+def check_rule_files(files) -> int:
+    """Verify every rule of every user rule file (not the shipped sets) on random tensors, as
+    ``relsat rules check`` does; RelsatError naming file, line and rule for the first rule that
+    differs or cannot be checked. Returns the number of rules checked."""
+    from relsat.programs.verify import check_rule
+
+    checked = 0
+    for path in files:
+        if is_shipped(path):
+            continue
+        for rule in load_rules(path).rules:
+            verdict = check_rule(rule)
+            checked += 1
+            if verdict.ok:
+                continue
+            where = f"{rule.source}" if rule.source else str(path)
+            if verdict.skipped:
+                raise RelsatError(f"{where}: rule {rule.name} cannot be verified ({verdict.skipped}); relsat "
+                                  "uses only rules it has checked on random tensors")
+            raise RelsatError(f"{where}: rule {rule.name} is unsound: {verdict.message}")
+    return checked
+
+
+def load_rule_list(names, *, check: bool = False) -> list:
+    """The rules of ``--rules`` values; ``check``: verify user rule files first (``check_rule_files``)."""
+    files = rule_files(names)
+    if check:
+        check_rule_files(files)
     rules = []
-    for path in rule_files(names):
+    for path in files:
         rules += list(load_rules(path).rules)
     return rules
 
@@ -102,14 +136,28 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
              node_limit=2000, time_limit=60.0, extractor="ilp", ilp_time_limit=30.0, mip_gap=1e-4,
              multi_rounds=1, output=None, keep_egraph=False, on_round=None, cost_model="measured",
              provider="cpu", threads=1, costs=None, measure=True, cost_cache=None,
-             guard_threshold=latency.GUARD_THRESHOLD, on_status=None) -> OptimizeResult:
+             guard_threshold=latency.GUARD_THRESHOLD, on_status=None, check_rules=True) -> OptimizeResult:
     """Optimize one model; see ``relsat optimize --help`` for the knobs. ``costs``: a cost table
     (exported by ``relsat costs export``) imported into the cost cache first; ``cost_cache``: the
     cache path (default ``$RELSAT_COST_CACHE`` or the user cache); ``measure=False`` skips the
     final latency guard, which keeps the optimized graph only when it is faster than the original by
-    more than ``guard_threshold`` (relative); ``on_status(text)`` receives progress lines."""
+    more than ``guard_threshold`` (relative); ``on_status(text)`` receives progress lines;
+    ``check_rules``: verify user rule files on random tensors before using them (``relsat batch``
+    checks them once and passes False to its workers).
+
+    Every output path is checked before any work (``relsat.driver.outputs``); the e-graph is built
+    beside ``db`` and moved there once extraction is done; the model is written only after it
+    verifies. When the extracted graph cannot be exported or loaded, the next candidate is used
+    (ILP, then greedy, then the input model), with a notice."""
     _check_options(cost_model, provider, extractor, threads, mip_gap, ilp_time_limit, costs)
+    in_memory = isinstance(model_or_path, onnx.ModelProto)
+    check_outputs(source=None if in_memory else model_or_path, output=output, db=db,
+                  protected=protected_paths(cost_cache, costs))
+    rule_paths = rule_files(rules) if rules else []
     status = on_status or (lambda text: None)
+    if check_rules and any(not is_shipped(p) for p in rule_paths):
+        status("checking the user rules on random tensors ...")
+        check_rule_files(rule_paths)
     notices: list[str] = []
     cache_only = False
     if not _cuda_here(provider):
@@ -123,6 +171,7 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
     cache = None
     if cost_model == "measured":  # a bad --costs file fails before any work
         cache = cost_cache if isinstance(cost_cache, CostCache) else CostCache(cost_cache)
+        notices += cache.notices
         if costs is not None:
             try:
                 n = cache.import_(costs)
@@ -131,132 +180,164 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
             notices.append(f"imported {n} cost rows from {costs} into {cache.path}")
     phases: dict[str, float] = {}
     t = time.perf_counter()
-    source = str(model_or_path) if not isinstance(model_or_path, onnx.ModelProto) else "<model>"
-    if isinstance(model_or_path, onnx.ModelProto):
+    source = "<model>" if in_memory else str(model_or_path)
+    if in_memory:
         model = model_or_path
         check_ort_loadable(model)
     else:
         model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
-    if db is not None:
-        Path(db).parent.mkdir(parents=True, exist_ok=True)
-        if Path(db).exists():
-            Path(db).unlink()  # a fresh e-graph per run; the file is the user's to keep afterwards
-    g = EGraph(db)
-    imported = import_model(model, input_shapes=input_shapes, egraph=g)
-    phases["import"] = time.perf_counter() - t
+    dbfile = EGraphFile(db) if db is not None else None
+    g = EGraph(dbfile.path if dbfile else None)
+    complete = False
+    try:
+        imported = import_model(model, input_shapes=input_shapes, egraph=g)
+        phases["import"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    rule_list = load_rule_list(rules) if rules else []
-    runner = Runner(g, rule_list, Limits(iter_limit, node_limit, time_limit, multi_rounds), on_round=on_round)
-    sat = runner.run() if rule_list else None
-    phases["saturate"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    profile_report = None
-    if cost_model == "measured":
-        status("profiling operators ...")
-        try:
-            profile_report = measured_costs(
-                g, imported.opset_imports, provider=provider, threads=threads, cache=cache, measure=not cache_only,
-                progress=lambda done, total: status(f"profiling operators: {done}/{total} new signatures"))
-        except ProviderUnavailable as e:
-            raise RelsatError(f"--provider {provider}: {e}") from None
-        if profile_report.failed:
-            why = "are not in the cost table" if cache_only else "could not be timed alone"
-            notices.append(f"{profile_report.failed} of {profile_report.signatures} operator signatures {why}; "
-                           f"their {profile_report.fallback_nodes} e-nodes use scaled analytic costs")
-    else:
-        analytic_costs(g)
-    roots = [cid for _, cid in imported.outputs]
-    problem, node_ids = problem_from(g, roots)
-    phases["profile"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    status("extracting ...")
-    greedy = greedy_extract(problem)
-    best = (ilp_extract(problem, time_limit=ilp_time_limit, mip_gap=mip_gap, warm_start=greedy)
-            if extractor == "ilp" else greedy)
-    choice = {int(c): int(node_ids[i]) for c, i in best.choice.items()}
-    orig = original_choice(g, roots)
-    cost_of = dict(zip(node_ids.tolist(), problem.node_cost.tolist()))
-    original_cost = sum(cost_of.get(n, 0.0) for n in set(orig.values()))
-    _extraction_table(g, choice, orig)
-    phases["extract"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    optimized = export_model(imported, choice)
-    extracted = {"nodes": len(optimized.graph.node),
-                 "ops": dict(sorted(Counter(n.op_type for n in optimized.graph.node).items()))}
-    phases["export"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    check = verify(model, optimized, input_shapes=input_shapes)
-    phases["verify"] = time.perf_counter() - t
-    if not check.ok:
-        raise RelsatError(f"{source}: verification failed, no model written: {check.message}")
-
-    written, latency_report = ("original" if choice == orig else "optimized"), None
-    if measure and provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-        notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time whole models")
-    elif measure:
         t = time.perf_counter()
-        status("timing the original and the optimized model ...")
-        res = latency.guard(model, optimized, threads=threads, provider=provider, input_shapes=input_shapes,
-                            threshold=guard_threshold)
-        latency_report = res.as_dict()
-        if choice == orig:
-            notices.append("the extraction kept the original graph: it is written re-exported")
-        elif not res.keep_optimized:
-            written = "original"
-            a, b = ((res.original.cpu_ms, res.optimized.cpu_ms) if res.metric == "cpu"
-                    else (res.original.median_ms, res.optimized.median_ms))
-            notices.append(f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
-                           f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}, threshold {res.threshold:.0%}): "
-                           "the original graph is written instead (re-exported)")
-            optimized = export_model(imported, None)
-            recheck = verify(model, optimized, input_shapes=input_shapes)
-            if not recheck.ok:
-                raise RelsatError(f"{source}: the re-exported original fails verification, no model written: "
-                                  f"{recheck.message}")
-            check = recheck
-        phases["latency"] = time.perf_counter() - t
-    g.con.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?), ('cost_model', ?), ('provider', ?)",
-                  [written, cost_model, provider])
+        rule_list = [r for p in rule_paths for r in load_rules(p).rules]
+        runner = Runner(g, rule_list, Limits(iter_limit, node_limit, time_limit, multi_rounds), on_round=on_round)
+        sat = runner.run() if rule_list else None
+        phases["saturate"] = time.perf_counter() - t
 
-    counts = g.counts()
-    report = {
-        "input": source,
-        "nodes_in": len(model.graph.node),
-        "nodes_out": len(optimized.graph.node),
-        "rules": len(rule_list),
-        "stop_reason": sat.stop_reason.value if sat else "no rules",
-        "iterations": [vars(i) for i in sat.iterations] if sat else [],
-        "rules_applied": dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
-        "enodes": counts["enodes"],
-        "eclasses": counts["eclasses"],
-        "cost_model": cost_model,
-        "provider": provider,
-        "threads": threads,
-        "profiled": profile_report.measured if profile_report else 0,
-        "cached": profile_report.cached if profile_report else 0,
-        "profile": profile_report.as_dict() if profile_report else None,
-        "cost_before": original_cost,
-        "cost_after": best.cost,
-        "extraction": {"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
-                       "gap": best.gap, "seconds": best.seconds, "greedy_cost": greedy.cost, "mip_gap": mip_gap,
-                       "time_limit": ilp_time_limit},
-        "latency": latency_report,
-        "extracted": extracted,  # the extracted graph, also when the guard wrote the original instead
-        "written": written,
-        "verification": {"ok": check.ok, "max_abs_err": check.max_abs_err, "message": check.message},
-        "notices": list(imported.notices) + notices,
-        "phases_s": phases,
-    }
-    if output is not None:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        save_model_atomic(optimized, output)
-    if not keep_egraph:
-        g.close()
+        t = time.perf_counter()
+        profile_report = None
+        if cost_model == "measured":
+            status("profiling operators ...")
+            try:
+                profile_report = measured_costs(
+                    g, imported.opset_imports, provider=provider, threads=threads, cache=cache,
+                    measure=not cache_only,
+                    progress=lambda done, total: status(f"profiling operators: {done}/{total} new signatures"))
+            except ProviderUnavailable as e:
+                raise RelsatError(f"--provider {provider}: {e}") from None
+            if profile_report.failed:
+                why = "are not in the cost table" if cache_only else "could not be timed alone"
+                notices.append(f"{profile_report.failed} of {profile_report.signatures} operator signatures {why}; "
+                               f"their {profile_report.fallback_nodes} e-nodes use scaled analytic costs")
+        else:
+            analytic_costs(g)
+        roots = [cid for _, cid in imported.outputs]
+        problem, node_ids = problem_from(g, roots)
+        phases["profile"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        status("extracting ...")
+        greedy = greedy_extract(problem)
+        best = (ilp_extract(problem, time_limit=ilp_time_limit, mip_gap=mip_gap, warm_start=greedy)
+                if extractor == "ilp" else greedy)
+        orig = original_choice(g, roots)
+        cost_of = dict(zip(node_ids.tolist(), problem.node_cost.tolist()))
+        original_cost = sum(cost_of.get(n, 0.0) for n in set(orig.values()))
+        phases["extract"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        candidates = [(best.method, best)] + ([("greedy", greedy)] if best is not greedy else [])
+        chosen, optimized, fallbacks = None, model, []
+        for label, res in candidates:
+            choice = {int(c): int(node_ids[i]) for c, i in res.choice.items()}
+            if choice == orig:
+                chosen = (label, res, choice)
+                break
+            try:
+                candidate = export_model(imported, choice)
+                ort_session(candidate)
+            except Exception as e:  # never fail a valid model: fall back to the next candidate
+                fallbacks.append({"candidate": label, "reason": error_line(e)})
+                notices.append(f"the {label} extraction cannot be used ({error_line(e)}); falling back to the "
+                               f"{'greedy extraction' if label != 'greedy' else 'input model'}")
+                continue
+            chosen, optimized = (label, res, choice), candidate
+            break
+        if chosen is None:  # every extraction failed: the input model, unchanged
+            chosen = ("original", None, orig)
+        label, res, choice = chosen
+        _extraction_table(g, choice, orig)
+        complete = True
+        written = "original" if choice == orig else "optimized"
+        extracted = {"nodes": len(optimized.graph.node),
+                     "ops": dict(sorted(Counter(n.op_type for n in optimized.graph.node).items()))}
+        phases["export"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if written == "optimized":
+            check = verify(model, optimized, input_shapes=input_shapes)
+        else:
+            check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
+            notices.append("the extraction kept the original graph: the input model is written unchanged")
+        phases["verify"] = time.perf_counter() - t
+        if not check.ok:
+            where = f"; the e-graph is in {db}" if db is not None else ""
+            raise RelsatError(f"{source}: verification failed, no model written: {check.message}{where}")
+
+        latency_report = None
+        if measure and written == "optimized" and provider == "cuda" \
+                and "CUDAExecutionProvider" not in ort.get_available_providers():
+            notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time whole models")
+        elif measure and written == "optimized":
+            t = time.perf_counter()
+            status("timing the original and the optimized model ...")
+            res_lat = latency.guard(model, optimized, threads=threads, provider=provider, input_shapes=input_shapes,
+                                    threshold=guard_threshold)
+            latency_report = res_lat.as_dict()
+            if not res_lat.keep_optimized:
+                written, optimized = "original", model
+                a, b = ((res_lat.original.cpu_ms, res_lat.optimized.cpu_ms) if res_lat.metric == "cpu"
+                        else (res_lat.original.median_ms, res_lat.optimized.median_ms))
+                notices.append(f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
+                               f"{'CPU time' if res_lat.metric == 'cpu' else 'wall clock'}, threshold "
+                               f"{res_lat.threshold:.0%}): the input model is written unchanged")
+            phases["latency"] = time.perf_counter() - t
+        g.con.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?), ('cost_model', ?), ('provider', ?)",
+                      [written, cost_model, provider])
+
+        counts = g.counts()
+        report = {
+            "producer": f"relsat {__version__}",
+            "input": source,
+            "nodes_in": len(model.graph.node),
+            "nodes_out": len(optimized.graph.node),
+            "rules": len(rule_list),
+            "stop_reason": sat.stop_reason.value if sat else "no rules",
+            "iterations": [vars(i) for i in sat.iterations] if sat else [],
+            "rules_applied": dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
+            "enodes": counts["enodes"],
+            "eclasses": counts["eclasses"],
+            "cost_model": cost_model,
+            "provider": provider,
+            "threads": threads,
+            "profiled": profile_report.measured if profile_report else 0,
+            "cached": profile_report.cached if profile_report else 0,
+            "profile": profile_report.as_dict() if profile_report else None,
+            "cost_before": original_cost,
+            "cost_after": res.cost if res is not None else original_cost,
+            "extraction": {"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
+                           "gap": best.gap, "seconds": best.seconds, "greedy_cost": greedy.cost, "mip_gap": mip_gap,
+                           "time_limit": ilp_time_limit, "used": label, "fallbacks": fallbacks},
+            "latency": latency_report,
+            "extracted": extracted,  # the extracted graph, also when the input model was written instead
+            "written": written,
+            "verification": {"ok": check.ok, "max_abs_err": check.max_abs_err, "message": check.message,
+                             "draws": check.draws},
+            "notices": list(imported.notices) + notices,
+            "phases_s": phases,
+        }
+        if output is not None:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            save_model_atomic(optimized, output)
+    finally:
+        if dbfile is None:
+            if not keep_egraph or not complete:
+                g.close()
+        else:
+            tensors = g.tensors
+            g.close()
+            if complete:
+                dbfile.commit()
+                if keep_egraph:
+                    g = EGraph(dbfile.final)
+                    g.tensors = tensors
+            else:
+                dbfile.discard()
     return OptimizeResult(optimized, report, g if keep_egraph else None)
 
 

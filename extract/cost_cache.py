@@ -19,6 +19,7 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ _UPSERT = f"""INSERT INTO costs SELECT key::VARCHAR, provider::VARCHAR, threads:
     op_type = excluded.op_type, signature = excluded.signature, ms = excluded.ms,
     repeats = excluded.repeats, measured_at = excluded.measured_at,
     ort_version = excluded.ort_version"""
+
+
+class _Unusable(Exception):
+    """The cache file opens but is not a cost cache."""
 
 
 def default_path() -> Path:
@@ -76,8 +81,41 @@ class CostCache:
         self.path = Path(path) if path is not None else default_path()
         self.lock_timeout_s = lock_timeout_s
         self._closed = False
+        self.notices: list[str] = []  # what opening the cache had to repair
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._run(lambda con: con.execute(_SCHEMA.format(table="costs")))
+        try:
+            self._run(self._open)
+        except (duckdb.Error, _Unusable) as e:
+            if isinstance(e, duckdb.IOException) and "Could not set lock" in str(e):
+                raise
+            self._set_aside(e)
+            self._run(self._open)
+
+    @staticmethod
+    def _open(con) -> None:
+        con.execute(_SCHEMA.format(table="costs"))
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'costs' "
+            "AND table_schema = 'main' ORDER BY ordinal_position").fetchall()]
+        if cols != [c.strip() for c in _COLUMNS.split(",")]:
+            raise _Unusable(f"its costs table has the columns {', '.join(cols)}")
+
+    def _set_aside(self, why: Exception) -> None:
+        """Rename an unreadable cache file (and its WAL) out of the way, so a new one is built; the old
+        file is kept for the user to look at."""
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        reason = " ".join((str(why) or type(why).__name__).split())[:300]
+        try:
+            os.replace(self.path, aside)
+        except FileNotFoundError:  # another process set it aside first
+            pass
+        wal = self.path.with_name(self.path.name + ".wal")
+        if wal.exists():
+            os.replace(wal, aside.with_name(aside.name + ".wal"))
+        msg = f"cost cache {self.path} could not be read ({reason}): set aside as {aside.name}; a new cache is built"
+        self.notices.append(msg)
+        warnings.warn(msg, stacklevel=3)
 
     def _run(self, work):
         """Run ``work(con)`` on a short-lived connection, retrying while the file is locked."""

@@ -50,7 +50,10 @@ def test_bad_input_gives_one_line_error_and_no_output(small_resnet, tmp_path, ar
     args = [str(small_resnet) if a == "MODEL" else str(out) if a == "OUT" else a for a in args]
     res = runner.invoke(app, args)
     assert res.exit_code == 1
-    assert needle in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)  # no traceback
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], res.stderr
+    assert "Traceback" not in res.output and not res.stdout
     assert not out.exists()
 
 

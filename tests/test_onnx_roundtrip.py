@@ -471,7 +471,8 @@ def test_verify_reports_the_failing_output():
     other = make(nodes, {"x": [2, 4]}, ["r", "y"], {"w": w(4, 3, seed=5)})
     result = verify(model, other)
     assert not result.ok and result.per_output["r"].ok and not result.per_output["y"].ok
-    assert result.message.startswith("output 'y': max abs err") and "\n" not in result.message
+    assert result.message.startswith("output 'y', input draw 1 of 3") and "\n" not in result.message
+    assert "worst element [" in result.message and result.per_output["y"].worst
     assert verify(model, model).max_abs_err == 0.0
 
 

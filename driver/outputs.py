@@ -1,0 +1,153 @@
+"""What relsat writes, checked before any work and committed atomically.
+
+``check_outputs`` runs before a model is even loaded: every path a command will write
+(``-o``, ``--db``, ``--report``) must be writable (its folder exists or can be made, and a
+file can be created there), must not be a folder, must not be the input model, the cost
+cache or another of the outputs, and, when it exists, must be a file of the kind relsat
+writes there: an ONNX model for ``-o``, a relsat e-graph for ``--db``, a relsat report for
+``--report``.  Anything else is refused with a one-line ``RelsatError``: relsat never
+replaces a file it did not write.
+
+``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
+folder) and renames it into place only when the run that built it got that far, so a run that
+fails (or is killed) leaves an earlier e-graph at that path as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import RelsatError
+
+EGRAPH_TABLES = {"meta", "eclass", "uf"}  # every relsat e-graph has these tables
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.expanduser().resolve() == b.expanduser().resolve()
+
+
+def _probe_folder(flag: str, path: Path) -> None:
+    """RelsatError unless the folder of ``path`` exists (or can be made) and takes a new file."""
+    parent = path.expanduser().absolute().parent
+    existing = parent
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RelsatError(f"{flag} {path}: {existing} is a file, not a folder")
+    probe = existing / f".relsat-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise RelsatError(f"{flag} {path}: cannot write in {existing} ({e.strerror or e})") from None
+
+
+def is_onnx_model(path: Path) -> bool:
+    import onnx
+
+    try:
+        m = onnx.load_model(str(path), load_external_data=False)
+    except Exception:
+        return False
+    return m.HasField("graph") and m.ir_version > 0
+
+
+def egraph_problem(path: Path) -> str | None:
+    """None when ``path`` is a relsat e-graph (a DuckDB file with the e-graph's tables), else why not."""
+    import duckdb
+
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            tables = {r[0] for r in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+    except duckdb.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"not a DuckDB database ({first})"
+    missing = EGRAPH_TABLES - tables
+    return f"a DuckDB database without the e-graph tables ({', '.join(sorted(missing))})" if missing else None
+
+
+def is_report(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and {"nodes_in", "nodes_out", "verification"} <= set(data)
+
+
+_KINDS = {
+    "-o": ("an ONNX model", is_onnx_model),
+    "--db": ("a relsat e-graph", lambda p: egraph_problem(p) is None),
+    "--report": ("a relsat report", is_report),
+}
+
+
+def protected_paths(cost_cache=None, costs=None) -> list[tuple[str, Path]]:
+    """The files no output may be: the cost cache (``cost_cache``: a path, a CostCache or None for
+    the default) and a ``--costs`` table."""
+    from relsat.extract.cost_cache import default_path
+
+    path = getattr(cost_cache, "path", cost_cache) or default_path()
+    return [("the cost cache", Path(path))] + ([("the --costs table", Path(costs))] if costs else [])
+
+
+def check_outputs(*, source=None, output=None, db=None, report=None, protected=()) -> None:
+    """Refuse, before any work, an output path relsat must not or cannot write (module docstring).
+    ``source``: the input model's path (None for an in-memory model); ``protected``: (label, path)
+    pairs no output may be (the cost cache, a ``--costs`` table)."""
+    outs = [(flag, Path(p)) for flag, p in (("-o", output), ("--db", db), ("--report", report)) if p is not None]
+    guarded = list(protected) + ([("the input model", Path(source))] if source is not None else [])
+    for i, (flag, path) in enumerate(outs):
+        for label, other in guarded:
+            if other is not None and _same(path, Path(other)):
+                raise RelsatError(f"{flag} {path}: is {label}; relsat never overwrites it")
+        for flag2, other in outs[:i]:
+            if _same(path, other):
+                raise RelsatError(f"{flag} {path}: is also the {flag2} path; give each output its own file")
+        if path.is_dir():
+            raise RelsatError(f"{flag} {path}: is a folder; give a file path")
+        if path.exists() or path.is_symlink():
+            kind, ok = _KINDS[flag]
+            if not path.is_file():
+                raise RelsatError(f"{flag} {path}: exists and is not a regular file; relsat replaces only {kind}")
+            if not ok(path):
+                why = egraph_problem(path) if flag == "--db" else f"not {kind}"
+                raise RelsatError(f"{flag} {path}: exists and is {why}; relsat replaces only {kind} there "
+                                  "(remove the file or choose another path)")
+        _probe_folder(flag, path)
+
+
+class EGraphFile:
+    """The e-graph file of one run: ``path`` is where it is built (beside ``final``), ``commit()``
+    renames it into place (with its WAL, if any) and ``discard()`` removes it."""
+
+    def __init__(self, final):
+        self.final = Path(final)
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.path = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
+        self.discard()  # a leftover of a killed run of this pid
+
+    @staticmethod
+    def _wal(p: Path) -> Path:
+        return p.with_name(p.name + ".wal")
+
+    def commit(self) -> None:
+        wal, final_wal = self._wal(self.path), self._wal(self.final)
+        final_wal.unlink(missing_ok=True)
+        if wal.exists():
+            os.replace(wal, final_wal)
+        os.replace(self.path, self.final)
+
+    def discard(self) -> None:
+        for p in (self.path, self._wal(self.path)):
+            p.unlink(missing_ok=True)
