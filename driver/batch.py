@@ -11,10 +11,14 @@ model that crashes its process (a segfault, the OOM killer) is a failure of that
 
 What goes into OUTDIR:
 
-- ``<name>.onnx`` the optimized model, ``<name>.json`` its report and, with ``keep_db``,
-  ``<name>.duckdb`` its e-graph.  A worker writes them through temporary files and renames;
-  when a model fails, the files of any earlier success of that name are removed, so the files
-  in OUTDIR always agree with the results table.
+- ``<name>.onnx`` the optimized model (with ``<name>.onnx.data`` when its tensors are stored
+  externally), ``<name>.json`` its report and, with ``keep_db``, ``<name>.duckdb`` its e-graph.
+  A worker never writes a file of OUTDIR under its final name: it writes them into its own hidden
+  stage folder ``OUTDIR/.<name>.stage-<pid>/`` and names that folder in its "done" message.  The
+  parent then commits the model: it renames the staged files into place, hashes them (SHA-256)
+  and only then writes the model's row, with the hashes (``output_sha256``: the ``.onnx`` file
+  and its external data; ``report_sha256``; ``db_sha256`` with ``keep_db``).  When a model fails,
+  the files of any earlier success of that name are removed.
 - ``results.duckdb``, table ``results``: one row per model name (its latest attempt), written
   by this process only, after every model (a batch that is interrupted keeps what it did).
   It is opened only for each write, so ``relsat query OUTDIR/results.duckdb`` works while a
@@ -22,13 +26,27 @@ What goes into OUTDIR:
 - ``results.csv`` and ``summary.md``: the rows of the models of this run, rewritten atomically
   at the end (also after Ctrl-C).
 
+Killing the batch: the workers die with it, however it ends (SIGKILL included).  On Linux each
+worker asks the kernel for SIGKILL when its parent exits (``prctl(PR_SET_PDEATHSIG)``, then a
+``getppid`` check for a parent that died before the call); elsewhere, or should that fail, a
+watchdog thread in the worker exits it within about half a second of the parent's pid changing
+or its end of the pipe closing.  (The death signal follows the parent *thread* that started the
+worker: ``run_batch`` starts, waits for and joins its workers in the thread that called it, so
+that thread outlives them.)  A killed batch leaves at most stage folders and, if it died inside a
+commit, files that do not match their row; the next run removes the former and redoes the
+latter.
+
 Resume: a model is skipped when the table holds an ``ok`` row with the same model-file hash
 (SHA-256 of the ``.onnx`` file and of any external-data files it names) and the same options
 hash (SHA-256 of the optimize options, the content of every rule file used, and the relsat
-version) and its output files still exist.  Failed models are attempted again (a time-out or
-a crash may not recur; a fixed environment may help); ``skip_failed`` skips them too when
-their key is unchanged, and ``force`` reruns everything.  ``jobs``, ``model_timeout`` and
-``keep_db`` are not part of the options hash.
+version), and its files in OUTDIR still have the hashes recorded in that row (with ``keep_db``
+the e-graph too).  Otherwise it is optimized again; when only its files disagree the summary's
+*this run* says why: ``redone (files changed)``, ``redone (files missing)``, ``redone (no e-graph
+kept)`` (``keep_db`` now, not then), or ``redone (no file hashes recorded)`` for a row written by
+a relsat that recorded none.  Failed models are
+attempted again (a time-out or a crash may not recur; a fixed environment may help);
+``skip_failed`` skips them too when their key is unchanged, and ``force`` reruns everything.
+``jobs``, ``model_timeout`` and ``keep_db`` are not part of the options hash.
 
 Names: a model's name is its path relative to the folder (or, for a glob, to the common
 folder of the matches) without ``.onnx``, with ``/`` replaced by ``__``.  Files under OUTDIR
@@ -54,6 +72,8 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -101,6 +121,9 @@ COLUMNS = [
     ("output", "VARCHAR"),
     ("report", "VARCHAR"),
     ("db", "VARCHAR"),
+    ("output_sha256", "VARCHAR"),  # SHA-256 of the files as committed (output: with its external data)
+    ("report_sha256", "VARCHAR"),
+    ("db_sha256", "VARCHAR"),
     ("phases_s", "JSON"),
     ("detail", "VARCHAR"),  # traceback of an unexpected error
     ("finished_at", "TIMESTAMP"),
@@ -113,6 +136,7 @@ class ModelTask:
     name: str
     path: Path
     file_sha256: str = ""
+    redo: str = ""  # why a model done earlier is optimized again (its files do not match its row)
 
 
 @dataclass
@@ -224,17 +248,20 @@ def _all_tensors(model):
                 yield from a.tensors
 
 
-def resolve_options(rules=("default",), input_shapes=None, **options) -> tuple[dict, dict, str]:
+def resolve_options(rules=("default",), input_shapes=None, check_rules=True, **options) -> tuple[dict, dict, str]:
     """Check the optimize options once, before any worker starts, and return
     ``(worker options, options as recorded, options hash)``.  Rule set names become absolute
     file paths (workers do not depend on the current folder) and the hash covers each rule
-    file's content, so editing a rule file invalidates earlier results."""
+    file's content, so editing a rule file invalidates earlier results.  User rule files are
+    verified here, once (``check_rules``; an unsound rule stops the batch before any model
+    runs), and the workers do not verify them again."""
     from relsat import __version__
 
-    from .optimize import optimize, rule_files
+    from .optimize import check_rule_files, optimize, rule_files
 
     sig = inspect.signature(optimize)
-    internal = {"model_or_path", "output", "db", "on_round", "on_status", "keep_egraph", "rules", "input_shapes"}
+    internal = {"model_or_path", "output", "db", "on_round", "on_status", "keep_egraph", "rules", "input_shapes",
+                "check_rules"}
     if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         unknown = sorted(set(options) - set(sig.parameters) | (set(options) & internal))
         if unknown:
@@ -252,7 +279,10 @@ def resolve_options(rules=("default",), input_shapes=None, **options) -> tuple[d
             _check_options(**{k: options[k] for k in check_params})
     rules = list(rules or [])
     files = rule_files(rules) if rules else []
-    worker = dict(options, rules=[str(f.resolve()) for f in files], input_shapes=input_shapes or None)
+    if check_rules:
+        check_rule_files(files)
+    worker = dict(options, rules=[str(f.resolve()) for f in files], input_shapes=input_shapes or None,
+                  check_rules=False)
     recorded = dict(options, rules=rules, input_shapes=input_shapes or None)
     keyed = dict(options, input_shapes=input_shapes or None, relsat=__version__,
                  rules=[[name, _sha256_file(f).hexdigest()] for name, f in zip(rules, files)])
@@ -267,18 +297,104 @@ def _outputs(outdir: Path, name: str) -> dict[str, Path]:
     return {"output": outdir / f"{name}.onnx", "report": outdir / f"{name}.json", "db": outdir / f"{name}.duckdb"}
 
 
-def _remove_outputs(outdir: Path, name: str) -> None:
-    """Remove a model's outputs and any temporary files a killed worker left."""
-    paths = list(_outputs(outdir, name).values())
-    paths += [outdir / f"{name}.onnx.data", outdir / f"{name}.duckdb.wal"]
+def _companions(outdir: Path, name: str) -> dict[str, Path]:
+    """The files that go with the outputs: an external-data model's tensors (``save_model_atomic``
+    writes them to ``<name>.onnx.data``) and an e-graph's WAL."""
+    return {"output": outdir / f"{name}.onnx.data", "db": outdir / f"{name}.duckdb.wal"}
+
+
+def _stage_dir(outdir: Path, name: str, pid: int) -> Path:
+    """The folder a worker writes a model's files to: hidden, one per worker process."""
+    return outdir / f".{name}.stage-{pid}"
+
+
+def _temp_paths(outdir: Path, name: str) -> list[Path]:
+    """Temporary files and folders of a model: worker stage folders, and what older relsat
+    versions and ``save_model_atomic`` leave when killed."""
     stem = globlib.escape(str(outdir / f".{name}"))
-    for pattern in (".onnx.*", ".json.*.tmp", ".duckdb.tmp-*"):  # save_model_atomic, _write_atomic, the e-graph
+    paths = []
+    for pattern in (".stage-*", ".onnx.*", ".json.*.tmp", ".duckdb.tmp-*"):
         paths += [Path(p) for p in globlib.glob(stem + pattern)]
+    return paths
+
+
+def _remove_paths(paths) -> None:
     for p in paths:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
+
+
+def _remove_temps(outdir: Path, name: str) -> None:
+    _remove_paths(_temp_paths(outdir, name))
+
+
+def _remove_outputs(outdir: Path, name: str) -> None:
+    """Remove a model's outputs and any temporary files a killed worker left."""
+    _remove_paths([*_outputs(outdir, name).values(), *_companions(outdir, name).values(),
+                   *_temp_paths(outdir, name)])
+
+
+def _hash_with_companion(path: Path, companion: Path) -> str:
+    h = _sha256_file(path)
+    if companion.is_file():
+        h.update(b"\0companion:" + companion.name.encode())
+        _sha256_file(companion, h)
+    return h.hexdigest()
+
+
+def output_hashes(outdir: Path, name: str, keep_db: bool) -> dict[str, str | None]:
+    """SHA-256 of a model's files in OUTDIR as the results table records them: ``output_sha256``
+    (the ``.onnx`` file and its external data), ``report_sha256`` (the ``.json``) and, with
+    ``keep_db``, ``db_sha256`` (the e-graph and its WAL).  A missing file hashes to None."""
+    outs, comp = _outputs(outdir, name), _companions(outdir, name)
+    return {
+        "output_sha256": _hash_with_companion(outs["output"], comp["output"]) if outs["output"].is_file() else None,
+        "report_sha256": _sha256_file(outs["report"]).hexdigest() if outs["report"].is_file() else None,
+        "db_sha256": (_hash_with_companion(outs["db"], comp["db"]) if outs["db"].is_file() else None)
+        if keep_db else None,
+    }
+
+
+def _files_disagree(outdir: Path, prev: dict, keep_db: bool) -> str | None:
+    """Why the files of a model done earlier do not match its row (None when they do)."""
+    keys = ["output_sha256", "report_sha256"] + (["db_sha256"] if keep_db else [])
+    if keep_db and not prev.get("db"):
+        return "no e-graph kept"
+    if any(not prev.get(k) for k in keys):
+        return "no file hashes recorded"  # a row written by an older relsat
+    now = output_hashes(outdir, prev["model"], keep_db)
+    if any(now[k] is None for k in keys):
+        return "files missing"
+    if any(now[k] != prev[k] for k in keys):
+        return "files changed"
+    return None
+
+
+def _commit(outdir: Path, name: str, stage: Path, keep_db: bool) -> dict:
+    """Parent side: move a worker's files from its stage folder into OUTDIR (stale companions of
+    an earlier result removed) and return the row fields naming and hashing them.  The caller
+    writes the row after this: a parent killed in between leaves files that do not match the
+    row, and the next run redoes the model."""
+    outs, comp = _outputs(outdir, name), _companions(outdir, name)
+    if not (stage / outs["output"].name).is_file() or not (stage / outs["report"].name).is_file():
+        raise RelsatError(f"internal error: the worker reported success but left no {outs['output'].name} "
+                          f"and {outs['report'].name} in {stage.name}")
+    if keep_db and not (stage / outs["db"].name).is_file():
+        raise RelsatError(f"internal error: the worker left no e-graph {outs['db'].name} in {stage.name}")
+    moves = [outs["output"], comp["output"], outs["report"]] + ([outs["db"], comp["db"]] if keep_db else [])
+    for final in moves:
+        staged = stage / final.name
+        if staged.is_file():
+            os.replace(staged, final)
+        else:  # a companion the new result does not have
+            final.unlink(missing_ok=True)
+    if not keep_db:  # an e-graph of an earlier attempt no longer goes with these files
+        _remove_paths([outs["db"], comp["db"]])
+    shutil.rmtree(stage, ignore_errors=True)
+    return dict(output_hashes(outdir, name, keep_db), output=str(outs["output"]), report=str(outs["report"]),
+                db=str(outs["db"]) if keep_db else None)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -335,39 +451,91 @@ def row_from_report(rep: dict) -> dict:
     }
 
 
-def _optimize_one(task: ModelTask, outdir: Path, options: dict, keep_db: bool, on_round, on_status) -> dict:
+def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, keep_db: bool, on_round,
+                  on_status) -> dict:
+    """Optimize one model, writing its files under their final names into ``stage`` only (the
+    parent moves them into ``outdir``); return the row fields of its report."""
     from .optimize import optimize
 
     if "on_status" in inspect.signature(optimize).parameters:
         options = dict(options, on_status=on_status)
 
+    shutil.rmtree(stage, ignore_errors=True)  # a stale one of an earlier process with this pid
+    stage.mkdir()
     outs = _outputs(outdir, task.name)
-    tmp_db = outdir / f".{task.name}.duckdb.tmp-{os.getpid()}" if keep_db else None
-    try:
-        result = optimize(task.path, output=outs["output"], db=tmp_db, on_round=on_round, **options)
-        if tmp_db is not None:
-            wal, final_wal = tmp_db.with_name(tmp_db.name + ".wal"), outs["db"].with_name(outs["db"].name + ".wal")
-            final_wal.unlink(missing_ok=True)
-            if wal.exists():  # closed e-graphs are checkpointed, but a WAL must go with its file
-                os.replace(wal, final_wal)
-            os.replace(tmp_db, outs["db"])
-    finally:
-        if tmp_db is not None:
-            for p in (tmp_db, tmp_db.with_name(tmp_db.name + ".wal")):
-                p.unlink(missing_ok=True)
+    staged = {k: stage / p.name for k, p in outs.items()}
+    # the final file names inside the stage folder: an external-data model names its data file
+    # after the model file, so it stays valid once both are moved into OUTDIR
+    result = optimize(task.path, output=staged["output"], db=staged["db"] if keep_db else None,
+                      on_round=on_round, **options)
     rep = dict(result.report)
     rep.update(input=str(task.path), output=str(outs["output"]), model=task.name, file_sha256=task.file_sha256)
-    _write_atomic(outs["report"], json.dumps(rep, indent=2, default=str))
-    row = row_from_report(rep)
-    row.update(output=str(outs["output"]), report=str(outs["report"]), db=str(outs["db"]) if keep_db else None)
-    return row
+    staged["report"].write_text(json.dumps(rep, indent=2, default=str))
+    return row_from_report(rep)
 
 
-def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool) -> None:
-    """Child process: optimize one model, send ("status", text) messages while it runs and one
-    ("done", fields) message at the end (``status`` ok or failed, with the reason)."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int, conn) -> None:
+    """Make this worker die with the batch process, however that ends (SIGKILL included), so no
+    worker outlives it.  On Linux the kernel sends SIGKILL to the worker when its parent exits
+    (``PR_SET_PDEATHSIG``; strictly, when the parent *thread* that started it exits: the batch
+    starts, waits for and joins its workers in one thread, so that thread outlives them).  The
+    signal is not sent when the parent died before the call, hence the ``getppid`` check after
+    it.  Elsewhere, and should ``prctl`` fail, a watchdog thread does the same, later."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0))
+        except Exception:
+            pass  # the watchdog below still applies
+    if os.getppid() != parent_pid:
+        os._exit(3)
+    _start_parent_watchdog(parent_pid, conn)
+
+
+def _start_parent_watchdog(parent_pid: int, conn) -> None:
+    """The portable fallback: a daemon thread that exits the process (``os._exit``) when its
+    parent's pid changes (it was reparented) or the parent's end of the pipe ``conn`` writes to
+    is closed.  It polls every 0.5 s and needs the GIL, so it can lag behind a long call into C
+    code that holds it."""
+    try:
+        fd = os.dup(conn.fileno())  # the watchdog's own copy: the worker closes conn at its end
+    except (OSError, ValueError, AttributeError):
+        fd = None
+    threading.Thread(target=_watch_parent, args=(parent_pid, fd), name="relsat-batch-parent-watch",
+                     daemon=True).start()
+
+
+def _watch_parent(parent_pid: int, fd: int | None) -> None:
+    import select
+
+    poller = None
+    if fd is not None and hasattr(select, "poll"):
+        poller = select.poll()  # the write end of a pipe reports POLLERR once the reader is gone
+        poller.register(fd, select.POLLERR | select.POLLHUP)
+    while True:
+        if poller is not None:
+            if poller.poll(500):
+                os._exit(3)
+        else:
+            time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(3)
+
+
+def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, parent_pid: int) -> None:
+    """Child process: optimize one model into a stage folder, send ("status", text) messages
+    while it runs and one ("done", fields, stage folder) message at the end (``status`` ok or
+    failed, with the reason).  A worker never writes a file of OUTDIR under its final name."""
+    _die_with_parent(parent_pid, conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     started = time.perf_counter()
+    stage = _stage_dir(outdir, task.name, os.getpid())
 
     def send(*msg):
         try:
@@ -379,15 +547,17 @@ def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool) -
         send("status", f"saturating: round {getattr(it, 'round', '?')}, {getattr(it, 'enodes', '?')} e-nodes")
 
     try:
-        fields = _optimize_one(task, outdir, options, keep_db, on_round, lambda text: send("status", str(text)))
+        fields = _optimize_one(task, stage, outdir, options, keep_db, on_round, lambda text: send("status", str(text)))
         fields["status"] = "ok"
     except RelsatError as e:
         fields = {"status": "failed", "reason": _one_line(e)}
     except Exception as e:  # a bug or an unexpected library error: still one model's failure
         fields = {"status": "failed", "reason": _one_line(f"internal error: {type(e).__name__}: {e}"),
                   "detail": traceback.format_exc()}
+    if fields["status"] != "ok":
+        shutil.rmtree(stage, ignore_errors=True)
     fields["wall_s"] = time.perf_counter() - started
-    conn.send(("done", fields))
+    conn.send(("done", fields, str(stage)))
     conn.close()
 
 
@@ -459,6 +629,7 @@ def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: 
         f"- finished: {dt.datetime.now().isoformat(timespec='seconds')}, {result.seconds:.1f} s",
         f"- options: `{json.dumps(recorded_options, sort_keys=True, default=str)}`",
         f"- models: {len(rows)}; optimized now {sum(r['this_run'] == 'optimized' for r in rows)}, "
+        f"redone (files did not match their rows) {sum(r['this_run'].startswith('redone') for r in rows)}, "
         f"done earlier and skipped {sum(r['this_run'].startswith('skipped') for r in rows)}, "
         f"failed {result.failed}" + (" (interrupted)" if result.interrupted else ""),
         "- speedup = before / after: from measured latencies when the report has them, else the "
@@ -543,18 +714,23 @@ def run_batch(spec, outdir, *, jobs: int = 1, model_timeout: float | None = DEFA
         rows: dict[str, dict] = {}
         todo: deque[ModelTask] = deque()
         for task in tasks:
+            _remove_temps(outdir, task.name)  # what a killed batch or worker left
             task.file_sha256 = model_hash(task.path)
             prev = previous.get(task.name)
             same = (prev is not None and prev["file_sha256"] == task.file_sha256
                     and prev["options_sha256"] == options_hash and not force)
-            outs = _outputs(outdir, task.name)
-            files_there = outs["output"].is_file() and outs["report"].is_file() and (not keep_db or outs["db"].is_file())
-            if same and prev["status"] == "ok" and files_there:
-                rows[task.name] = dict(prev, this_run="skipped (done)")
+            if same and prev["status"] == "ok":
+                task.redo = _files_disagree(outdir, prev, keep_db) or ""
+                if not task.redo:
+                    rows[task.name] = dict(prev, this_run="skipped (done)")
+                    continue
+                if console is not None:
+                    console.print(f"[yellow]redo[/yellow] {task.name}: {task.redo} since its row in "
+                                  f"results.duckdb was written", highlight=False)
             elif same and prev["status"] == "failed" and skip_failed:
                 rows[task.name] = dict(prev, this_run="skipped (failed before)")
-            else:
-                todo.append(task)
+                continue
+            todo.append(task)
         result = BatchResult(outdir, [], skipped=len(rows))
         try:
             _schedule(todo, outdir, worker_options, keep_db, jobs, model_timeout or None, console, common,
@@ -585,17 +761,30 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
         progress.start()
         overall = progress.add_task("batch", total=len(todo))
 
-    def finish(run: _Running, fields: dict) -> None:
+    def finish(run: _Running, fields: dict, stage: str | None = None) -> None:
         name = run.task.name
         row = dict.fromkeys(COLUMN_NAMES)
         row.update(common, model=name, path=str(run.task.path), file_sha256=run.task.file_sha256,
                    finished_at=dt.datetime.now())
-        row.update(fields)
+        row.update({k: v for k, v in fields.items() if k in row})
+        if row["status"] == "ok":
+            # the worker's files go into place here, then the row naming their hashes is written
+            expected = _stage_dir(outdir, name, run.proc.pid)
+            try:
+                if stage is None or Path(stage) != expected:
+                    raise RelsatError(f"internal error: the worker reported its files in {stage}, "
+                                      f"not in {expected.name}")
+                row.update(_commit(outdir, name, expected, keep_db))
+            except (RelsatError, OSError) as e:
+                row.update(status="failed", reason=_one_line(e if isinstance(e, RelsatError) else
+                                                             f"internal error: {type(e).__name__}: {e}"))
         if row["status"] != "ok":
             _remove_outputs(outdir, name)
-            row.update({k: None for k in ("output", "report", "db")})
+            row.update({k: None for k in ("output", "report", "db", "output_sha256", "report_sha256",
+                                          "db_sha256")})
         results.put(row)
-        rows[name] = dict(row, this_run="optimized" if row["status"] == "ok" else "failed")
+        done = f"redone ({run.task.redo})" if run.task.redo else "optimized"
+        rows[name] = dict(row, this_run=done if row["status"] == "ok" else "failed")
         result.ran += 1
         if on_result is not None:
             on_result(rows[name])
@@ -621,7 +810,7 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
             while todo and len(running) < jobs:
                 task = todo.popleft()
                 parent_end, child_end = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker, args=(child_end, task, outdir, options, keep_db),
+                proc = ctx.Process(target=_worker, args=(child_end, task, outdir, options, keep_db, os.getpid()),
                                    name=f"relsat-batch-{task.name}")
                 now = time.monotonic()
                 proc.start()
@@ -647,7 +836,7 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
                 elif msg[0] == "done":
                     run.proc.join(10)
                     stop(run)
-                    finish(run, msg[1])
+                    finish(run, msg[1], msg[2] if len(msg) > 2 else None)
             now = time.monotonic()
             for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
                 stop(run)
@@ -657,7 +846,7 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
     finally:
         for run in list(running.values()):  # Ctrl-C or an error here: no orphans, no half files
             stop(run)
-            _remove_outputs(outdir, run.task.name)
+            _remove_temps(outdir, run.task.name)  # files of an earlier result still match its row
         if progress is not None:
             progress.stop()
 

@@ -72,7 +72,9 @@ def test_model_that_fails_the_checker(tmp_path):
     model.graph.node[0].input[1] = "undefined"
     path = tmp_path / "broken.onnx"
     path.write_bytes(model.SerializeToString())
-    assert "ONNX checker" in load_error(path)
+    msg = load_error(path)
+    assert "ONNX checker" in msg and "'undefined'" in msg
+    assert msg.endswith("is not output of any previous nodes.")  # the whole reason, not cut at "of node:"
 
 
 def test_model_onnx_runtime_refuses(tmp_path):
