@@ -4,8 +4,11 @@ Owns ``original_choice`` (the import-order choice that reproduces the original
 graph), ``export_model`` (topological order, unique value names, the original
 input/output names, lifted attributes written back as initializers or attributes
 by opset, Gelu below opset 20 written as its definition in primitives, constant
-subgraphs folded into initializers with ONNX Runtime, opaque nodes written back
-verbatim, the original opsets/IR version/metadata) and ``save_model_atomic``.
+subgraphs folded into initializers with ONNX Runtime, a Conv's constant weight and bias
+always, opaque nodes written back verbatim, the original opsets/IR version/metadata),
+``save_model_atomic``, and ``ExportError``: a choice that cannot be written (a cycle, a
+value read before it is produced, a graph ONNX Runtime's optimizer would break), for the
+caller to fall back from.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ _FOLD_MIN = 1 << 16  # a constant subgraph is folded when its result has at most
 _INT64_MIN = -(2 ** 63)
 _ATTR_TYPES = {"int": AttributeProto.INT, "ints": AttributeProto.INTS, "float": AttributeProto.FLOAT,
                "floats": AttributeProto.FLOATS, "string": AttributeProto.STRING}
+
+
+class ExportError(RelsatError, ValueError):
+    """The chosen e-nodes cannot be written as a valid ONNX graph (a cycle, a value read before it is
+    produced, a class the choice leaves out, a graph ONNX Runtime would break): the caller can fall
+    back to another choice. One line naming the e-class or value. Also a ValueError, as a malformed
+    choice was before."""
 
 
 @dataclass
@@ -95,7 +105,7 @@ def _load_nodes(g: EGraph, choice: dict[int, int]) -> dict[int, _Node]:
     out = {}
     for c, nid in choice.items():
         if nid not in by_id or by_id[nid].cls != c:
-            raise ValueError(f"choice maps e-class {c} to node {nid}, which is not a node of that e-class")
+            raise ExportError(f"choice maps e-class {c} to node {nid}, which is not a node of that e-class")
         out[c] = by_id[nid]
     return out
 
@@ -122,9 +132,9 @@ def _topo(roots, nodes: dict[int, _Node], stop=frozenset()) -> list[int]:
         if state.get(c) == 2:
             continue
         if state.get(c) == 1:
-            raise RelsatError(f"the chosen graph has a cycle through e-class {c}")
+            raise ExportError(f"the chosen graph has a cycle through e-class {c} (node {nodes[c].id}, {nodes[c].op})")
         if c not in nodes:
-            raise ValueError(f"the choice has no node for e-class {c}")
+            raise ExportError(f"the choice has no node for e-class {c}")
         state[c] = 1
         stack.append((c, True))
         if c not in stop:
@@ -137,7 +147,11 @@ def _numel(shape) -> int:
 
 
 def _fold_roots(roots, nodes, info) -> list[int]:
-    """The constant classes to fold: computed (not leaves) and not much bigger than their inputs."""
+    """The constant classes to fold: computed (not leaves) and not much bigger than their inputs, or
+    read as a Conv's weight or bias, whatever their size (the Conv reads them whole, ONNX Runtime
+    would materialize them at load anyway, and a Pad left in front of a Conv's weight is fused by
+    ONNX Runtime's PadFusion as if it padded the Conv's data input, which breaks the graph)."""
+    conv_params = {k for n in nodes.values() if n.op == "Conv" for k in n.children[1:] if k != -1}
     fold, seen, stack = [], set(), list(roots)
     while stack:
         c = stack.pop()
@@ -146,7 +160,8 @@ def _fold_roots(roots, nodes, info) -> list[int]:
         seen.add(c)
         n, i = nodes[c], info[c]
         limit = max(_FOLD_MIN, sum(_numel(info[k].shape) for k in _kids(n)))
-        if i.is_const and n.op not in ("Weight", "Constant") and i.shape is not None and _numel(i.shape) <= limit:
+        if i.is_const and n.op not in ("Weight", "Constant") and i.shape is not None and (
+                c in conv_params or _numel(i.shape) <= limit):
             fold.append(c)
         else:
             stack.extend(_kids(n))
@@ -352,7 +367,19 @@ def _owned_names(imported: ImportResult) -> dict[int, str]:
 
 
 def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray]:
-    """Values of the constant classes ``fold``, computed by ONNX Runtime ({} if it cannot)."""
+    """Values of the constant classes ``fold``, computed by ONNX Runtime in one model; when that
+    fails, class by class, leaving out those it cannot compute."""
+    values = _evaluate_together(imported, nodes, info, fold, taken)
+    if values is not None or len(fold) == 1:
+        return values or {}
+    out = {}
+    for c in fold:
+        out.update(_evaluate_together(imported, nodes, info, [c], taken) or {})
+    return out
+
+
+def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray] | None:
+    """Values of the constant classes ``fold`` from one ONNX Runtime run (None if it cannot)."""
     try:
         w = _Writer(imported, nodes, info, {}, taken, {})
         for c in _topo(fold, nodes):
@@ -364,7 +391,7 @@ def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> di
             ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
         return dict(zip(fold, ort_session(model, optimize=False).run(None, {})))
     except Exception:  # e.g. an opaque node ONNX Runtime cannot run alone: keep the nodes
-        return {}
+        return None
 
 
 def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -> onnx.ModelProto:
@@ -404,6 +431,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
     graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits)
+    _check_graph(graph, {name: c for c, name in w.name.items()})
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
         ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
@@ -418,8 +446,52 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as e:
-            raise RelsatError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
+            raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
     return model
+
+
+def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:
+    """Raise ExportError unless every value is produced once, before it is read (graph inputs and
+    initializers first, then the nodes in order; a subgraph's reads of outer values included) and
+    no Pad sits where ONNX Runtime's PadFusion would break the graph. ``owner``: value name ->
+    e-class, for the message."""
+
+    def which(name: str) -> str:
+        return f"value {name!r}" + (f" (e-class {owner[name]})" if name in owner else "")
+
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        reads = [(i, name) for i, name in enumerate(node.input) if name]
+        reads += [(-1, name) for name in outer_names(node)]
+        for i, name in reads:
+            if name not in defined:
+                raise ExportError(f"the exported graph reads {which(name)} before it is produced, in node "
+                                  f"{node.name or node.op_type} ({node.op_type})")
+            readers.setdefault(name, []).append((node, i))
+        for name in node.output:
+            if name in defined:
+                raise ExportError(f"the exported graph produces {which(name)} twice, in node "
+                                  f"{node.name or node.op_type} ({node.op_type})")
+            if name:
+                defined.add(name)
+    outputs = {v.name for v in graph.output}
+    for v in graph.output:
+        if v.name not in defined:
+            raise ExportError(f"the exported graph's output {which(v.name)} is never produced")
+
+    def only_reader(name: str):
+        uses = readers.get(name, [])
+        return uses[0] if len(uses) == 1 and name not in outputs else (None, None)
+
+    for node in graph.node:  # ONNX Runtime's PadFusion: Pad [-> Cast] -> Conv, whichever Conv input it feeds
+        if node.op_type == "Pad" and node.domain in ("", "ai.onnx"):
+            reader, i = only_reader(node.output[0])
+            if reader is not None and reader.op_type == "Cast":
+                reader, i = only_reader(reader.output[0])
+            if reader is not None and reader.op_type == "Conv" and i != 0:
+                raise ExportError(f"the exported graph pads {which(node.output[0])} into input {i} of Conv "
+                                  f"{reader.name}, which ONNX Runtime's Pad fusion would rewire")
 
 
 def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:

@@ -231,29 +231,13 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
         phases["extract"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        candidates = [(best.method, best)] + ([("greedy", greedy)] if best is not greedy else [])
-        chosen, optimized, fallbacks = None, model, []
-        for label, res in candidates:
-            choice = {int(c): int(node_ids[i]) for c, i in res.choice.items()}
-            if choice == orig:
-                chosen = (label, res, choice)
-                break
-            try:
-                candidate = export_model(imported, choice)
-                ort_session(candidate)
-            except Exception as e:  # never fail a valid model: fall back to the next candidate
-                fallbacks.append({"candidate": label, "reason": error_line(e)})
-                notices.append(f"the {label} extraction cannot be used ({error_line(e)}); falling back to the "
-                               f"{'greedy extraction' if label != 'greedy' else 'input model'}")
-                continue
-            chosen, optimized = (label, res, choice), candidate
-            break
-        if chosen is None:  # every extraction failed: the input model, unchanged
-            chosen = ("original", None, orig)
-        label, res, choice = chosen
+        label, used, choice, optimized, fallbacks = _export_first_usable(
+            imported, [(best.method, best), ("greedy", greedy)], node_ids, orig, notices)
         _extraction_table(g, choice, orig)
         complete = True
         written = "original" if choice == orig else "optimized"
+        if optimized is None:
+            optimized = model
         extracted = {"nodes": len(optimized.graph.node),
                      "ops": dict(sorted(Counter(n.op_type for n in optimized.graph.node).items()))}
         phases["export"] = time.perf_counter() - t
@@ -263,7 +247,8 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
             check = verify(model, optimized, input_shapes=input_shapes)
         else:
             check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
-            notices.append("the extraction kept the original graph: the input model is written unchanged")
+            if not fallbacks:
+                notices.append("the extraction kept the original graph: the input model is written unchanged")
         phases["verify"] = time.perf_counter() - t
         if not check.ok:
             where = f"; the e-graph is in {db}" if db is not None else ""
@@ -309,7 +294,7 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
             "cached": profile_report.cached if profile_report else 0,
             "profile": profile_report.as_dict() if profile_report else None,
             "cost_before": original_cost,
-            "cost_after": res.cost if res is not None else original_cost,
+            "cost_after": used.cost if used is not None else original_cost,
             "extraction": {"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
                            "gap": best.gap, "seconds": best.seconds, "greedy_cost": greedy.cost, "mip_gap": mip_gap,
                            "time_limit": ilp_time_limit, "used": label, "fallbacks": fallbacks},
@@ -339,6 +324,31 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
             else:
                 dbfile.discard()
     return OptimizeResult(optimized, report, g if keep_egraph else None)
+
+
+def _export_first_usable(imported, candidates, node_ids, orig, notices):
+    """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on),
+    so that a valid model never makes ``optimize`` fail: ``(label, result, choice, model, fallbacks)``,
+    with ``model`` None when the choice is the original graph and the label ``original`` (result None)
+    when no candidate could be used. Each candidate passed over adds a notice and a fallback entry."""
+    fallbacks, seen = [], []
+    for label, res in candidates:
+        choice = {int(c): int(node_ids[i]) for c, i in res.choice.items()}
+        if choice in seen:
+            continue
+        seen.append(choice)
+        if choice == orig:
+            return label, res, choice, None, fallbacks
+        try:
+            candidate = export_model(imported, choice)
+            ort_session(candidate)
+        except Exception as e:  # never fail a valid model: fall back to the next candidate
+            fallbacks.append({"candidate": label, "reason": error_line(e)})
+            notices.append(f"the {label} extraction cannot be used: {error_line(e)}")
+            continue
+        return label, res, choice, candidate, fallbacks
+    notices.append("no extracted graph could be used: the input model is written unchanged")
+    return "original", None, orig, None, fallbacks
 
 
 def _extraction_table(g: EGraph, choice: dict[int, int], orig: dict[int, int]) -> None:
