@@ -161,6 +161,9 @@ def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parq
         where = cache or default_path()
         if not Path(where).exists():
             raise RelsatError(f"{where}: no cost cache yet (run relsat optimize first)")
+        from .outputs import check_outputs
+
+        check_outputs(cost_table=file, protected=[("the cost cache", Path(where))])
         c = _cache(where)
         file.parent.mkdir(parents=True, exist_ok=True)
         c.export(file)

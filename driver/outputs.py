@@ -5,7 +5,7 @@
 file can be created there), must not be a folder, must not be the input model, the cost
 cache or another of the outputs, and, when it exists, must be a file of the kind relsat
 writes there: an ONNX model for ``-o``, a relsat e-graph for ``--db``, a relsat report for
-``--report``.  Anything else is refused with a one-line ``RelsatError``: relsat never
+``--report``, a cost table for ``relsat costs export``.  Anything else is refused with a one-line ``RelsatError``: relsat never
 replaces a file it did not write.
 
 ``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
@@ -85,10 +85,17 @@ def is_report(path: Path) -> bool:
     return isinstance(data, dict) and {"nodes_in", "nodes_out", "verification"} <= set(data)
 
 
+def _is_cost_table(path: Path) -> bool:
+    from relsat.extract.cost_cache import is_cost_table
+
+    return is_cost_table(path)
+
+
 _KINDS = {
     "-o": ("an ONNX model", is_onnx_model),
     "--db": ("a relsat e-graph", lambda p: egraph_problem(p) is None),
     "--report": ("a relsat report", is_report),
+    "costs export": ("a cost table", _is_cost_table),
 }
 
 
@@ -101,11 +108,13 @@ def protected_paths(cost_cache=None, costs=None) -> list[tuple[str, Path]]:
     return [("the cost cache", Path(path))] + ([("the --costs table", Path(costs))] if costs else [])
 
 
-def check_outputs(*, source=None, output=None, db=None, report=None, protected=()) -> None:
+def check_outputs(*, source=None, output=None, db=None, report=None, cost_table=None, protected=()) -> None:
     """Refuse, before any work, an output path relsat must not or cannot write (module docstring).
-    ``source``: the input model's path (None for an in-memory model); ``protected``: (label, path)
-    pairs no output may be (the cost cache, a ``--costs`` table)."""
-    outs = [(flag, Path(p)) for flag, p in (("-o", output), ("--db", db), ("--report", report)) if p is not None]
+    ``source``: the input model's path (None for an in-memory model); ``cost_table``: the file of
+    ``relsat costs export``; ``protected``: (label, path) pairs no output may be (the cost cache, a
+    ``--costs`` table)."""
+    outs = [(flag, Path(p)) for flag, p in (("-o", output), ("--db", db), ("--report", report),
+                                            ("costs export", cost_table)) if p is not None]
     guarded = list(protected) + ([("the input model", Path(source))] if source is not None else [])
     for i, (flag, path) in enumerate(outs):
         for label, other in guarded:

@@ -74,6 +74,25 @@ def _literal(path: str | os.PathLike) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
+def is_cost_table(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a cost table as ``CostCache.export`` writes it (CSV or Parquet by
+    suffix, else a DuckDB file with a ``costs`` table of those columns)."""
+    path, want = Path(path), [c.strip() for c in _COLUMNS.split(",")]
+    try:
+        with duckdb.connect(":memory:") as con:
+            if path.suffix.lower() == ".csv":
+                cols = [d[0] for d in con.execute(
+                    f"SELECT * FROM read_csv({_literal(path)}, header = true, all_varchar = true) LIMIT 0").description]
+            elif path.suffix.lower() == ".parquet":
+                cols = [d[0] for d in con.execute(f"SELECT * FROM read_parquet({_literal(path)}) LIMIT 0").description]
+            else:
+                con.execute(f"ATTACH {_literal(path)} AS src (READ_ONLY)")
+                cols = [d[0] for d in con.execute("SELECT * FROM src.costs LIMIT 0").description]
+    except duckdb.Error:
+        return False
+    return cols == want
+
+
 class CostCache:
     """DuckDB-backed ``key -> ms`` store; see the module docstring for the locking policy."""
 
@@ -166,12 +185,17 @@ class CostCache:
         return len(rows)
 
     def export(self, path: str | os.PathLike) -> None:
-        """Write the whole table to ``path``: CSV or Parquet by suffix, else a DuckDB file
-        whose ``costs`` table is replaced."""
+        """Write the whole table to ``path``: CSV or Parquet by suffix (through a temporary file and
+        a rename), else a DuckDB file whose ``costs`` table is replaced."""
         path = Path(path)
         if path.suffix.lower() in (".csv", ".parquet"):
             fmt = "FORMAT csv, HEADER" if path.suffix.lower() == ".csv" else "FORMAT parquet"
-            self._run(lambda con: con.execute(f"COPY costs TO {_literal(path)} ({fmt})"))
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                self._run(lambda con: con.execute(f"COPY costs TO {_literal(tmp)} ({fmt})"))
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
             return
 
         def work(con):

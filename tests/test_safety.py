@@ -345,3 +345,16 @@ def test_an_unexportable_extraction_falls_back_to_the_input_model(place):
     assert "Softmax over axis 0 at opset 11" in rep["extraction"]["fallbacks"][0]["reason"]
     assert any("no extracted graph could be used" in n for n in rep["notices"])
     assert (place / "o.onnx").read_bytes() == (place / "sm.onnx").read_bytes()
+
+
+def test_costs_export_replaces_only_a_cost_table(place):
+    (place / "mine.csv").write_text("a,b\n1,2\n")
+    before = snapshot(place)
+    refused(["costs", "export", "notes.txt"], "notes.txt", "not a cost table")
+    refused(["costs", "export", "mine.csv"], "mine.csv", "not a cost table")
+    refused(["costs", "export", "costs.duckdb"], "cost cache")
+    assert snapshot(place) == before
+    for _ in range(2):  # an exported table is replaced by the next export
+        res = runner.invoke(app, ["costs", "export", "t.csv"])
+        assert res.exit_code == 0, res.output
+    assert (place / "t.csv").read_text().startswith("key,provider,threads")
