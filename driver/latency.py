@@ -24,19 +24,16 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
-from relsat.extract.profile import session_options
+from relsat.relations import runtime
 
-from .errors import RelsatError
-from .verify import error_line, random_inputs
+from .errors import RelsatError, error_line
+from .verify import random_inputs
 
 GUARD_THRESHOLD = 0.03  # the optimized model must be this much faster (relative) to be kept
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
@@ -44,7 +41,6 @@ MIN_RUNS = 15  # ... and at least this many runs for slow ones
 MAX_RUNS = 2000
 WARMUP_RUNS = 3  # warm-up runs per model, at least
 WARMUP_S = 0.1  # warm-up continues (up to 20 runs per model) until this long has passed
-_PROTO_LIMIT = 2_000_000_000
 
 
 @dataclass
@@ -79,25 +75,12 @@ class GuardResult:
 
 
 def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.InferenceSession:
-    """A timing session: ORT_ENABLE_ALL, ``threads`` intra-op threads, sequential execution."""
-    opts = session_options(threads)
-    if provider == "cpu":
-        providers = ["CPUExecutionProvider"]
-    elif provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    else:
-        raise RelsatError(f"provider {provider!r}: ONNX Runtime cannot time whole models with it here "
-                          f"(available: {', '.join(ort.get_available_providers())})")
-    if not isinstance(model_or_path, onnx.ModelProto):
-        return ort.InferenceSession(str(model_or_path), opts, providers=providers)
-    if model_or_path.ByteSize() < _PROTO_LIMIT:
-        return ort.InferenceSession(model_or_path.SerializeToString(), opts, providers=providers)
-    from .onnx_export import save_model_atomic
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        save_model_atomic(model_or_path, path, external_data=True)
-        return ort.InferenceSession(str(path), opts, providers=providers)
+    """A timing session (``relations.runtime.session``): level ALL, ``threads`` intra-op threads,
+    sequential execution; RelsatError when the provider is not available to ONNX Runtime here."""
+    try:
+        return runtime.session(model_or_path, provider=provider, threads=threads)
+    except runtime.ProviderMissing as e:
+        raise RelsatError(f"ONNX Runtime cannot time whole models here: {e}") from None
 
 
 def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,

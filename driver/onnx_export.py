@@ -28,10 +28,10 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED
 from relsat.relations.egraph import EGraph
+from relsat.relations.runtime import session
 
-from .errors import RelsatError
+from .errors import RelsatError, error_line
 from .onnx_import import ImportResult, outer_names, subgraphs, walk_graphs
-from .verify import error_line, ort_session
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
 EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
@@ -389,7 +389,7 @@ def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], tak
             helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
             opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
             ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
-        return dict(zip(fold, ort_session(model, optimize=False).run(None, {})))
+        return dict(zip(fold, session(model, optimize=False).run(None, {})))
     except Exception:  # e.g. an opaque node ONNX Runtime cannot run alone: keep the nodes
         return None
 

@@ -30,10 +30,10 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED, OpDef
 from relsat.relations.egraph import EGraph
+from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
 
-from .errors import RelsatError
-from .verify import error_line, ort_session
+from .errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = 7, 26
 _BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim"}
@@ -138,7 +138,7 @@ def check_ort_loadable(model_or_path) -> None:
     """RelsatError unless ONNX Runtime (CPU) can create a session for the model."""
     label = (model_or_path.graph.name or "model") if isinstance(model_or_path, onnx.ModelProto) else model_or_path
     try:
-        ort_session(model_or_path, optimize=False)
+        session(model_or_path, optimize=False)
     except Exception as e:
         raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
 
@@ -269,7 +269,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict):
                 [consts[i] for i in {i for n in rest for i in n.input if i and i in consts}]),
                 opset_imports=model.opset_import, ir_version=min(model.ir_version, 10))
             try:
-                values = ort_session(sub, optimize=False).run(None, {})
+                values = session(sub, optimize=False).run(None, {})
             except Exception:  # leave these nodes to the graph
                 values = []
                 failed.update(n.output[0] for n in rest)

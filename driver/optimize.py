@@ -29,6 +29,7 @@ from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
 from relsat.extract.profile import ProviderUnavailable, available_providers
 from relsat.programs.parser import load_rules
+from relsat.relations import runtime
 from relsat.relations.egraph import EGraph
 
 from . import latency
@@ -37,7 +38,7 @@ from .onnx_export import export_model, original_choice, save_model_atomic
 from .onnx_import import check_ort_loadable, import_model, load_model
 from .outputs import EGraphFile, check_outputs, protected_paths
 from .runner import Limits, Runner
-from .verify import VerifyResult, error_line, ort_session, verify
+from .verify import VerifyResult, error_line, verify
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "programs" / "rules"
 
@@ -341,7 +342,7 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices):
             return label, res, choice, None, fallbacks
         try:
             candidate = export_model(imported, choice)
-            ort_session(candidate)
+            runtime.session(candidate)
         except Exception as e:  # never fail a valid model: fall back to the next candidate
             fallbacks.append({"candidate": label, "reason": error_line(e)})
             notices.append(f"the {label} extraction cannot be used: {error_line(e)}")

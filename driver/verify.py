@@ -1,9 +1,8 @@
 """Numerical verification under ONNX Runtime.
 
-Owns the ONNX Runtime sessions relsat creates (``ort_session``, the one-line
-``error_line`` text of a failure), the seeded random inputs, and ``verify``: the
-original and the optimized model run on the same inputs, several of them, and
-every output is compared element by element.
+Owns ``verify``: the original and the optimized model run under ONNX Runtime
+(sessions and random inputs from ``relsat.relations.runtime``) on the same inputs,
+several of them, and every output is compared element by element.
 
 The inputs (``INPUT_DRAWS``): two standard-normal draws and one wide draw (normal
 x 10, so negative and large values are reached: a rewrite that is only right on
@@ -24,17 +23,15 @@ element's index and both values.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+
+from relsat.relations import runtime
 
 from .errors import RelsatError, error_line  # noqa: F401  (error_line re-exported)
 
-_PROTO_LIMIT = 2_000_000_000  # protobuf cannot serialize a message of 2 GiB or more
 INPUT_DRAWS = ((0, 1.0), (1, 1.0), (2, 10.0))  # (seed, scale of floating-point inputs)
 RTOL, ATOL = 1e-3, 1e-4
 FLOOR_ULPS = 16
@@ -62,37 +59,13 @@ class VerifyResult:
     draws: int = 0  # input draws compared
 
 
-def ort_session(model_or_path, *, optimize: bool = True) -> ort.InferenceSession:
-    """A CPU session for a model file or an in-memory model (raises ONNX Runtime's errors)."""
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    if not isinstance(model_or_path, onnx.ModelProto):
-        return ort.InferenceSession(str(model_or_path), opts, providers=["CPUExecutionProvider"])
-    if model_or_path.ByteSize() < _PROTO_LIMIT:
-        return ort.InferenceSession(model_or_path.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    from .onnx_export import save_model_atomic  # too big for one buffer: go through a file
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        save_model_atomic(model_or_path, path, external_data=True)
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def _np_dtype(ort_type: str):
-    elem = ort_type[len("tensor("):-1].upper() if ort_type.startswith("tensor(") else ort_type.upper()
-    return onnx.helper.tensor_dtype_to_np_dtype(onnx.TensorProto.DataType.Value(elem))
-
-
 def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
                   scale: float = 1.0) -> dict[str, np.ndarray]:
-    """Seeded random feeds for the first session's inputs; a dynamic dim takes the user's
-    ``input_shapes``, else a concrete dim any other session declares, else 1.  Floating-point
-    inputs are standard normal times ``scale``."""
-    rng = np.random.default_rng(seed)
+    """Seeded random feeds for the first session's inputs (``relations.runtime.random_feeds``:
+    floats ~ N(0, scale^2), small non-negative integers, attention masks all ones); a dynamic dim
+    takes the user's ``input_shapes``, else a concrete dim any other session declares, else 1."""
     declared = [{i.name: i.shape for i in s.get_inputs()} for s in sessions]
-    feeds = {}
+    specs = []
     for inp in sessions[0].get_inputs():
         if input_shapes and inp.name in input_shapes:
             shape = [int(d) for d in input_shapes[inp.name]]
@@ -101,17 +74,8 @@ def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
             for k in range(len(inp.shape)):
                 known = [d[inp.name][k] for d in declared if len(d.get(inp.name) or ()) > k]
                 shape.append(next((n for n in known if isinstance(n, int)), 1))
-        dtype = np.dtype(_np_dtype(inp.type))
-        if dtype == np.bool_:
-            value = rng.random(shape) < 0.5
-        elif dtype.kind in "fV":  # V: ml_dtypes such as bfloat16
-            value = (rng.standard_normal(shape) * scale).astype(dtype)
-        elif dtype.kind in "iu":  # small non-negative values, valid as indices; attention masks all ones
-            value = (np.ones(shape) if "mask" in inp.name.lower() else rng.integers(0, 8, shape)).astype(dtype)
-        else:
-            value = np.full(shape, "a", dtype=object)
-        feeds[inp.name] = np.asarray(value)
-    return feeds
+        specs.append((inp.name, shape, runtime.np_dtype(inp.type)))
+    return runtime.random_feeds(specs, rng=np.random.default_rng(seed), scale=scale, masks_ones=True)
 
 
 def _eps(dtype: np.dtype) -> float:
@@ -189,12 +153,12 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
     by element (see the module docstring)."""
     label = str(original) if not isinstance(original, onnx.ModelProto) else "the original model"
     try:
-        ref_sess = ort_session(original)
-        plain_sess = ort_session(original, optimize=False)
+        ref_sess = runtime.session(original)
+        plain_sess = runtime.session(original, optimize=False)
     except Exception as e:
         raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
     try:
-        opt_sess = ort_session(optimized)
+        opt_sess = runtime.session(optimized)
     except Exception as e:
         return VerifyResult(False, float("inf"), float("inf"), {},
                             f"ONNX Runtime cannot load the optimized model: {error_line(e)}")

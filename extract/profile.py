@@ -23,6 +23,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from relsat.relations import runtime
+
 from .cost_cache import CostCache, CostRow
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
@@ -181,21 +183,11 @@ def _backend(provider: str) -> str:
 
 
 def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Runtime inputs: floats ~ N(0, 1), bools uniform, integers in [0, 4) (semantics unknown;
-    a Div/Mod divisor gets [1, 4) so that integer division never faults)."""
+    """Runtime inputs (``relations.runtime.random_feeds``): floats ~ N(0, 1), bools uniform, integers
+    in [0, 4) (semantics unknown; a Div/Mod divisor gets [1, 4) so that integer division never faults)."""
     divisors = set(sample.node.input[1:2]) if sample.node.op_type in ("Div", "Mod") else set()
-    feeds = {}
-    for name, dtype, shape in sample.inputs:
-        np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
-        if np_dtype == np.bool_:
-            feeds[name] = rng.random(shape) < 0.5
-        elif np.issubdtype(np_dtype, np.integer):
-            feeds[name] = rng.integers(int(name in divisors), 4, size=shape).astype(np_dtype)
-        elif np.issubdtype(np_dtype, np.floating):
-            feeds[name] = rng.standard_normal(shape).astype(np_dtype)
-        else:
-            raise ValueError(f"cannot generate a random {np_dtype} input for {name!r}")
-    return feeds
+    specs = [(name, shape, runtime.np_dtype(dtype)) for name, dtype, shape in sample.inputs]
+    return runtime.random_feeds(specs, rng=rng, int_range=(0, 4), int_ranges={n: (1, 4) for n in divisors})
 
 
 def timer(backend: str, threads: int):
@@ -226,23 +218,8 @@ def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
     return float(np.median(times) * 1e3), len(times)
 
 
-def session_options(threads: int) -> ort.SessionOptions:
-    """The options every timing session uses: ORT_ENABLE_ALL, ``threads`` intra-op threads, one
-    inter-op thread, sequential execution."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
-    return opts
-
-
 def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
-    opts = session_options(threads)
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if backend == "cuda" \
-        else ["CPUExecutionProvider"]
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+    return runtime.session(model, provider="cuda" if backend == "cuda" else "cpu", threads=threads)
 
 
 def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repeats: int,

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 
 import duckdb
 import numpy as np
-import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from relsat.relations import runtime
 from relsat.relations.catalog import BY_TYPE, REQUIRED, SQL_MACROS, OpDef
 from relsat.relations.schema import q
 
@@ -642,13 +641,6 @@ class _Onnx:
         return name
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 def _run(draw: _Draw, roots, memo: dict, data: dict) -> list[np.ndarray]:
     b = _Onnx(memo)
     outs = [b.value(r) for r in roots]
@@ -663,22 +655,15 @@ def _run(draw: _Draw, roots, memo: dict, data: dict) -> list[np.ndarray]:
     graph = helper.make_graph(b.nodes, "side", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
     feeds = {"v_" + v: arr for v, arr in data.items() if v not in draw.const}
-    return [np.asarray(o, dtype=np.float64) for o in _session(model).run(None, feeds)]
+    return [np.asarray(o, dtype=np.float64) for o in runtime.session(model, optimize=False).run(None, feeds)]
 
 
 def _compare(draw: _Draw) -> float:
     """Run both sides on the same random data; the largest difference (raises _Unsound beyond tolerance)."""
     rule, rng = draw.rule, draw.rng
     positive, nonzero = _data_roles(rule)
-    data = {}
-    for v, shape in draw.shapes.items():
-        if v in positive:
-            arr = rng.uniform(0.5, 2.0, shape)
-        elif v in nonzero:
-            arr = rng.uniform(0.5, 2.0, shape) * rng.choice((-1, 1), shape)
-        else:
-            arr = rng.standard_normal(shape)
-        data[v] = np.asarray(arr, dtype=np.float32)
+    data = {v: runtime.random_array(rng, shape, np.float32, positive=v in positive, nonzero=v in nonzero)
+            for v, shape in draw.shapes.items()}
     try:
         left = _run(draw, rule.patterns, draw.lhs, data)
     except Exception as e:  # the catalog accepts what ONNX Runtime does not: not a real graph

@@ -22,7 +22,8 @@ from relsat.driver.onnx_export import export_model, original_choice
 from relsat.driver.onnx_import import import_model
 from relsat.driver.optimize import load_rule_list, optimize
 from relsat.driver.runner import Limits, Runner
-from relsat.driver.verify import ort_session, verify
+from relsat.driver.verify import verify
+from relsat.relations.runtime import session as ort_session
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract, validate_choice
 from relsat.relations.egraph import EGraph

@@ -1,0 +1,124 @@
+"""ONNX Runtime, once for every layer: the session factory and the random-input generator.
+
+Rule verification (programs/), operator profiling (extract/), model verification and the
+latency guard (driver/) all run models under ONNX Runtime; they create their sessions with
+``session`` and draw their inputs with ``random_array``/``random_feeds``, so the session options
+(threads, sequential execution, optimization level, providers) and the input distributions
+are declared here and nowhere else.
+
+``session(model, provider=, threads=, optimize=)``: a model given as a ModelProto, bytes or a
+path; models too big for one protobuf buffer (2 GiB) go through a temporary file with external
+data.  ``threads=None`` leaves ONNX Runtime's own thread defaults; a number fixes the intra-op
+threads, one inter-op thread and sequential execution (how relsat times models).
+
+``random_array(rng, shape, dtype, ...)``: floating point ~ N(0, scale^2) (``positive``: uniform
+in [0.5, 2); ``nonzero``: the same with a random sign), booleans fair coins, integers uniform in
+``int_range`` (small non-negative values, valid as indices).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+PROTO_LIMIT = 2_000_000_000  # protobuf cannot serialize a message of 2 GiB or more
+INT_RANGE = (0, 8)
+
+
+class ProviderMissing(RuntimeError):
+    """The execution provider asked for is not in this ONNX Runtime build."""
+
+
+def providers(provider: str = "cpu") -> list[str]:
+    """ONNX Runtime's provider list for relsat's ``cpu`` or ``cuda``."""
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise ProviderMissing(f"provider {provider!r}: not available in this ONNX Runtime "
+                          f"(available: {', '.join(ort.get_available_providers())})")
+
+
+def session_options(*, threads: int | None = None, optimize: bool = True) -> ort.SessionOptions:
+    """Quiet options; ``optimize``: graph optimizations at level ALL (else none); ``threads``: as in
+    the module docstring."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return opts
+
+
+def session(model, *, provider: str = "cpu", threads: int | None = None, optimize: bool = True,
+            options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """An InferenceSession for a ModelProto, serialized bytes or a path (raises ONNX Runtime's errors,
+    ProviderMissing for an unavailable provider)."""
+    opts = options or session_options(threads=threads, optimize=optimize)
+    prov = providers(provider)
+    if isinstance(model, (bytes, bytearray)):
+        return ort.InferenceSession(bytes(model), opts, providers=prov)
+    if not isinstance(model, onnx.ModelProto):
+        return ort.InferenceSession(str(model), opts, providers=prov)
+    if model.ByteSize() < PROTO_LIMIT:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=prov)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data", size_threshold=1024)
+        return ort.InferenceSession(str(path), opts, providers=prov)
+
+
+def np_dtype(onnx_or_ort_type) -> np.dtype:
+    """The numpy dtype of a TensorProto code or an ONNX Runtime type string such as 'tensor(float)'."""
+    if isinstance(onnx_or_ort_type, str):
+        t = onnx_or_ort_type
+        elem = t[len("tensor("):-1].upper() if t.startswith("tensor(") else t.upper()
+        onnx_or_ort_type = onnx.TensorProto.DataType.Value(elem)
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(onnx_or_ort_type))
+
+
+def random_array(rng: np.random.Generator, shape, dtype, *, scale: float = 1.0, int_range=INT_RANGE,
+                 positive: bool = False, nonzero: bool = False) -> np.ndarray:
+    """One random input (module docstring)."""
+    dtype = np.dtype(dtype)
+    shape = [int(d) for d in shape]
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(int_range[0], int_range[1], size=shape).astype(dtype)
+    if dtype.kind in "fV":  # V: ml_dtypes such as bfloat16
+        if positive or nonzero:
+            value = rng.uniform(0.5, 2.0, shape)
+            if nonzero and not positive:
+                value = value * rng.choice((-1, 1), shape)
+        else:
+            value = rng.standard_normal(shape) * scale
+        return np.asarray(value).astype(dtype)
+    if dtype.kind in "OUS":
+        return np.full(shape, "a", dtype=object)
+    raise ValueError(f"cannot draw a random {dtype} input")
+
+
+def random_feeds(specs, *, rng: np.random.Generator, scale: float = 1.0, int_range=INT_RANGE,
+                 masks_ones: bool = False, int_ranges: dict | None = None) -> dict[str, np.ndarray]:
+    """Feeds for ``specs``: (name, shape, dtype) triples. ``masks_ones``: integer inputs named like an
+    attention mask are all ones; ``int_ranges``: a per-input integer range (e.g. divisors from 1)."""
+    feeds = {}
+    for name, shape, dtype in specs:
+        dtype = np.dtype(dtype)
+        if masks_ones and dtype.kind in "iu" and "mask" in name.lower():
+            feeds[name] = np.ones([int(d) for d in shape], dtype=dtype)
+            continue
+        rng_int = (int_ranges or {}).get(name, int_range)
+        feeds[name] = np.asarray(random_array(rng, shape, dtype, scale=scale, int_range=rng_int))
+    return feeds
