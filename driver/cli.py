@@ -252,8 +252,9 @@ def open_egraph_readonly(db: Path):
         raise RelsatError(f"{db}: is a folder, not an e-graph database")
     con = duckdb.connect(":memory:")
     try:  # attached (not opened) so that a connection this process already holds does not conflict
-        literal = "'" + str(db).replace("'", "''") + "'"
-        con.execute(f"ATTACH {literal} AS egraph (READ_ONLY)")
+        from relsat.relations.schema import literal
+
+        con.execute(f"ATTACH {literal(str(db))} AS egraph (READ_ONLY)")
         con.execute("USE egraph")
         for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
                         "autoload_known_extensions = false", "allow_community_extensions = false",

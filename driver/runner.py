@@ -1,24 +1,52 @@
 """The saturation runner: rounds of match -> apply -> rebuild over compiled rules.
 
-Like egg's Runner: ``Limits`` (iterations, e-nodes, seconds), a scheduler
-(``simple`` or ``backoff``, which bans a rule whose matches exceed its threshold
-for a few rounds, doubling each time), a separate budget of rounds for
-multi-pattern rules (TENSAT's k_multi), semi-naive evaluation (a rule only sees
-matches that use a row newer than its previous run; rows a rebuild rewrote count
-as new), cycle filtering for multi-pattern rules (``cycle_filter``: an
-application whose unions would make an e-class depend on itself is dropped, see
-``relations.reach``), one ``Iteration`` record per round and a ``StopReason``.
-Per round the number of SQL statements depends on the number of rules, never on
-the number of matches; the e-node limit is honoured inside a round by capping
-each rule's matches and each insert (a round that had to leave matches out stops
-the run with ``node limit``).  Iterations and per-rule statistics are stored in
-the ``iterations`` and ``rule_stats`` tables.  While it runs, DuckDB's
-``preserve_insertion_order`` is off (no statement here depends on row order).
+This module owns the loop that saturates an ``EGraph`` with a list of rules: it
+compiles them (``programs.compiler``), runs them in rounds, decides when to stop,
+and stores what happened in the ``iterations`` and ``rule_stats`` tables.  Like
+egg's ``Runner``: ``Limits`` (iterations, e-nodes, seconds, plus TENSAT's
+``multi_rounds``: multi-pattern rules run only in the first rounds), a
+``Scheduler``, one ``Iteration`` record per round and a ``StopReason``.
+
+The phases of a round, one method each:
+
+- ``_check_limits``: before the round, the e-node and time limits.
+- ``_schedule``: the rules of this round (multi-pattern rules past their round
+  budget left out, then the scheduler's choice).
+- ``_match``: one rule's matches into the temp table ``_m``; semi-naive (only
+  matches that use a row newer than the rule's previous run; rows a rebuild
+  rewrote count as new), capped so whole matches fit the round's e-node budget.
+- ``_apply``: that rule's right sides inserted (hash-consed) and its unions
+  queued; for multi-pattern rules with ``cycle_filter``, an application whose
+  unions would make an e-class depend on itself is dropped (``relations.reach``).
+  Rules are matched and applied one after the other, so a rule's matches see the
+  nodes that earlier rules of the same round added.
+- ``_rebuild``: the queued unions merged and congruence restored.
+- ``_record``: the ``Iteration`` and the rules' statistics stored.
+- ``_check_stop``: after the round, ``node limit`` (matches were left out for want
+  of e-nodes) or ``saturated`` (nothing changed and the scheduler agrees).
+
+The scheduler interface (``Scheduler``): ``select(round, rules)`` gives the rules
+that run this round; ``matched(round, rule, matches)`` sees each rule's match
+count and says whether they are applied (not applied: the rule is banned, shown as
+``rule_stats.banned``, and its matches stay new for its next run);
+``can_stop(round)`` says whether a round that changed nothing is a fixpoint.
+``SimpleScheduler`` runs every rule every round; ``BackoffScheduler`` (the
+default) bans a rule whose matches exceed its threshold for a few rounds, both
+doubling each time.  ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"``
+(built from ``match_limit`` and ``ban_length``) or a ``Scheduler``.
+
+Python iterates over rules only, never over matches or e-nodes: the SQL statements
+per round depend on the number of rules, never on the number of matches.  The
+e-node limit is honoured inside a round by capping each rule's matches and each
+insert.  While it runs, DuckDB's ``preserve_insertion_order`` is off (no statement
+here depends on row order).
 """
 
 from __future__ import annotations
 
+import abc
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -60,14 +88,6 @@ class Iteration:
 
 
 @dataclass
-class RuleState:
-    compiled: Compiled
-    since: int = 0  # semi-naive: rows with ts >= since are new for this rule
-    banned_until: int = -1
-    times_banned: int = 0
-
-
-@dataclass
 class Report:
     iterations: list[Iteration] = field(default_factory=list)
     stop_reason: StopReason | None = None
@@ -76,125 +96,261 @@ class Report:
     statements: list[int] = field(default_factory=list)  # SQL statements executed per round
 
 
+# --- schedulers ---------------------------------------------------------------------------------
+
+
+class Scheduler(abc.ABC):
+    """Decides which rules run in each round (egg's ``RewriteScheduler``).
+
+    ``rules`` are the run's compiled rules, the same objects in every round of a run (a scheduler
+    may key its state on them by identity).  A scheduler object keeps its state across runs.
+    """
+
+    @abc.abstractmethod
+    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+        """The rules (of ``rules``) to match in this round, in the order they run."""
+
+    def matched(self, round: int, rule: Compiled, matches: int) -> bool:
+        """``rule`` found ``matches`` matches: apply them (True) or ban the rule for now (False)."""
+        return True
+
+    def can_stop(self, round: int) -> bool:
+        """This round changed nothing: whether that is saturation (False while rules are held back)."""
+        return True
+
+
+class SimpleScheduler(Scheduler):
+    """Every rule, every round."""
+
+    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+        return list(rules)
+
+
+@dataclass
+class _Ban:
+    until: int = -1  # banned through this round
+    times: int = 0  # bans so far
+
+
+class BackoffScheduler(Scheduler):
+    """Bans a rule whose matches exceed ``match_limit << times_banned`` for
+    ``ban_length << times_banned`` rounds (egg's ``BackoffScheduler``).  A round in which a rule
+    was banned or held back by a ban is not saturation."""
+
+    def __init__(self, match_limit: int = 20_000, ban_length: int = 2) -> None:
+        self.match_limit, self.ban_length = match_limit, ban_length
+        self._bans: dict[int, _Ban] = {}  # id(rule) -> its bans
+        self._held: dict[int, bool] = {}  # round -> a rule was banned in it
+
+    def _ban(self, rule: Compiled) -> _Ban:
+        return self._bans.setdefault(id(rule), _Ban())
+
+    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+        chosen = [r for r in rules if round > self._ban(r).until]
+        self._held[round] = len(chosen) < len(rules)
+        return chosen
+
+    def matched(self, round: int, rule: Compiled, matches: int) -> bool:
+        ban = self._ban(rule)
+        if matches <= self.match_limit << ban.times:
+            return True
+        ban.until = round + (self.ban_length << ban.times)
+        ban.times += 1
+        self._held[round] = True
+        return False
+
+    def can_stop(self, round: int) -> bool:
+        return not self._held.get(round, False)
+
+
+SCHEDULERS = {"simple": SimpleScheduler, "backoff": BackoffScheduler}
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RuleState:
+    compiled: Compiled
+    since: int = 0  # semi-naive: rows with ts >= since are new for this rule
+
+
+@dataclass
+class _Run:
+    """What one ``run()`` carries from round to round."""
+
+    rules: list[RuleState]
+    scheduler: Scheduler
+    first_round: int
+    start: float
+    report: Report = field(default_factory=Report)
+
+
+@dataclass
+class _Round:
+    """What the phases of one round hand on to each other."""
+
+    it: Iteration
+    budget: int  # e-nodes that may still be added in this round
+    stats: list[tuple] = field(default_factory=list)  # rule_stats rows
+    capped: bool = False  # a rule's matches were cut to fit the budget
+
+
+@dataclass
+class _Matches:
+    """One rule's matches, in the temp table ``_m``."""
+
+    rule: RuleState
+    count: int
+    cap: int | None  # the LIMIT put on them, if any
+    seconds: float
+
+
 @dataclass
 class Runner:
     egraph: EGraph
     rules: list[Rule]
     limits: Limits = field(default_factory=Limits)
-    scheduler: str = "backoff"  # simple | backoff
+    scheduler: str | Scheduler = "backoff"  # "simple" | "backoff" | a Scheduler
     match_limit: int = 20_000  # backoff threshold (scaled by 2**times_banned)
     ban_length: int = 2
     semi_naive: bool = True
     cycle_filter: bool = True  # drop multi-pattern applications whose unions would close a cycle
     on_round: object = None  # callback(Iteration) for progress display
+    _state: _Run | None = field(default=None, init=False, repr=False, compare=False)
 
     def run(self) -> Report:
         g = self.egraph
         order = g.con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
         g.con.execute("SET preserve_insertion_order = false")  # lets DuckDB number and insert rows in parallel
         try:
-            return self._run()
+            return self._saturate()
         finally:
+            self._state = None
             g.con.execute(f"SET preserve_insertion_order = {str(order).lower()}")
 
-    def _run(self) -> Report:
-        g, lim = self.egraph, self.limits
-        states = [RuleState(compile_rule(r)) for r in self.rules]
-        report = Report()
-        start = time.perf_counter()
-        counter = _StatementCounter(g)
-        first_round = g.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0] + 1
-        for rnd in range(first_round, first_round + lim.iterations):
-            counter.reset()
-            enodes = g.counts()["enodes"]
-            if enodes >= lim.enodes:
-                report.stop_reason = StopReason.NODE_LIMIT
-                break
-            if time.perf_counter() - start > lim.seconds:
-                report.stop_reason = StopReason.TIME_LIMIT
-                break
-            it = Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0)
-            stats, any_banned, capped, node_budget = [], False, False, lim.enodes - enodes
-            for st in states:
-                c = st.compiled
-                if c.multi and rnd - first_round >= lim.multi_rounds:
-                    continue
-                if self.scheduler == "backoff" and rnd <= st.banned_until:
-                    any_banned = True
-                    continue
-                since = st.since if self.semi_naive else 0
-                t0 = time.perf_counter()
-                # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
-                # spent on partial right sides
-                cap = max(node_budget, 0) // max(len(c.builds), 1) if c.builds else None
-                g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
-                              f"({c.match_sql.format(since=since)}){'' if cap is None else f' LIMIT {cap}'}")
-                matches = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
-                t1 = time.perf_counter()
-                it.match_s += t1 - t0
-                threshold = self.match_limit << st.times_banned
-                if self.scheduler == "backoff" and matches > threshold:
-                    st.banned_until = rnd + (self.ban_length << st.times_banned)
-                    st.times_banned += 1
-                    any_banned = True
-                    stats.append((rnd, c.rule, matches, 0, 0, t1 - t0, True))
-                    continue  # the matches are not applied, so `since` stays
-                st.since = rnd
-                capped |= cap is not None and matches >= cap  # (matches past the cap are lost)
-                new_nodes = applied = 0
-                if matches:
-                    # with cycle filtering, right sides get e-classes of their own first, so the check
-                    # sees what each union would join
-                    filtering = self.cycle_filter and c.multi
-                    for b in c.builds:
-                        res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(node_budget, 0),
-                                            result=b.name, target=None if filtering else b.target)
-                        new_nodes += res.new_nodes
-                        node_budget -= res.new_nodes
-                        applied += res.targeted  # an application that needs no union
-                    if filtering:
-                        cyclic_matches(g, c.pairs)
-                        for t in ("_m",) + c.results:  # the unions read these
-                            g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM _cyc)")
-                    before = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
-                    for u in c.unions:
-                        g.union_from(u)
-                    applied += g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
-                    for b in c.builds:  # free the rule's intermediate tables before the next rule
-                        g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
-                t2 = time.perf_counter()
-                it.apply_s += t2 - t1
-                it.applied += applied
-                it.new_nodes += new_nodes
-                report.applied_by_rule[c.rule] = report.applied_by_rule.get(c.rule, 0) + applied
-                stats.append((rnd, c.rule, matches, applied, new_nodes, t2 - t0, False))
-            t3 = time.perf_counter()
-            rb = g.rebuild(ts=rnd)
-            it.rebuild_s = time.perf_counter() - t3
-            it.unions = rb.unions
-            counts = g.counts()
-            it.enodes, it.eclasses = counts["enodes"], counts["eclasses"]
-            report.iterations.append(it)
-            report.statements.append(counter.count)
-            self._record(it, stats)
-            if self.on_round:
-                self.on_round(it)
-            if node_budget <= 0 or capped:  # matches were left unapplied for want of nodes
-                report.stop_reason = StopReason.NODE_LIMIT
-                break
-            if it.new_nodes == 0 and it.unions == 0 and not any_banned:
-                report.stop_reason = StopReason.SATURATED
-                break
-        else:
-            report.stop_reason = StopReason.ITERATION_LIMIT
-        counter.restore()
-        report.seconds = time.perf_counter() - start
-        g.con.execute("UPDATE iterations SET stop_reason = ? WHERE round = (SELECT max(round) FROM iterations)",
-                      [report.stop_reason.value])
-        return report
+    def _saturate(self) -> Report:
+        s = self._state = self._begin()
+        counter = _StatementCounter(self.egraph)
+        stop = StopReason.ITERATION_LIMIT
+        try:
+            for rnd in range(s.first_round, s.first_round + self.limits.iterations):
+                counter.reset()
+                enodes = self.egraph.counts()["enodes"]
+                if (reason := self._check_limits(enodes)) is not None:
+                    stop = reason
+                    break
+                r = _Round(Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0), self.limits.enodes - enodes)
+                for st in self._schedule(rnd):
+                    m = self._match(r, st)
+                    if s.scheduler.matched(rnd, st.compiled, m.count):
+                        self._apply(r, m)
+                    else:  # banned: the matches are not applied, so the rule's `since` stays
+                        r.stats.append((rnd, st.compiled.rule, m.count, 0, 0, m.seconds, True))
+                self._rebuild(r)
+                s.report.statements.append(counter.count)
+                self._record(r)
+                if (reason := self._check_stop(r)) is not None:
+                    stop = reason
+                    break
+        finally:
+            counter.restore()
+        return self._finish(stop)
 
-    def _record(self, it: Iteration, stats: list[tuple]) -> None:
+    def _begin(self) -> _Run:
+        """Compile the rules, make the scheduler, start the clock; rounds go on from the stored ones."""
+        rules = [RuleState(compile_rule(r)) for r in self.rules]
+        sched = self.scheduler
+        if isinstance(sched, str):
+            if sched not in SCHEDULERS:
+                raise ValueError(f"unknown scheduler {sched!r} (one of {', '.join(SCHEDULERS)})")
+            sched = (BackoffScheduler(self.match_limit, self.ban_length) if sched == "backoff"
+                     else SCHEDULERS[sched]())
+        start = time.perf_counter()
+        last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
+        return _Run(rules, sched, last + 1, start)
+
+    def _check_limits(self, enodes: int) -> StopReason | None:
+        """Before a round: the e-node limit (``enodes`` now) and the time limit."""
+        if enodes >= self.limits.enodes:
+            return StopReason.NODE_LIMIT
+        if time.perf_counter() - self._state.start > self.limits.seconds:
+            return StopReason.TIME_LIMIT
+        return None
+
+    def _schedule(self, rnd: int) -> list[RuleState]:
+        """The rules of round ``rnd``: multi-pattern ones only in the first ``multi_rounds``, then
+        the scheduler's choice."""
+        s = self._state
+        multi_done = rnd - s.first_round >= self.limits.multi_rounds
+        eligible = [st for st in s.rules if not (st.compiled.multi and multi_done)]
+        by_id = {id(st.compiled): st for st in eligible}
+        return [by_id[id(c)] for c in s.scheduler.select(rnd, [st.compiled for st in eligible])]
+
+    def _match(self, r: _Round, st: RuleState) -> _Matches:
+        """The rule's matches (semi-naive: using a row newer than its last run) into ``_m``."""
+        g, c = self.egraph, st.compiled
+        since = st.since if self.semi_naive else 0
+        t0 = time.perf_counter()
+        # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
+        # spent on partial right sides
+        cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
+        g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
+                      f"({c.match_sql.format(since=since)}){'' if cap is None else f' LIMIT {cap}'}")
+        count = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
+        seconds = time.perf_counter() - t0
+        r.it.match_s += seconds
+        return _Matches(st, count, cap, seconds)
+
+    def _apply(self, r: _Round, m: _Matches) -> None:
+        """Insert the rule's right sides for the matches in ``_m`` and queue its unions."""
+        g, c, rnd = self.egraph, m.rule.compiled, r.it.round
+        t1 = time.perf_counter()
+        m.rule.since = rnd
+        r.capped |= m.cap is not None and m.count >= m.cap  # (matches past the cap are lost)
+        new_nodes = applied = 0
+        if m.count:
+            # with cycle filtering, right sides get e-classes of their own first, so the check
+            # sees what each union would join
+            filtering = self.cycle_filter and c.multi
+            for b in c.builds:
+                res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
+                                    result=b.name, target=None if filtering else b.target)
+                new_nodes += res.new_nodes
+                r.budget -= res.new_nodes
+                applied += res.targeted  # an application that needs no union
+            if filtering:
+                cyclic_matches(g, c.pairs)
+                for t in ("_m",) + c.results:  # the unions read these
+                    g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM _cyc)")
+            before = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
+            for u in c.unions:
+                g.union_from(u)
+            applied += g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+            for b in c.builds:  # free the rule's intermediate tables before the next rule
+                g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
+        t2 = time.perf_counter()
+        r.it.apply_s += t2 - t1
+        r.it.applied += applied
+        r.it.new_nodes += new_nodes
+        by_rule = self._state.report.applied_by_rule
+        by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
+        r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
+
+    def _rebuild(self, r: _Round) -> None:
+        """Merge the queued unions, restore congruence; the e-graph's size after it."""
         g = self.egraph
+        t3 = time.perf_counter()
+        rb = g.rebuild(ts=r.it.round)
+        r.it.rebuild_s = time.perf_counter() - t3
+        r.it.unions = rb.unions
+        counts = g.counts()
+        r.it.enodes, r.it.eclasses = counts["enodes"], counts["eclasses"]
+
+    def _record(self, r: _Round) -> None:
+        """Store the round's ``Iteration`` and rule statistics; report it to ``on_round``."""
+        g, it, stats = self.egraph, r.it, r.stats
+        self._state.report.iterations.append(it)
         g.con.execute("INSERT INTO iterations VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
                       [it.round, it.enodes, it.eclasses, it.match_s, it.apply_s, it.rebuild_s, it.applied, it.unions])
         if stats:
@@ -205,6 +361,24 @@ class Runner:
             g.con.register("_stats", frame)
             g.con.execute("INSERT INTO rule_stats SELECT * FROM _stats")
             g.con.unregister("_stats")
+        if self.on_round:
+            self.on_round(it)
+
+    def _check_stop(self, r: _Round) -> StopReason | None:
+        """After a round: matches left unapplied for want of e-nodes, or a fixpoint."""
+        if r.budget <= 0 or r.capped:
+            return StopReason.NODE_LIMIT
+        if r.it.new_nodes == 0 and r.it.unions == 0 and self._state.scheduler.can_stop(r.it.round):
+            return StopReason.SATURATED
+        return None
+
+    def _finish(self, stop: StopReason) -> Report:
+        report = self._state.report
+        report.stop_reason = stop
+        report.seconds = time.perf_counter() - self._state.start
+        self.egraph.con.execute("UPDATE iterations SET stop_reason = ? "
+                                "WHERE round = (SELECT max(round) FROM iterations)", [stop.value])
+        return report
 
 
 class _StatementCounter:

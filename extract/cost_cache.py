@@ -28,6 +28,8 @@ import duckdb
 import numpy as np
 import platformdirs
 
+from relsat.relations.schema import literal
+
 _COLUMNS = "key, provider, threads, op_type, signature, ms, repeats, measured_at, ort_version"
 _SCHEMA = """CREATE TABLE IF NOT EXISTS {table}(
     key VARCHAR PRIMARY KEY, provider VARCHAR, threads INTEGER, op_type VARCHAR, signature JSON,
@@ -70,10 +72,6 @@ def _object_array(values: Iterable[str]) -> np.ndarray:
     return np.array(list(values), dtype=object)
 
 
-def _literal(path: str | os.PathLike) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
 def is_cost_table(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a cost table as ``CostCache.export`` writes it (CSV or Parquet by
     suffix, else a DuckDB file with a ``costs`` table of those columns)."""
@@ -82,11 +80,11 @@ def is_cost_table(path: str | os.PathLike) -> bool:
         with duckdb.connect(":memory:") as con:
             if path.suffix.lower() == ".csv":
                 cols = [d[0] for d in con.execute(
-                    f"SELECT * FROM read_csv({_literal(path)}, header = true, all_varchar = true) LIMIT 0").description]
+                    f"SELECT * FROM read_csv({literal(str(path))}, header = true, all_varchar = true) LIMIT 0").description]
             elif path.suffix.lower() == ".parquet":
-                cols = [d[0] for d in con.execute(f"SELECT * FROM read_parquet({_literal(path)}) LIMIT 0").description]
+                cols = [d[0] for d in con.execute(f"SELECT * FROM read_parquet({literal(str(path))}) LIMIT 0").description]
             else:
-                con.execute(f"ATTACH {_literal(path)} AS src (READ_ONLY)")
+                con.execute(f"ATTACH {literal(str(path))} AS src (READ_ONLY)")
                 cols = [d[0] for d in con.execute("SELECT * FROM src.costs LIMIT 0").description]
     except duckdb.Error:
         return False
@@ -192,14 +190,14 @@ class CostCache:
             fmt = "FORMAT csv, HEADER" if path.suffix.lower() == ".csv" else "FORMAT parquet"
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             try:
-                self._run(lambda con: con.execute(f"COPY costs TO {_literal(tmp)} ({fmt})"))
+                self._run(lambda con: con.execute(f"COPY costs TO {literal(str(tmp))} ({fmt})"))
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
             return
 
         def work(con):
-            con.execute(f"ATTACH {_literal(path)} AS dst")
+            con.execute(f"ATTACH {literal(str(path))} AS dst")
             con.execute("DROP TABLE IF EXISTS dst.costs")
             con.execute(_SCHEMA.format(table="dst.costs"))
             con.execute(f"INSERT INTO dst.costs SELECT {_COLUMNS} FROM costs")
@@ -217,11 +215,11 @@ class CostCache:
 
         def work(con):
             if suffix == ".csv":
-                source = f"read_csv({_literal(path)}, header = true, all_varchar = true)"
+                source = f"read_csv({literal(str(path))}, header = true, all_varchar = true)"
             elif suffix == ".parquet":
-                source = f"read_parquet({_literal(path)})"
+                source = f"read_parquet({literal(str(path))})"
             else:
-                con.execute(f"ATTACH {_literal(path)} AS src (READ_ONLY)")
+                con.execute(f"ATTACH {literal(str(path))} AS src (READ_ONLY)")
                 source = "src.costs"
             n = con.execute(f"SELECT count(*) FROM {source}").fetchone()[0]
             con.execute(_UPSERT.format(source=f"(SELECT {_COLUMNS} FROM {source})"))

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from relsat.relations.catalog import BY_TYPE
-from relsat.relations.schema import q
+from relsat.relations.schema import literal, q
 
 from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf,
                  Term, Var)
@@ -42,16 +42,6 @@ class Compiled:
     multi: bool
     pairs: str = ""  # SELECT (mid, a, b): every union pair with its match, for cycle filtering
     results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
-
-
-def _lit(v) -> str:
-    if isinstance(v, str):
-        return "'" + v.replace("'", "''") + "'"
-    if isinstance(v, float):
-        if v in (float("inf"), float("-inf")):
-            return f"'{v}'::DOUBLE"
-        return f"{v!r}::DOUBLE"
-    return str(int(v))
 
 
 class _Lhs:
@@ -83,14 +73,14 @@ class _Lhs:
         for name, val in t.attrs:
             col = f"{alias}.{q(name)}"
             if isinstance(val, Lit):
-                self.where.append(f"{col} = {_lit(val.value)}")
+                self.where.append(f"{col} = {literal(val.value)}")
             elif isinstance(val, Var):
                 self.bind(val.name, col)
             else:  # ListOf
                 self.where.append(f"len({col}) = {len(val.items)}")
                 for i, item in enumerate(val.items):
                     if isinstance(item, Lit):
-                        self.where.append(f"{col}[{i + 1}] = {_lit(item.value)}")
+                        self.where.append(f"{col}[{i + 1}] = {literal(item.value)}")
                     else:
                         self.bind(item.name, f"{col}[{i + 1}]")
         if op.variadic:
@@ -127,7 +117,7 @@ class _Lhs:
 
 def _expr(e, lhs: _Lhs, lets: dict[str, str]) -> str:
     if isinstance(e, Lit):
-        return _lit(e.value)
+        return literal(e.value)
     if isinstance(e, Var):
         return lets.get(e.name) or lhs.binds[e.name]
     if isinstance(e, Dim):
@@ -284,7 +274,7 @@ def _mirrored(rule: Rule, i: int, j: int) -> bool:
 
 def _attr_sql(v, refs: set[str]) -> str:
     if isinstance(v, Lit):
-        return _lit(v.value)
+        return literal(v.value)
     if isinstance(v, Var):
         refs.add(q("v_" + v.name))
         return f"m.{q('v_' + v.name)}"

@@ -31,7 +31,7 @@ import duckdb
 import numpy as np
 
 from .catalog import OPS, BY_TYPE, OpDef, REQUIRED
-from .schema import all_ddl, key_columns, q
+from .schema import all_ddl, key_columns, literal, q
 
 
 class InvariantError(AssertionError):
@@ -56,22 +56,6 @@ class InsertResult:
     table: str  # temp table (rid, out, the carried source columns) for every source row that has a node
     new_nodes: int = 0
     targeted: int = 0  # new nodes placed straight into their target e-class
-
-
-def _sql_literal(value) -> str:
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if value == float("inf"):
-            return "'inf'::DOUBLE"
-        if value == float("-inf"):
-            return "'-inf'::DOUBLE"
-        return repr(value) + "::DOUBLE"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_sql_literal(v) for v in value) + "]"
-    return str(int(value))
 
 
 @dataclass
@@ -160,7 +144,7 @@ class EGraph:
             elif a.default is REQUIRED:
                 raise ValueError(f"{op.op_type}: attribute {a.name!r} has no default and was not given")
             else:
-                cols.append(f"{_sql_literal(a.default)}::{a.sql_type} AS {q(a.name)}")
+                cols.append(f"{literal(a.default)}::{a.sql_type} AS {q(a.name)}")
         return cols
 
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
@@ -281,7 +265,7 @@ class EGraph:
                     if kind in ("ints", "floats") else q(name)
                 select.append(f"{expr} AS {q(name)}")
             else:
-                select.append(f"{_sql_literal(val)} AS {q(name)}")
+                select.append(f"{literal(val)} AS {q(name)}")
         self.con.register("_batch", frame)
         try:
             res = self.insert_from(op, f"SELECT {', '.join(select)} FROM _batch", ts=ts)

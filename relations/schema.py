@@ -19,6 +19,24 @@ def q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def literal(value) -> str:
+    """A Python value as a SQL literal: strings quoted, floats as DOUBLE (infinities included), bools,
+    lists as lists; everything else as an integer. The one literal printer of relsat."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "'inf'::DOUBLE"
+        if value == float("-inf"):
+            return "'-inf'::DOUBLE"
+        return repr(value) + "::DOUBLE"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    return str(int(value))
+
+
 def key_columns(op: OpDef) -> tuple[str, ...]:
     """The hash-consing key of an op table: its children, then its attributes."""
     return op.child_columns + tuple(a.name for a in op.attrs)

@@ -1,0 +1,161 @@
+"""The runner's scheduler interface: custom schedulers, the backoff scheduler's bans, simple = default."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relsat.benchmarks import zoo
+from relsat.driver.onnx_import import import_model
+from relsat.driver.runner import (BackoffScheduler, Limits, Runner, Scheduler, SimpleScheduler,
+                                  StopReason)
+from relsat.programs.parser import load_rules
+from relsat.relations.egraph import EGraph
+
+RULES = Path(__file__).parent.parent / "programs" / "rules"
+AC_ADD = list(load_rules(RULES / "ac-add.rules").rules)  # add-comm, add-assoc
+
+
+def add_chain(n):
+    g = EGraph()
+    x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(n)], dtype=object), "shape": [4],
+                              "dtype": 1})
+    acc = x[0]
+    for i in range(1, n):
+        acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
+    return g
+
+
+def stats(g):
+    """rule_stats without the timings."""
+    return g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY round, rule")
+
+
+class Prefix(Scheduler):
+    """Only the rules whose name starts with ``prefix``."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def select(self, round, rules):
+        return [r for r in rules if r.rule.startswith(self.prefix)]
+
+
+class RoundRobin(Scheduler):
+    """One rule per round, in turn; a fixpoint only once every rule has had a quiet turn in a row."""
+
+    def __init__(self):
+        self.quiet = 0
+
+    def select(self, round, rules):
+        self.n = len(rules)
+        return [rules[(round - 1) % len(rules)]]
+
+    def matched(self, round, rule, matches):
+        self.quiet = self.quiet + 1 if matches == 0 else 0
+        return True
+
+    def can_stop(self, round):
+        return self.quiet >= self.n
+
+
+class RefuseFirst(Scheduler):
+    """Every rule, but round 1's matches are refused (banned)."""
+
+    def select(self, round, rules):
+        return list(rules)
+
+    def matched(self, round, rule, matches):
+        return round > 1
+
+    def can_stop(self, round):
+        return round > 1  # round 1 changed nothing only because its matches were refused
+
+
+def test_a_custom_scheduler_picks_the_rules_that_fire():
+    g = add_chain(5)
+    report = Runner(g, AC_ADD, Limits(iterations=20, enodes=10**6, seconds=60), scheduler=Prefix("add-comm")).run()
+    assert report.stop_reason == StopReason.SATURATED
+    assert {r for (r,) in g.sql("SELECT DISTINCT rule FROM rule_stats")} == {"add-comm"}
+    assert g.sql("SELECT sum(applied) FROM rule_stats")[0][0] > 0
+    assert set(report.applied_by_rule) == {"add-comm"}
+    # commutativity alone: each of the 4 Adds gets its mirror, nothing else
+    assert g.sql("SELECT count(*) FROM enodes WHERE op = 'Add'")[0][0] == 8
+
+
+def test_round_robin_runs_one_rule_per_round_until_all_are_quiet():
+    g = add_chain(4)
+    report = Runner(g, AC_ADD, Limits(iterations=100, enodes=10**6, seconds=60), scheduler=RoundRobin()).run()
+    assert report.stop_reason == StopReason.SATURATED
+    rows = g.sql("SELECT round, rule FROM rule_stats ORDER BY round")
+    assert [r for r, _ in rows] == list(range(1, len(report.iterations) + 1))  # one row per round
+    assert [name for _, name in rows] == [("add-comm", "add-assoc")[i % 2] for i in range(len(rows))]
+    full = add_chain(4)
+    Runner(full, AC_ADD, Limits(iterations=100, enodes=10**6, seconds=60), scheduler="simple").run()
+    assert g.counts() == full.counts()  # the same fixpoint, reached differently
+    assert len(report.iterations) > len(full.sql("SELECT * FROM iterations"))
+
+
+def test_refused_matches_are_banned_and_seen_again():
+    g = add_chain(5)
+    Runner(g, AC_ADD, Limits(iterations=2, enodes=10**6, seconds=60), scheduler=RefuseFirst()).run()
+    rows = stats(g)
+    first = [r for r in rows if r[0] == 1]
+    second = [r for r in rows if r[0] == 2]
+    assert first and all(banned and applied == 0 and new == 0 for _, _, _, applied, new, banned in first)
+    assert g.sql("SELECT new_nodes FROM rule_stats WHERE round = 1") == [(0,), (0,)]
+    assert not any(banned for *_, banned in second)
+    # semi-naive: the refused matches stay new (round 1 added no rows), so round 2 matches and applies them
+    comm = {rnd: (m, applied) for rnd, rule, m, applied, *_ in rows if rule == "add-comm"}
+    assert comm[1] == (4, 0) and comm[2] == (4, 4)
+
+
+def test_backoff_bans_a_rule_with_many_matches():
+    g = add_chain(8)
+    report = Runner(g, AC_ADD, Limits(iterations=8, enodes=10**6, seconds=60),
+                    scheduler=BackoffScheduler(match_limit=50, ban_length=2)).run()
+    banned = g.sql("SELECT round, rule, matches FROM rule_stats WHERE banned ORDER BY round, rule")
+    assert banned and all(m > 50 for _, _, m in banned)
+    rnd, rule, _ = banned[0]
+    # first ban: the rule sits out ban_length rounds, then runs again with twice the threshold
+    later = [r for (r,) in g.sql("SELECT round FROM rule_stats WHERE rule = ? AND round > ? ORDER BY round",
+                                 [rule, rnd])]
+    assert later[0] == rnd + 3
+    assert report.stop_reason == StopReason.ITERATION_LIMIT  # a round with a banned rule is no fixpoint
+    # the same as naming the scheduler
+    named = add_chain(8)
+    Runner(named, AC_ADD, Limits(iterations=8, enodes=10**6, seconds=60), scheduler="backoff",
+           match_limit=50).run()
+    assert stats(named) == stats(g) and named.counts() == g.counts()
+
+
+def test_unknown_scheduler_name_is_refused_and_the_connection_is_restored():
+    g = add_chain(3)
+    con = g.con
+    with pytest.raises(ValueError, match="scheduler"):
+        Runner(g, AC_ADD, scheduler="fastest").run()
+
+    class Broken(SimpleScheduler):
+        def select(self, round, rules):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        Runner(g, AC_ADD, scheduler=Broken()).run()
+    assert g.con is con
+    assert g.sql("SELECT current_setting('preserve_insertion_order')")[0][0] is True
+
+
+def test_simple_scheduler_is_the_default_on_a_zoo_model():
+    rules = list(load_rules(RULES / "default.rules").rules)
+    model = zoo.build("resnet50", small=True)
+    graphs, reasons = [], []
+    for sched in (SimpleScheduler(), None):
+        g = import_model(model).egraph
+        kw = {"scheduler": sched} if sched else {}
+        reasons.append(Runner(g, rules, Limits(iterations=10, enodes=50_000, seconds=600), **kw).run().stop_reason)
+        graphs.append(g)
+    assert reasons[0] == reasons[1] != StopReason.TIME_LIMIT
+    assert graphs[0].counts() == graphs[1].counts()
+    assert graphs[0].sql("SELECT count(*) FROM rule_stats WHERE applied > 0")[0][0] > 0
+    assert graphs[0].table_counts() == graphs[1].table_counts()
+    assert stats(graphs[0]) == stats(graphs[1])
