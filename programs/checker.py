@@ -5,8 +5,9 @@ absent inputs, known attributes and their value kinds, required attributes on th
 right side, tuple-valued operators only under ``getitem``, the number of right terms,
 pattern roots, variable roles (e-class vs attribute value) and binding (right-side,
 condition and let variables bound by the left side or an earlier let; no let
-redefining a variable), and unique rule names.  Errors are ``RuleError`` at the
-offending node; errors in the generated reverse of a ``<=>`` rule say so.
+redefining a variable), and unique rule names (also across included files).  Errors
+are ``RuleError`` at the offending node; errors in the generated reverse of a ``<=>``
+rule say so.
 """
 
 from __future__ import annotations
@@ -55,14 +56,25 @@ def variables(node, role: str = ATTR) -> Iterator[tuple[Var, str]]:
 
 
 def check_ruleset(ruleset: RuleSet) -> None:
-    """Raise ``RuleError`` for the first problem in the rule set."""
-    seen: dict[str, SourceLoc | None] = {}
-    for rule in ruleset.rules:
+    """Raise ``RuleError`` for the first problem in the rule set.
+
+    A rule that an ``include`` brought in (``ruleset.included_at``) was checked when its own file
+    was loaded; here it takes part in the unique-name check only, which reports a clash that an
+    include makes at that include.
+    """
+    origins = ruleset.included_at or (None,) * len(ruleset.rules)
+    seen: dict[str, tuple[Rule, SourceLoc | None]] = {}
+    for rule, via in zip(ruleset.rules, origins, strict=True):
         if rule.name in seen:
-            first = seen[rule.name]
-            raise _Checker(rule).error(rule.source, f"duplicate rule name {rule.name!r} (first defined at {first})")
-        seen[rule.name] = rule.source
-        _Checker(rule).check()
+            first, first_via = seen[rule.name]
+            where = f"{first.source}" + (f", included at {first_via}" if first_via else "")
+            if via is None:
+                raise _Checker(rule).error(rule.source, f"duplicate rule name {rule.name!r} (first defined at {where})")
+            raise RuleError.at(via, f"duplicate rule name {rule.name!r}: this include brings the rule defined at "
+                               f"{rule.source}, but the set already has one (defined at {where})")
+        seen[rule.name] = (rule, via)
+        if via is None:
+            _Checker(rule).check()
 
 
 class _Checker:

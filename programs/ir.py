@@ -1,9 +1,10 @@
 """The core rule IR: frozen dataclasses shared by the rule front end and the SQL compiler.
 
 This module owns the data model only (plus ``RuleError``, the one error type of the
-front end).  ``parser.py`` turns rule files into it (desugaring ``<=>`` and the
-predicate shorthands), ``checker.py`` validates it against the operator catalog, and
-the compiler reads it.  What the compiler may rely on once a ``RuleSet`` is checked:
+front end, also raised for a bad ``include``).  ``parser.py`` turns rule files into it
+(desugaring ``<=>`` and the predicate shorthands, splicing in included files),
+``checker.py`` validates it against the operator catalog, and the compiler reads it.
+What the compiler may rely on once a ``RuleSet`` is checked:
 
 Rule
     One direction: match every pattern of ``patterns`` jointly (shared variables mean
@@ -255,8 +256,16 @@ class Rule:
 
 @dataclass(frozen=True)
 class RuleSet:
-    """The rules of one file, in file order (a ``<=>`` rule gives NAME then NAME-rev)."""
+    """The rules of one file, in file order (a ``<=>`` rule gives NAME then NAME-rev); an
+    ``include`` puts the included rules at its place, in their order, each keeping the
+    ``source`` of its definition (in the included file)."""
 
     name: str  # the file's stem
     rules: tuple[Rule, ...]
     source: str  # the file name
+    # provenance, left out of equality: per rule, the location of the ``include`` that brought it
+    # into this file (the set name or path token), None for a rule written here (empty: all written
+    # here); and every rule file read to make the set, this one first, then the included ones
+    # transitively, each once, in the order first read
+    included_at: tuple[SourceLoc | None, ...] = field(default=(), compare=False, repr=False)
+    files: tuple[str, ...] = field(default=(), compare=False, repr=False)

@@ -6,11 +6,29 @@ Owns the surface syntax of ``*.rules`` files (UTF-8)::
     NAME: LHS (=> | <=>) RHS [if CONDITION...]
 
 A rule starts at a ``NAME:`` token (by convention at the start of a line) and runs
-until the next one, so it may span lines.  LHS and RHS are comma-separated lists of
-terms ``(OP :attr VALUE ... child ...)`` (children: terms, ``?var``, ``_``), with
-``(getitem I child)`` taking a literal index first; an RHS item may be a bare ``?var``.
+until the next one (or the next ``include``), so it may span lines.  LHS and RHS are
+comma-separated lists of terms ``(OP :attr VALUE ... child ...)`` (children: terms,
+``?var``, ``_``), with ``(getitem I child)`` taking a literal index first; an RHS item
+may be a bare ``?var``.
 Attribute values are ints, floats (``1.5``, ``1e-5``, ``inf``), double-quoted JSON
 strings, variables, or lists ``(1 ?n 3)`` of those.
+
+Includes compose rule files by reference; each puts the rules of another file at its place,
+in that file's order, and may stand wherever a rule may::
+
+    include SET                  # a shipped set: programs/rules/SET.rules (``rulesets.RULES_DIR``)
+    include "PATH"               # a rule file; a relative PATH is relative to the including file
+    include SET: NAME NAME ...   # only the rules of these (core) names, still in the file's order
+    include "PATH": NAME ...
+
+The name list runs to the next ``NAME:``, ``include`` or the end, so it may span lines; a ``<=>``
+rule NAME gives the core rules NAME and NAME-rev, each named on its own.  An included rule keeps
+its ``source`` (where it is written); ``RuleSet.included_at`` records the include that brought it
+and ``RuleSet.files`` every file read.  Each file is parsed once per top-level parse.  A
+``RuleError`` at the include's token reports an unknown set, a missing or unreadable file, a name
+not in the included file (or named twice), an include cycle (with its chain), and a rule name that
+the include makes a duplicate; an error inside an included file is reported where it is, with
+``(included at FILE:LINE:COL)`` appended.
 
 Desugaring (the IR's meaning is documented in ``ir.py``):
 
@@ -26,9 +44,9 @@ Desugaring (the IR's meaning is documented in ``ir.py``):
 - ``(rank ?v N)`` -> ``(= (rank ?v) N)``, ``(same-shape ?a ?b)`` ->
   ``(= (shape ?a) (shape ?b))``.
 
-``parse_rules``/``load_rules`` then run ``checker.check_ruleset``.  ``format_rule``
-prints a core rule back (always with ``=>``; lets before conditions) so that
-``parse_rules(format_rule(r)).rules == (r,)``.
+``parse_rules``/``load_rules`` then run ``checker.check_ruleset`` (included rules were
+checked with their own file).  ``format_rule`` prints a core rule back (always with
+``=>``; lets before conditions) so that ``parse_rules(format_rule(r)).rules == (r,)``.
 """
 
 from __future__ import annotations
@@ -60,7 +78,7 @@ _TOKEN = re.compile(
   | (?P<attr>:[A-Za-z_]\w*)
   | (?P<absent>_(?![\w.\-]))
   | (?P<symbol>[A-Za-z_][\w.\-]*|!=|<=|>=|[=<>+\-*/%])
-  | (?P<punct>[(),])
+  | (?P<punct>[(),:])
     """,
     re.X,
 )
@@ -68,7 +86,7 @@ _ATOMS = ("int", "float", "string", "var")
 
 
 class _Tok(NamedTuple):
-    kind: str  # ( ) , => <=> header int float string var attr absent symbol eof
+    kind: str  # ( ) , : => <=> header int float string var attr absent symbol eof
     text: str
     value: object  # the Python value of a literal
     loc: SourceLoc
@@ -126,9 +144,19 @@ _CONDITIONS = {
 _ARG_NAMES = {"var": "?v", "int": "I", "expr": "e", "dtype": "DTYPE", "*": "e..."}
 
 
+_INCLUDE = "include"
+_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+def _is_include(tok: _Tok) -> bool:
+    return tok.kind == "symbol" and tok.text == _INCLUDE
+
+
 class _Parser:
-    def __init__(self, tokens: list[_Tok]):
+    def __init__(self, tokens: list[_Tok], loader: _Loader | None = None, filename: str = "<string>"):
         self.tokens, self.pos = tokens, 0
+        self.loader, self.filename = loader or _Loader(), filename
+        self.included: list[RuleSet] = []  # the sets included, in order
 
     def peek(self) -> _Tok:
         return self.tokens[self.pos]
@@ -144,11 +172,54 @@ class _Parser:
             raise RuleError.at(tok.loc, f"expected {what}, got {_show(tok)}")
         return tok
 
-    def rules(self) -> list[Rule]:
+    def rules(self) -> list[tuple[Rule, SourceLoc | None]]:
+        """The rules in file order, each with the include that brought it (None: written here)."""
         rules = []
         while self.peek().kind != "eof":
-            rules += self.rule()
+            if _is_include(self.peek()):
+                rules += self.include()
+            else:
+                rules += [(rule, None) for rule in self.rule()]
         return rules
+
+    def include(self) -> list[tuple[Rule, SourceLoc]]:
+        """``include SET`` | ``include "PATH"``, optionally followed by ``: NAME...``."""
+        self.take()
+        target = self.take()
+        if target.kind == "header":
+            target, selecting = target._replace(kind="symbol", text=target.text[:-1]), True
+        elif target.kind == "string" or target.kind == "symbol" and _NAME.fullmatch(target.text):
+            selecting = self.peek().kind == ":"
+            self.pos += selecting
+        else:
+            raise RuleError.at(target.loc, "expected a rule set name or a quoted file path after 'include', "
+                               f"got {_show(target)}")
+        if not selecting and self.peek().kind == "attr":
+            raise RuleError.at(self.peek().loc, f"put a space between ':' and the first rule name after {target.text}")
+        names = []
+        while selecting and not _is_include(self.peek()) and _NAME.fullmatch(self.peek().text) \
+                and self.peek().kind in ("symbol", "float", "absent"):  # fmt: skip
+            names.append(self.take())
+        if selecting and not names:
+            raise RuleError.at(self.peek().loc, f"expected the names of the rules to take from {target.text} "
+                               f"after ':', got {_show(self.peek())}")
+        if self.peek().kind not in ("header", "eof") and not _is_include(self.peek()):
+            expected = "another rule name" if selecting else "':' and rule names"
+            raise RuleError.at(self.peek().loc, f"expected {expected}, a new rule 'NAME:' or 'include' after "
+                               f"'include {target.text}', got {_show(self.peek())}")
+        included = self.loader.include(target, self.filename)
+        self.included.append(included)
+        known = {rule.name for rule in included.rules}
+        chosen: set[str] = set()
+        for tok in names:
+            if tok.text not in known:
+                close = difflib.get_close_matches(tok.text, known, n=1)
+                raise RuleError.at(tok.loc, f"no rule {tok.text!r} in {included.source}"
+                                   + (f"; did you mean {close[0]!r}?" if close else ""))
+            if tok.text in chosen:
+                raise RuleError.at(tok.loc, f"rule {tok.text!r} is named twice")
+            chosen.add(tok.text)
+        return [(rule, target.loc) for rule in included.rules if not names or rule.name in chosen]
 
     def rule(self) -> list[Rule]:
         head = self.expect("header", "a rule 'NAME: LHS => RHS'")
@@ -165,7 +236,7 @@ class _Parser:
                 (lets if isinstance(cond, Let) else conditions).append(cond)
                 if self.peek().kind != "(":
                     break
-        if self.peek().kind not in ("header", "eof"):
+        if self.peek().kind not in ("header", "eof") and not _is_include(self.peek()):
             expected = "a condition '(...)'" if conditions or lets else "',', 'if'"
             raise RuleError.at(self.peek().loc, f"expected {expected} or a new rule 'NAME:', got {_show(self.peek())}")
         return _desugar(head.text[:-1], lhs, arrow.text, rhs, tuple(conditions), tuple(lets), head.loc)
@@ -324,14 +395,74 @@ def _coerce(value, kind: str):
     return value
 
 
+# ---------------------------------------------------------------- includes
+
+
+class _Loader:
+    """The files of one top-level parse: includes resolved (a shipped set name in
+    ``rulesets.RULES_DIR``, a quoted path relative to the including file), each file parsed
+    once, include cycles refused."""
+
+    def __init__(self):
+        self.done: dict[Path, RuleSet] = {}
+        self.open: list[tuple[Path, str]] = []  # the files being parsed, outermost first
+
+    def parse(self, text: str, filename: str) -> RuleSet:
+        self.open.append((Path(filename).resolve(), filename))
+        try:
+            parser = _Parser(_tokenize(text, filename), self, filename)
+            rules = parser.rules()
+        finally:
+            self.open.pop()
+        vias = [via for _, via in rules]
+        files = dict.fromkeys([filename, *(f for included in parser.included for f in included.files)])
+        ruleset = RuleSet(Path(filename).stem, tuple(rule for rule, _ in rules), filename,
+                          tuple(vias) if any(vias) else (), tuple(files))  # fmt: skip
+        check_ruleset(ruleset)
+        return ruleset
+
+    def include(self, target: _Tok, including: str) -> RuleSet:
+        """The rule set an include names (``target``: its set name or path token)."""
+        if target.kind == "string":
+            path = Path(target.value)
+            path = path if path.is_absolute() else Path(including).parent / path
+        else:
+            from relsat.programs import rulesets  # rulesets imports this module
+
+            path = rulesets.shipped_file(target.text)
+            if path is None:
+                known = rulesets.shipped()
+                close = difflib.get_close_matches(target.text, known, n=1)
+                hint = (f"; did you mean {close[0]!r}?" if close else "") + (
+                    f'; a file path is quoted: include "{target.text}"' if target.text.endswith(".rules") else "")
+                raise RuleError.at(target.loc, f"no shipped rule set {target.text!r} (shipped: {', '.join(known)})"
+                                   + hint)
+        key = path.resolve()
+        chain = [shown for resolved, shown in self.open]
+        for i, (resolved, _) in enumerate(self.open):
+            if resolved == key:
+                raise RuleError.at(target.loc, f"include cycle: {' -> '.join(chain[i:] + [str(path)])}")
+        if key not in self.done:
+            try:
+                text = path.read_text(encoding="utf-8-sig")
+            except FileNotFoundError:
+                raise RuleError.at(target.loc, f"rule file {path} not found") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise RuleError.at(target.loc, f"cannot read rule file {path}: {e}") from None
+            try:
+                self.done[key] = self.parse(text, str(path))
+            except RuleError as e:
+                raise RuleError(e.file, e.line, e.column, f"{e.reason} (included at {target.loc})") from None
+        return self.done[key]
+
+
 # ---------------------------------------------------------------- entry points and printer
 
 
 def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
-    """Parse, desugar and check the rules in ``text``; raise ``RuleError`` on the first problem."""
-    ruleset = RuleSet(Path(filename).stem, tuple(_Parser(_tokenize(text, filename)).rules()), filename)
-    check_ruleset(ruleset)
-    return ruleset
+    """Parse, desugar and check the rules in ``text`` (with the files it includes, relative ones
+    found beside ``filename``); raise ``RuleError`` on the first problem."""
+    return _Loader().parse(text, filename)
 
 
 def load_rules(path: str | Path) -> RuleSet:

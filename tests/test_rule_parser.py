@@ -1,6 +1,7 @@
 """The rule front end: fixture tables of rule text -> core IR, of bad rule text -> error, and round trips."""
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -11,6 +12,7 @@ from relsat.programs.ir import (
     Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleError, RuleSet, ShapeOf,
     SourceLoc, Term, Var,
 )  # fmt: skip
+import relsat.programs.rulesets
 from relsat.programs.parser import format_rule, load_rules, parse_rules
 
 
@@ -247,3 +249,120 @@ def test_round_trip_literals_and_expressions(mode, pads, value, cond):
     (back,) = parse_rules(format_rule(rule)).rules
     assert back == rule
     assert math.copysign(1, back.rhs[0].attrs[2][1].value) == math.copysign(1, value)
+
+
+# ---------------------------------------------------------------- include
+
+
+SHIPPED_DIR = Path(relsat.programs.rulesets.RULES_DIR)
+
+
+def test_include_a_shipped_set():
+    ruleset = parse_rules("r: (Relu ?x) => ?x\ninclude ac-add\n", "main.rules")
+    ac_add = load_rules(SHIPPED_DIR / "ac-add.rules")
+    assert ruleset.rules[1:] == ac_add.rules and [r.name for r in ruleset.rules] == ["r", "add-comm", "add-assoc"]
+    # each rule keeps where it is written; included_at says which include brought it
+    assert [r.source for r in ruleset.rules] == [SourceLoc("main.rules", 1, 1)] + [r.source for r in ac_add.rules]
+    assert ruleset.rules[1].source.file == str(SHIPPED_DIR / "ac-add.rules")
+    assert ruleset.included_at == (None, SourceLoc("main.rules", 2, 9), SourceLoc("main.rules", 2, 9))
+    assert ruleset.files == ("main.rules", str(SHIPPED_DIR / "ac-add.rules"))
+
+
+def test_include_a_subset_keeps_the_files_order():
+    taso = {r.name: r for r in load_rules(SHIPPED_DIR / "taso.rules").rules}
+    text = "include taso: mul-comm add-assoc-rev\n   add-comm  # a comment\ninclude taso: matmul-assoc\n"
+    ruleset = parse_rules(text)
+    assert ruleset.rules == tuple(taso[n] for n in ("add-comm", "add-assoc-rev", "mul-comm", "matmul-assoc"))
+    assert ruleset.rules[1].bidirectional_of == "add-assoc"
+    # the other spelling of the same include
+    assert parse_rules("include taso : add-comm").rules == (taso["add-comm"],)
+
+
+def test_include_a_path_relative_to_the_including_file(tmp_path, monkeypatch):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper" / "c.rules").write_text("c: (Tanh ?x) => ?x\ninclude fold: identity\n")
+    (tmp_path / "sub" / "b.rules").write_text('b1: (Sigmoid ?x) => ?x\ninclude "deeper/c.rules"\nb2: (Sqrt ?x) => ?x\n')
+    main = tmp_path / "main.rules"
+    main.write_text('include "sub/b.rules": b2 c\nr: (Relu ?x) => ?x\n' f'include "{tmp_path}/sub/b.rules": b1\n')
+    monkeypatch.chdir(SHIPPED_DIR)  # relative to the including file, not the working directory
+    ruleset = load_rules(main)
+    assert [r.name for r in ruleset.rules] == ["c", "b2", "r", "b1"]
+    c_file, b_file = tmp_path / "sub" / "deeper" / "c.rules", tmp_path / "sub" / "b.rules"
+    assert [r.source for r in ruleset.rules] == [
+        SourceLoc(str(c_file), 1, 1), SourceLoc(str(b_file), 3, 1), SourceLoc(str(main), 2, 1),
+        SourceLoc(str(b_file), 1, 1)]  # fmt: skip
+    assert ruleset.included_at == (SourceLoc(str(main), 1, 9),) * 2 + (None, SourceLoc(str(main), 3, 9))
+    # every file read, transitively, each once
+    assert [Path(f).resolve() for f in ruleset.files] == [main, b_file, c_file, SHIPPED_DIR / "fold.rules"]
+
+
+def test_an_included_file_is_parsed_once(tmp_path, monkeypatch):
+    reads = []
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self.name) or real(self, *a, **k))
+    load_rules(SHIPPED_DIR / "default.rules")
+    assert sorted(reads) == ["default.rules", "fold.rules", "merge.rules", "taso.rules"]
+
+
+def _write(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+
+
+# (other files, the text of main.rules, the error's file, line, column, part of the reason)
+INCLUDE_BAD = [
+    ({}, "include fodl", "main.rules", 1, 9, "no shipped rule set 'fodl' (shipped: ac-add, default, fold, merge, "
+     "taso); did you mean 'fold'?"),
+    ({}, "include fold.rules", "main.rules", 1, 9, 'a file path is quoted: include "fold.rules"'),
+    ({}, 'r: (Relu ?x) => ?x\ninclude "nope.rules"', "main.rules", 2, 9, "rule file {tmp}/nope.rules not found"),
+    ({}, "include fold: identity\n  idenity", "main.rules", 2, 3,
+     "no rule 'idenity' in {shipped}/fold.rules; did you mean 'identity'?"),
+    ({}, "include ac-add: add-assoc add-comm add-assoc", "main.rules", 1, 36, "rule 'add-assoc' is named twice"),
+    ({}, "include fold:\nr: (Relu ?x) => ?x", "main.rules", 2, 1, "expected the names of the rules to take from fold"),
+    ({}, "include fold identity", "main.rules", 1, 14, "expected ':' and rule names, a new rule 'NAME:' or 'include'"),
+    ({}, "include fold: identity (Relu ?x)", "main.rules", 1, 24, "expected another rule name, a new rule"),
+    ({}, "include (Relu ?x)", "main.rules", 1, 9, "expected a rule set name or a quoted file path after 'include'"),
+    ({}, "r: (Relu ?x) => ?x\ninclude", "main.rules", 2, 8, "expected a rule set name or a quoted file path"),
+    ({"b.rules": "b: (Relu ?x) => ?x"}, 'include "b.rules":b', "main.rules", 1, 18, "put a space between ':'"),
+    ({}, "include fold:identity", "main.rules", 1, 13, "put a space between ':' and the first rule name after fold"),
+    # duplicate names after inclusion: at the later rule, or at the include that brings the later one
+    ({}, "include ac-add\nadd-comm: (Add ?a ?b) => (Add ?b ?a)", "main.rules", 2, 1,
+     "duplicate rule name 'add-comm' (first defined at {shipped}/ac-add.rules:2:1, included at {tmp}/main.rules:1:9)"),
+    ({}, "add-comm: (Add ?a ?b) => (Add ?b ?a)\ninclude ac-add: add-assoc add-comm", "main.rules", 2, 9,
+     "duplicate rule name 'add-comm': this include brings the rule defined at {shipped}/ac-add.rules:2:1, but the "
+     "set already has one (defined at {tmp}/main.rules:1:1)"),
+    ({}, "include ac-add\ninclude taso: add-comm", "main.rules", 2, 9,
+     "duplicate rule name 'add-comm': this include brings the rule defined at {shipped}/taso.rules:8:1, but the set "
+     "already has one (defined at {shipped}/ac-add.rules:2:1, included at {tmp}/main.rules:1:9)"),
+    # cycles, at the include that closes one, with the chain
+    ({}, 'r: (Relu ?x) => ?x\ninclude "main.rules"', "main.rules", 2, 9,
+     "include cycle: {tmp}/main.rules -> {tmp}/main.rules"),
+    ({"a.rules": 'include "b.rules"', "b.rules": 'b: (Relu ?x) => ?x\n\ninclude "./a.rules": b'},
+     'include "a.rules"', "b.rules", 3, 9,
+     "include cycle: {tmp}/a.rules -> {tmp}/b.rules -> {tmp}/a.rules (included at {tmp}/a.rules:1:9) "
+     "(included at {tmp}/main.rules:1:9)"),
+    ({"a.rules": 'include "main.rules"'}, 'include "a.rules"', "a.rules", 1, 9,
+     "include cycle: {tmp}/main.rules -> {tmp}/a.rules -> {tmp}/main.rules (included at {tmp}/main.rules:1:9)"),
+    # an error inside an included file is reported where it is
+    ({"b.rules": "ok: (Relu ?x) => ?x\nbad: (Relu ?x) => ?y"}, 'include "b.rules": ok', "b.rules", 2, 19,
+     "?y on the right side is not bound by the left side or a let (included at {tmp}/main.rules:1:9)"),
+    ({"b.rules": "include fodl"}, 'include "b.rules"', "b.rules", 1, 9,
+     "no shipped rule set 'fodl'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("files, text, file, line, column, reason", INCLUDE_BAD, ids=[t for _, t, *_ in INCLUDE_BAD])
+def test_include_error(tmp_path, files, text, file, line, column, reason):
+    _write(tmp_path, dict(files, **{"main.rules": text}))
+    with pytest.raises(RuleError) as info:
+        load_rules(tmp_path / "main.rules")
+    err = info.value
+    assert (err.file, err.line, err.column) == (str(tmp_path / file), line, column), err.reason
+    assert reason.format(tmp=tmp_path, shipped=SHIPPED_DIR) in err.reason
+    assert str(err) == f"{tmp_path / file}:{line}:{column}: {err.reason}"
+
+
+def test_include_ends_a_rule_and_a_rule_named_include_is_fine():
+    ruleset = parse_rules("r: (Relu ?x) => ?x if (const ?x) include ac-add: add-comm\ninclude: (Tanh ?x) => ?x")
+    assert [r.name for r in ruleset.rules] == ["r", "add-comm", "include"]
+    assert ruleset.rules[0].conditions == (Pred("const", x),)

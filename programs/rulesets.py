@@ -1,0 +1,111 @@
+"""Rule-set lookup: the shipped sets, ``--rules`` values resolved to files, and their rules.
+
+A ``--rules`` value is a shipped set name (``programs/rules/NAME.rules``) or a rule file path.
+Rule files compose by reference (``include SET``, ``include "PATH"``, ``include SET: NAME...``;
+see ``parser.py``), so one set may read several files: ``rule_sources`` lists them all.
+
+Errors about the values themselves (no such set or file, an unsound user rule) are
+``RuleSetError``, whose str is one line; errors inside a rule file are the parser's
+``RuleError`` (``file:line:col: reason``).  This module imports nothing above ``programs``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relsat.programs.ir import Rule
+from relsat.programs.parser import load_rules
+
+RULES_DIR = Path(__file__).resolve().parent / "rules"
+
+
+class RuleSetError(ValueError):
+    """A bad rule-set value (unknown set, missing file) or an unsound user rule; str() is one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+def shipped() -> list[str]:
+    """The names of the shipped rule sets, sorted."""
+    return sorted(p.stem for p in RULES_DIR.glob("*.rules"))
+
+
+def shipped_file(name: str) -> Path | None:
+    """The file of the shipped set ``name``, or None when there is no such set."""
+    if not name or any(sep in name for sep in "/\\") or name.startswith("."):
+        return None
+    path = RULES_DIR / f"{name}.rules"
+    return path if path.is_file() else None
+
+
+def rule_files(names) -> list[Path]:
+    """Resolve ``--rules`` values: a shipped set name (programs/rules/NAME.rules) or a file path."""
+    out = []
+    for name in names:
+        path = Path(name)
+        if path.suffix == ".rules" or path.exists():
+            if not path.exists():
+                raise RuleSetError(f"{name}: rule file not found")
+            out.append(path)
+            continue
+        shipped_path = RULES_DIR / f"{name}.rules"
+        if not shipped_path.exists():
+            raise RuleSetError(f"--rules {name}: no such rule set (shipped: {', '.join(shipped())}) and no such file")
+        out.append(shipped_path)
+    return out
+
+
+def is_shipped(path) -> bool:
+    """A rule file of the shipped sets (verified by the test suite), not a user's."""
+    return Path(path).resolve().parent == RULES_DIR
+
+
+def rule_sources(names) -> list[Path]:
+    """Every rule file that the ``--rules`` values ``names`` read, transitively through their
+    includes, each once, in the order first read (a value's own file before those it includes):
+    what a cache key must hash so that editing an included file invalidates it."""
+    out: dict[Path, Path] = {}
+    for path in rule_files(names):
+        for file in load_rules(path).files:
+            out.setdefault(Path(file).resolve(), Path(file))
+    return list(out.values())
+
+
+def check_rule_files(files) -> int:
+    """Verify every rule of every user rule file (not the shipped sets) on random tensors, as
+    ``relsat rules check`` does; RuleSetError naming file, line and rule for the first rule that
+    differs or cannot be checked. A rule a user file includes from a shipped set is not verified
+    again, nor a rule met twice. Returns the number of rules checked."""
+    from relsat.programs.verify import check_rule
+
+    checked, seen = 0, set()
+    for path in files:
+        if is_shipped(path):
+            continue
+        for rule in load_rules(path).rules:
+            key = (rule.source, rule.name)  # the two directions of a <=> rule share their source
+            if rule.source is not None and (key in seen or is_shipped(rule.source.file)):
+                continue
+            seen.add(key)
+            verdict = check_rule(rule)
+            checked += 1
+            if verdict.ok:
+                continue
+            where = f"{rule.source}" if rule.source else str(path)
+            if verdict.skipped:
+                raise RuleSetError(f"{where}: rule {rule.name} cannot be verified ({verdict.skipped}); relsat "
+                                   "uses only rules it has checked on random tensors")
+            raise RuleSetError(f"{where}: rule {rule.name} is unsound: {verdict.message}")
+    return checked
+
+
+def load_rule_list(names, *, check: bool = False) -> list[Rule]:
+    """The rules of ``--rules`` values, in order; ``check``: verify user rule files first (``check_rule_files``)."""
+    files = rule_files(names)
+    if check:
+        check_rule_files(files)
+    rules = []
+    for path in files:
+        rules += list(load_rules(path).rules)
+    return rules
