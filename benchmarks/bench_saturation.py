@@ -27,7 +27,7 @@ LIMITS = (2_000, 50_000)
 def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float = 120.0) -> dict:
     from relsat.benchmarks import zoo
     from relsat.driver.onnx_import import import_model
-    from relsat.driver.optimize import load_rule_list
+    from relsat.programs.rulesets import load_rule_list
     from relsat.driver.runner import Limits, Runner
 
     g = import_model(zoo.build(name)).egraph

@@ -257,7 +257,9 @@ def resolve_options(rules=("default",), input_shapes=None, check_rules=True, **o
     runs), and the workers do not verify them again."""
     from relsat import __version__
 
-    from .optimize import check_rule_files, optimize, rule_files
+    from relsat.programs.rulesets import rule_sources
+
+    from .optimize import optimize, resolve_rules
 
     sig = inspect.signature(optimize)
     internal = {"model_or_path", "output", "db", "on_round", "on_status", "keep_egraph", "rules", "input_shapes",
@@ -278,14 +280,13 @@ def resolve_options(rules=("default",), input_shapes=None, check_rules=True, **o
         if set(check_params) <= set(options):
             _check_options(**{k: options[k] for k in check_params})
     rules = list(rules or [])
-    files = rule_files(rules) if rules else []
-    if check_rules:
-        check_rule_files(files)
+    files, _ = resolve_rules(rules, check=check_rules)
     worker = dict(options, rules=[str(f.resolve()) for f in files], input_shapes=input_shapes or None,
                   check_rules=False)
     recorded = dict(options, rules=rules, input_shapes=input_shapes or None)
     keyed = dict(options, input_shapes=input_shapes or None, relsat=__version__,
-                 rules=[[name, _sha256_file(f).hexdigest()] for name, f in zip(rules, files)])
+                 rules=[[name, [_sha256_file(src).hexdigest() for src in rule_sources([str(f)])]]
+                        for name, f in zip(rules, files)])  # included files too
     digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()
     return worker, recorded, digest
 

@@ -306,7 +306,7 @@ def rules_list(names: List[str] = typer.Argument(None, help="rule set names or f
     """Show the rules of a set."""
     from relsat.programs.parser import format_rule, load_rules
 
-    from .optimize import RULES_DIR, rule_files
+    from relsat.programs.rulesets import RULES_DIR, rule_files
 
     try:
         files = rule_files(names) if names else sorted(RULES_DIR.glob("*.rules"))
@@ -325,7 +325,7 @@ def rules_check(names: List[str] = typer.Argument(..., help="rule set names or f
     from relsat.programs.parser import load_rules
     from relsat.programs.verify import check_ruleset
 
-    from .optimize import rule_files
+    from relsat.programs.rulesets import rule_files
 
     failed = 0
     try:

@@ -28,6 +28,8 @@ from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
 from relsat.extract.profile import ProviderUnavailable, available_providers
+from relsat.programs import rulesets
+from relsat.programs.ir import RuleError
 from relsat.programs.parser import load_rules
 from relsat.relations import runtime
 from relsat.relations.egraph import EGraph
@@ -40,64 +42,17 @@ from .outputs import EGraphFile, check_outputs, protected_paths
 from .runner import Limits, Runner
 from .verify import VerifyResult, error_line, verify
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "programs" / "rules"
-
-
-def rule_files(names) -> list[Path]:
-    """Resolve ``--rules`` values: a shipped set name (programs/rules/NAME.rules) or a file path."""
-    out = []
-    for name in names:
-        path = Path(name)
-        if path.suffix == ".rules" or path.exists():
-            if not path.exists():
-                raise RelsatError(f"{name}: rule file not found")
-            out.append(path)
-            continue
-        shipped = RULES_DIR / f"{name}.rules"
-        if not shipped.exists():
-            known = ", ".join(sorted(p.stem for p in RULES_DIR.glob("*.rules")))
-            raise RelsatError(f"--rules {name}: no such rule set (shipped: {known}) and no such file")
-        out.append(shipped)
-    return out
-
-
-def is_shipped(path: Path) -> bool:
-    """A rule file of the shipped sets (verified by the test suite), not a user's."""
-    return Path(path).resolve().parent == RULES_DIR
-
-
-def check_rule_files(files) -> int:
-    """Verify every rule of every user rule file (not the shipped sets) on random tensors, as
-    ``relsat rules check`` does; RelsatError naming file, line and rule for the first rule that
-    differs or cannot be checked. Returns the number of rules checked."""
-    from relsat.programs.verify import check_rule
-
-    checked = 0
-    for path in files:
-        if is_shipped(path):
-            continue
-        for rule in load_rules(path).rules:
-            verdict = check_rule(rule)
-            checked += 1
-            if verdict.ok:
-                continue
-            where = f"{rule.source}" if rule.source else str(path)
-            if verdict.skipped:
-                raise RelsatError(f"{where}: rule {rule.name} cannot be verified ({verdict.skipped}); relsat "
-                                  "uses only rules it has checked on random tensors")
-            raise RelsatError(f"{where}: rule {rule.name} is unsound: {verdict.message}")
-    return checked
-
-
-def load_rule_list(names, *, check: bool = False) -> list:
-    """The rules of ``--rules`` values; ``check``: verify user rule files first (``check_rule_files``)."""
-    files = rule_files(names)
-    if check:
-        check_rule_files(files)
-    rules = []
-    for path in files:
-        rules += list(load_rules(path).rules)
-    return rules
+def resolve_rules(names, *, check: bool, status=lambda text: None) -> tuple[list[Path], list]:
+    """``--rules`` values as (files, rules) through ``relsat.programs.rulesets``; ``check``: verify user
+    rule files on random tensors first. Rule-file problems become one-line RelsatErrors."""
+    try:
+        files = rulesets.rule_files(names) if names else []
+        if check and not all(rulesets.is_shipped(f) for f in files):
+            status("checking the user rules on random tensors ...")
+            rulesets.check_rule_files(files)
+        return files, [r for f in files for r in load_rules(f).rules]
+    except (rulesets.RuleSetError, RuleError, OSError) as e:
+        raise RelsatError(error_line(e)) from None
 
 
 @dataclass
@@ -154,11 +109,8 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
     in_memory = isinstance(model_or_path, onnx.ModelProto)
     check_outputs(source=None if in_memory else model_or_path, output=output, db=db,
                   protected=protected_paths(cost_cache, costs))
-    rule_paths = rule_files(rules) if rules else []
     status = on_status or (lambda text: None)
-    if check_rules and any(not is_shipped(p) for p in rule_paths):
-        status("checking the user rules on random tensors ...")
-        check_rule_files(rule_paths)
+    rule_paths, rule_list = resolve_rules(rules, check=check_rules, status=status)
     notices: list[str] = []
     cache_only = False
     if not _cuda_here(provider):
@@ -195,7 +147,6 @@ def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, i
         phases["import"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        rule_list = [r for p in rule_paths for r in load_rules(p).rules]
         runner = Runner(g, rule_list, Limits(iter_limit, node_limit, time_limit, multi_rounds), on_round=on_round)
         sat = runner.run() if rule_list else None
         phases["saturate"] = time.perf_counter() - t

@@ -15,7 +15,8 @@ from relsat.driver import latency
 from relsat.driver.cli import app
 from relsat.driver.errors import RelsatError
 from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import load_rule_list, optimize
+from relsat.driver.optimize import optimize
+from relsat.programs.rulesets import load_rule_list
 from relsat.driver.runner import Limits, Runner
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.cost_cache import CostCache, CostRow

@@ -20,7 +20,8 @@ from relsat.benchmarks.efficientnet import build
 from relsat.driver import optimize as optimize_module
 from relsat.driver.onnx_export import export_model, original_choice
 from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import load_rule_list, optimize
+from relsat.driver.optimize import optimize
+from relsat.programs.rulesets import load_rule_list
 from relsat.driver.runner import Limits, Runner
 from relsat.driver.verify import verify
 from relsat.relations.runtime import session as ort_session

@@ -358,3 +358,10 @@ def test_costs_export_replaces_only_a_cost_table(place):
         res = runner.invoke(app, ["costs", "export", "t.csv"])
         assert res.exit_code == 0, res.output
     assert (place / "t.csv").read_text().startswith("key,provider,threads")
+
+
+def test_a_rule_file_with_a_syntax_error_is_one_line(place):
+    (place / "bad.rules").write_text("bad: (Relu ?x => ?x\n")
+    refused(["optimize", "m.onnx", "-o", "o.onnx", "--rules", "bad.rules", *FAST], "bad.rules:1:15")
+    refused(["batch", "m.onnx", "-o", "out", "--rules", "bad.rules", *FAST], "bad.rules:1:15")
+    assert not (place / "o.onnx").exists() and not (place / "out").exists()
