@@ -1,12 +1,11 @@
 """ONNX export: from a chosen DAG of e-nodes back to an ONNX model, and saving it.
 
-Owns ``original_choice`` (the import-order choice that reproduces the original
-graph), ``export_model`` (topological order, unique value names, the original
+Owns ``export_model`` (topological order, unique value names, the original
 input/output names, lifted attributes written back as initializers or attributes
 by opset, Gelu below opset 20 written as its definition in primitives, constant
 subgraphs folded into initializers with ONNX Runtime, a Conv's constant weight and bias
 always, opaque nodes written back verbatim, the original opsets/IR version/metadata),
-``save_model_atomic``, and ``ExportError``: a choice that cannot be written (a cycle, a
+and ``ExportError``: a choice that cannot be written (a cycle, a
 value read before it is produced, a graph ONNX Runtime's optimizer would break), for the
 caller to fall back from.
 """
@@ -15,18 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED
+from relsat.extract.original import original_choice
 from relsat.relations.egraph import EGraph
 from relsat.relations.runtime import session
 
@@ -34,7 +30,6 @@ from .errors import RelsatError, error_line
 from .onnx_import import ImportResult, outer_names, subgraphs, walk_graphs
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
-EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
 _FOLD_MIN = 1 << 16  # a constant subgraph is folded when its result has at most max(this, its inputs') elements
 _INT64_MIN = -(2 ** 63)
 _ATTR_TYPES = {"int": AttributeProto.INT, "ints": AttributeProto.INTS, "float": AttributeProto.FLOAT,
@@ -62,23 +57,6 @@ class _Info:
     shape: list[int] | None
     dtype: int | None
     is_const: bool
-
-
-def original_choice(egraph: EGraph, roots) -> dict[int, int]:
-    """For every e-class needed by ``roots``, its node with the smallest id (the import order:
-    always acyclic, since a node's children existed before it)."""
-    best = {c: (n, ch) for c, n, ch in egraph.sql(
-        "SELECT eclass, min(id), arg_min(children, id) FROM enodes GROUP BY eclass")}
-    choice: dict[int, int] = {}
-    stack = [int(c) for c in egraph.find(list(roots))] if len(roots) else []
-    while stack:
-        c = stack.pop()
-        if c not in choice:
-            if c not in best:
-                raise ValueError(f"e-class {c} has no e-node")
-            choice[c] = best[c][0]
-            stack.extend(best[c][1])
-    return choice
 
 
 def _load_nodes(g: EGraph, choice: dict[int, int]) -> dict[int, _Node]:
@@ -492,30 +470,6 @@ def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:
             if reader is not None and reader.op_type == "Conv" and i != 0:
                 raise ExportError(f"the exported graph pads {which(node.output[0])} into input {i} of Conv "
                                   f"{reader.name}, which ONNX Runtime's Pad fusion would rewire")
-
-
-def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:
-    """Write ``model`` to ``path`` through a temporary file in the same folder and a rename; tensors
-    go to ``<name>.data`` next to it when ``external_data`` (default: above 1.8 GB)."""
-    path = Path(path)
-    if external_data is None:
-        external_data = model.ByteSize() > EXTERNAL_DATA_BYTES
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        tmp = tmpdir / path.name
-        if external_data:
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            data = path.name + ".data"
-            onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data, size_threshold=1024)
-            if (tmpdir / data).exists():
-                os.replace(tmpdir / data, path.parent / data)
-        else:
-            tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def enode_proto(op: str, children: list[int], attrs: dict, info: dict, opset: int):

@@ -27,6 +27,7 @@ from relsat import __version__
 from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
+from relsat.extract.original import original_choice
 from relsat.extract.profile import ProviderUnavailable, available_providers
 from relsat.programs import rulesets
 from relsat.programs.ir import RuleError
@@ -36,9 +37,9 @@ from relsat.relations.egraph import EGraph
 
 from . import latency
 from .errors import RelsatError
-from .onnx_export import export_model, original_choice, save_model_atomic
+from .onnx_export import export_model
 from .onnx_import import check_ort_loadable, import_model, load_model
-from .outputs import EGraphFile, check_outputs, protected_paths
+from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
 from .runner import Limits, Runner
 from .verify import VerifyResult, error_line, verify
 

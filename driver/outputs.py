@@ -8,6 +8,9 @@ writes there: an ONNX model for ``-o``, a relsat e-graph for ``--db``, a relsat 
 ``--report``, a cost table for ``relsat costs export``.  Anything else is refused with a one-line ``RelsatError``: relsat never
 replaces a file it did not write.
 
+``save_model_atomic`` writes a model through a temporary file and a rename (with a side file of
+tensors above ``EXTERNAL_DATA_BYTES``).
+
 ``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
 folder) and renames it into place only when the run that built it got that far, so a run that
 fails (or is killed) leaves an earlier e-graph at that path as it was.
@@ -17,11 +20,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
+
+import onnx
 
 from .errors import RelsatError
 
 EGRAPH_TABLES = {"meta", "eclass", "uf"}  # every relsat e-graph has these tables
+EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -160,3 +168,27 @@ class EGraphFile:
     def discard(self) -> None:
         for p in (self.path, self._wal(self.path)):
             p.unlink(missing_ok=True)
+
+
+def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:
+    """Write ``model`` to ``path`` through a temporary file in the same folder and a rename; tensors
+    go to ``<name>.data`` next to it when ``external_data`` (default: above 1.8 GB)."""
+    path = Path(path)
+    if external_data is None:
+        external_data = model.ByteSize() > EXTERNAL_DATA_BYTES
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = tmpdir / path.name
+        if external_data:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            data = path.name + ".data"
+            onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data, size_threshold=1024)
+            if (tmpdir / data).exists():
+                os.replace(tmpdir / data, path.parent / data)
+        else:
+            tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

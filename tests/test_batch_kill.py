@@ -18,7 +18,7 @@ import pytest
 
 from relsat.benchmarks import zoo
 from relsat.driver import batch as B
-from relsat.driver import onnx_export
+from relsat.driver import outputs
 from relsat.driver.verify import verify
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
@@ -221,7 +221,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
     options = B.resolve_options(**QUICK_KW)[0]
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
 
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 0)
     stage = B._stage_dir(out, "vgg19", 1)
     B._optimize_one(task, stage, out, options, False, None, lambda text: None)
     assert sorted(p.name for p in stage.iterdir()) == ["vgg19.json", "vgg19.onnx", "vgg19.onnx.data"]
@@ -235,7 +235,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
         fh.write(b"\1\2\3\4")
     assert B._files_disagree(out, row, False) == "files changed"
 
-    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 1 << 40)
+    monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 1 << 40)
     stage = B._stage_dir(out, "vgg19", 2)
     B._optimize_one(task, stage, out, options, False, None, lambda text: None)
     fields = B._commit(out, "vgg19", stage, False)

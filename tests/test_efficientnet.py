@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.benchmarks.efficientnet import build
 from relsat.driver import optimize as optimize_module
-from relsat.driver.onnx_export import export_model, original_choice
+from relsat.driver.onnx_export import export_model
+from relsat.extract.original import original_choice
 from relsat.driver.onnx_import import import_model
 from relsat.driver.optimize import optimize
 from relsat.programs.rulesets import load_rule_list

@@ -13,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.driver import onnx_import
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_export import export_model, original_choice, save_model_atomic
+from relsat.driver.onnx_export import export_model
+from relsat.driver.outputs import save_model_atomic
+from relsat.extract.original import original_choice
 from relsat.driver.onnx_import import import_model, load_model
 from relsat.driver.verify import verify
 from relsat.relations.catalog import OPS
