@@ -1,26 +1,25 @@
-"""ONNX import: from a model file to e-graph tables.
+"""ONNX import: from a model file to e-graph rows.
 
 Owns reading and checking a model file (``load_model``, ``check_ort_loadable``),
-specializing dynamic input dims, and translating the graph into the e-graph
+specializing dynamic input dims, and reading the graph into rows of the e-graph
 (``import_model`` -> ``ImportResult``): float32 scalars (initializers and
 Constant nodes) become Constant(value_float) leaves, other initializers and
 Constant values deduplicated Weight leaves, graph inputs Input leaves, and each
-node either a catalog node (attributes defaulted and normalized, lifted inputs
-turned into attributes, shapes checked against ONNX shape inference) or an
-opaque node that keeps its NodeProto (``add_opaque``).
+node either a catalog node (found by domain and op_type, attributes defaulted and
+normalized by the per-operator hooks below, lifted inputs turned into attributes,
+shapes checked against ONNX shape inference) or an opaque node that keeps its NodeProto.
 
-All nodes of a model are written in one set-oriented batch (``_Plan``,
-``_write``): e-class ids are assigned while the graph is walked in Python
-(hash-consing identical nodes), then every table gets one INSERT and the
-catalog's shape rules are checked in one query per batch, so the number of SQL
-statements does not grow with the depth of the graph.
+The nodes of a model are planned as one batch (``relations.bulk.Plan``: e-class ids
+assigned while the graph is walked, identical nodes hash-consed) and written by
+``relations.bulk.write``, so the number of SQL statements does not grow with the depth
+of the graph.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED, OpDef
+from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
@@ -468,246 +468,6 @@ _HOOKS = {"Conv": _window, "MaxPool": _window, "AveragePool": _window, "Softmax"
           "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad}
 
 
-# ------------------------------------------------------------ bulk insertion
-_GETITEM = BY_TYPE["getitem"]
-_P0 = 1 << 60  # provisional e-class ids while a batch is planned; real ids come from class_seq when written
-
-
-@dataclass
-class _Row:
-    """One e-node to write: a catalog node (``op``), or an opaque one (``op`` None, ``attrs["node"]``
-    its NodeProto, ``children["inputs"]`` its input e-classes)."""
-
-    op: OpDef | None
-    children: dict  # child column -> e-class (a list for a variadic input); -1 = absent
-    attrs: dict
-    out: int
-    src: list = field(default_factory=list)  # positions of the ONNX nodes it stands for; empty: not checked
-
-
-class _Plan:
-    """E-classes and e-nodes to write in one batch (``_write``), children before parents; new
-    e-classes have provisional ids (>= _P0) until written."""
-
-    def __init__(self):
-        self.classes: list[tuple] = []  # (shape, dtype, is_const, tuple_shapes, tuple_dtypes); None = unknown
-        self.rows: list[_Row] = []
-
-    def new_class(self, shape, dtype, const, tuple_shapes=None, tuple_dtypes=None) -> int:
-        self.classes.append((shape, dtype, bool(const), tuple_shapes, tuple_dtypes))
-        return _P0 + len(self.classes) - 1
-
-
-def _json(v):
-    return None if v is None else json.dumps(v)
-
-
-def _rule_sql(op: OpDef) -> str:
-    """The catalog's shape, dtype and canonical-attribute rules of ``op`` evaluated on the rows of its
-    table listed in ``_imp_check``, as ``EGraph.insert_from`` evaluates them on insert: one row (id,
-    out, o_shape, o_dtype, o_tshapes, o_tdtypes, canon_ok) per node."""
-    joins, cols = [], ["n.*"]
-    for inp in op.inputs:
-        c, col = inp.column, q(inp.column)
-        if inp.variadic:
-            joins.append(
-                f"LEFT JOIN (SELECT u.id, list(e.shape ORDER BY u.pos) AS s, list(e.dtype ORDER BY u.pos) AS d, "
-                f"bool_and(e.is_const) AS k FROM (SELECT id, unnest({col}) AS cid, generate_subscripts({col}, 1) AS pos "
-                f"FROM {op.table} WHERE id IN (SELECT id FROM _imp_check)) u JOIN eclass e ON e.id = u.cid "
-                f"GROUP BY u.id) v_{c} ON v_{c}.id = n.id")
-            cols += [f"v_{c}.s AS s_{c}", f"v_{c}.d AS d_{c}", f"v_{c}.k AS k_{c}"]
-        else:
-            joins.append(f"LEFT JOIN eclass e_{c} ON e_{c}.id = n.{col}")
-            cols += [f"e_{c}.shape AS s_{c}", f"e_{c}.dtype AS d_{c}", f"coalesce(e_{c}.is_const, n.{col} = -1) AS k_{c}",
-                     f"e_{c}.tuple_shapes AS ts_{c}", f"e_{c}.tuple_dtypes AS td_{c}"]
-    base = f"SELECT {', '.join(cols)} FROM {op.table} n {' '.join(joins)} WHERE n.id IN (SELECT id FROM _imp_check)"
-    canon_ok = " AND ".join(f"(({expr}) IS NOT DISTINCT FROM {q(a)})" for a, expr in op.canon) or "true"
-    return (f"SELECT id, out, ({op.shape})::BIGINT[] AS o_shape, ({op.dtype or 'd_' + op.child_columns[0]})::INTEGER "
-            f"AS o_dtype, ({op.tuple_shapes or 'NULL'})::BIGINT[][] AS o_tshapes, "
-            f"({op.tuple_dtypes or 'NULL'})::INTEGER[] AS o_tdtypes, {canon_ok} AS canon_ok FROM ({base})")
-
-
-def _write(g: EGraph, plan: _Plan, *, ts: int = 0) -> tuple[set[int], np.ndarray]:
-    """Write a plan in one transaction with a fixed number of statements per operator table,
-    whatever the depth of the graph: new e-classes and their analyses, catalog rows, opaque rows.
-    Then the catalog's rules are evaluated on the rows with a ``src``: an e-class whose shape or
-    dtype the plan left unknown takes the rule's, and a row that its rule rejects or that disagrees
-    with the plan's shape or dtype (ONNX shape inference) rolls the whole batch back.  Returns the
-    positions in ``plan.rows`` of those rows (empty: written) and the real e-class id of each
-    provisional one."""
-    con = g.con
-    if not plan.rows and not plan.classes:
-        return set(), np.zeros(0, dtype=np.int64)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        bad, classes, tables = _write_rows(g, plan, ts)
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    if bad:
-        con.execute("ROLLBACK")
-        return bad, classes
-    con.execute("COMMIT")
-    g.live.update(tables)
-    return set(), classes
-
-
-def _write_rows(g: EGraph, plan: _Plan, ts: int):
-    con = g.con
-    fetch = "SELECT nextval('{}') AS i FROM range(?)"
-    classes = np.sort(con.execute(fetch.format("class_seq"), [len(plan.classes)]).fetchnumpy()["i"]).astype(np.int64)
-    node_ids = np.sort(con.execute(fetch.format("node_seq"), [len(plan.rows)]).fetchnumpy()["i"]).astype(np.int64)
-
-    def real(ids) -> np.ndarray:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
-        new = a >= _P0
-        return np.where(new, classes[np.where(new, a - _P0, 0)] if len(classes) else a, a)
-
-    def lists(col) -> np.ndarray:
-        return np.array([json.dumps(real(v).tolist()) for v in col], dtype=object)
-
-    if plan.classes:
-        shape, dtype, const, tshapes, tdtypes = zip(*plan.classes)
-        con.register("_imp_classes", {
-            "id": classes, "shape": np.array([_json(s) for s in shape], dtype=object),
-            "dtype": np.array(dtype, dtype=object), "is_const": np.array(const, dtype=bool),
-            "tshapes": np.array([_json(s) for s in tshapes], dtype=object),
-            "tdtypes": np.array([_json(d) for d in tdtypes], dtype=object)})
-        try:
-            con.execute("INSERT INTO eclass (id, shape, dtype, is_const, tuple_shapes, tuple_dtypes, ts) SELECT id, "
-                        "shape::VARCHAR::BIGINT[], dtype::INTEGER, is_const, tshapes::VARCHAR::BIGINT[][], "
-                        f"tdtypes::VARCHAR::INTEGER[], {int(ts)} FROM _imp_classes")
-        finally:
-            con.unregister("_imp_classes")
-    groups: dict = defaultdict(list)
-    for k, r in enumerate(plan.rows):
-        groups[r.op.op_type if r.op else None].append(k)
-    tables = set()
-    for op_type, ks in groups.items():
-        rows = [plan.rows[k] for k in ks]
-        ids, outs = node_ids[ks], real([r.out for r in rows])
-        if op_type is None:
-            _write_opaque(con, ids, outs, [real(r.children["inputs"]).tolist() for r in rows], rows, ts)
-            tables.add("op_opaque")
-            continue
-        op = BY_TYPE[op_type]
-        frame, select = {"id": ids, "out": outs}, ["id"]
-        for inp in op.inputs:
-            col = [r.children[inp.column] for r in rows]
-            if inp.variadic:
-                frame[inp.column] = lists(col)
-                select.append(f"{q(inp.column)}::VARCHAR::BIGINT[]")
-            else:
-                frame[inp.column] = real(col)
-                select.append(q(inp.column))
-        for a in op.attrs:
-            col = [r.attrs[a.name] for r in rows]
-            if a.kind in ("ints", "floats"):
-                frame[a.name] = np.array([json.dumps(list(v)) for v in col], dtype=object)
-                select.append(f"{q(a.name)}::VARCHAR::{a.sql_type}")
-            else:
-                frame[a.name] = np.array(col, dtype={"int": np.int64, "float": np.float64}.get(a.kind, object))
-                select.append(f"{q(a.name)}::{a.sql_type}")
-        names = ", ".join(q(c) for c in [*op.child_columns, *(a.name for a in op.attrs)])
-        con.register("_imp_rows", frame)
-        try:
-            con.execute(f"INSERT INTO {op.table} (id, {names}, out, ts) SELECT {', '.join(select)}, out, {int(ts)} "
-                        f"FROM _imp_rows")
-        finally:
-            con.unregister("_imp_rows")
-        tables.add(op.table)
-    checked = [k for k, r in enumerate(plan.rows) if r.src]
-    if not checked:
-        return set(), classes, tables
-    con.register("_imp_check", {"id": node_ids[checked]})
-    bad_ids: set[int] = set()
-    try:
-        ops = [op for op in OPS if op.op_type in groups and any(plan.rows[k].src for k in groups[op.op_type])]
-        # getitem reads the tuple shapes that its tuple's rule may have filled in
-        for batch in ([op for op in ops if op.op_type != "getitem"], [op for op in ops if op.op_type == "getitem"]):
-            if not batch:
-                continue
-            con.execute("CREATE OR REPLACE TEMP TABLE _imp_rule AS " + " UNION ALL ".join(map(_rule_sql, batch)))
-            con.execute(
-                "UPDATE eclass SET shape = coalesce(eclass.shape, r.o_shape), dtype = coalesce(eclass.dtype, r.o_dtype), "
-                "tuple_shapes = coalesce(eclass.tuple_shapes, r.o_tshapes), tuple_dtypes = coalesce(eclass.tuple_dtypes, "
-                "r.o_tdtypes) FROM _imp_rule r WHERE eclass.id = r.out AND (eclass.shape IS NULL OR eclass.dtype IS NULL)")
-            bad_ids.update(i for (i,) in con.execute(
-                "SELECT r.id FROM _imp_rule r JOIN eclass e ON e.id = r.out WHERE NOT r.canon_ok "
-                "OR (r.o_shape IS NULL AND r.o_tshapes IS NULL) OR e.shape IS DISTINCT FROM r.o_shape "
-                "OR e.dtype IS DISTINCT FROM r.o_dtype OR e.tuple_shapes IS DISTINCT FROM r.o_tshapes "
-                "OR e.tuple_dtypes IS DISTINCT FROM r.o_tdtypes").fetchall())
-    finally:
-        con.unregister("_imp_check")
-    position = {int(i): k for k, i in enumerate(node_ids)}
-    return {position[i] for i in bad_ids}, classes, tables
-
-
-def _write_opaque(con, ids, outs, inputs, rows: list[_Row], ts: int) -> None:
-    nodes = [r.attrs["node"] for r in rows]
-    frame = {
-        "id": ids, "out": outs, "rid": np.arange(len(rows), dtype=np.int64),
-        "node": np.array([n.SerializeToString() for n in nodes], dtype=object),
-        "op_type": np.array([n.op_type for n in nodes], dtype=object),
-        "domain": np.array([n.domain for n in nodes], dtype=object),
-        "n_outputs": np.array([len(n.output) for n in nodes], dtype=np.int32),
-        "inputs": np.array([json.dumps(ins) for ins in inputs], dtype=object),
-        "shapes": np.array([json.dumps(r.attrs["shapes"]) for r in rows], dtype=object),
-        "dtypes": np.array([json.dumps(r.attrs["dtypes"]) for r in rows], dtype=object),
-    }
-    con.register("_imp_opaque", frame)
-    try:
-        con.execute("CREATE OR REPLACE TEMP TABLE _imp_opq AS SELECT id, out, (SELECT coalesce(max(proto), 0) FROM "
-                    "opaque_nodes) + rid + 1 AS proto, node, op_type, domain, n_outputs, inputs::VARCHAR::BIGINT[] AS "
-                    "inputs, shapes::VARCHAR::BIGINT[][] AS shapes, dtypes::VARCHAR::INTEGER[] AS dtypes FROM _imp_opaque")
-    finally:
-        con.unregister("_imp_opaque")
-    con.execute("INSERT INTO opaque_nodes (proto, op_type, domain, node, n_outputs, output_shapes, output_dtypes) "
-                "SELECT proto, op_type, domain, node, n_outputs, shapes, dtypes FROM _imp_opq")
-    con.execute(f"INSERT INTO op_opaque (id, proto, inputs, out, ts) SELECT id, proto, inputs, out, {int(ts)} FROM _imp_opq")
-
-
-# ---------------------------------------------------------- opaque nodes
-def _plan_opaque(plan: _Plan, node: onnx.NodeProto, inputs, shapes, dtypes, const: bool) -> list[int]:
-    """Plan an opaque node: its e-class per output position (-1 where the output is omitted).  A
-    single-output node's e-class is a tensor; a multi-output node's is a tuple whose outputs get
-    getitem nodes."""
-    shapes, dtypes = list(shapes), list(dtypes)
-    single = len(node.output) == 1
-    out = plan.new_class(shapes[0], dtypes[0], const) if single else plan.new_class(None, None, const, shapes, dtypes)
-    plan.rows.append(_Row(None, {"inputs": list(inputs)}, {"node": node, "shapes": shapes, "dtypes": dtypes}, out))
-    if single:
-        return [out]
-    result = [-1] * len(node.output)
-    for i, o in enumerate(node.output):
-        if o:
-            result[i] = plan.new_class(shapes[i], dtypes[i], const)
-            plan.rows.append(_Row(_GETITEM, {"t": out}, {"index": i}, result[i]))
-    return result
-
-
-def add_opaque(g: EGraph, nodes, inputs, output_shapes, output_dtypes, *, ts: int = 0) -> list[list[int]]:
-    """Insert opaque nodes in one batch of set-oriented SQL; returns each node's e-class per output
-    position (-1 where the output is omitted).
-
-    ``nodes``: NodeProtos, kept verbatim in ``opaque_nodes``; ``inputs``: per node the e-classes of
-    its non-empty inputs, then of the outer values its subgraphs read (``outer_names`` order);
-    ``output_shapes`` / ``output_dtypes``: per node and output, a shape list / ONNX dtype or None.
-    A single-output node's ``out`` is a tensor e-class; a multi-output node's is a tuple e-class
-    whose outputs get getitem nodes.  A node is constant when it has inputs, all constant, and is
-    not random."""
-    if not len(nodes):
-        return []
-    known = sorted({int(c) for ins in inputs for c in ins})
-    const = dict(g.sql("SELECT id, is_const FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))", [known])) if known else {}
-    plan = _Plan()
-    outs = [_plan_opaque(plan, node, ins, shapes, dtypes, bool(ins) and not (
-        node.op_type in _RANDOM_OPS and node.domain == "") and all(const.get(int(c)) is True for c in ins))
-            for node, ins, shapes, dtypes in zip(nodes, inputs, output_shapes, output_dtypes)]
-    _, classes = _write(g, plan, ts=ts)
-    return [[int(classes[c - _P0]) if c >= _P0 else c for c in row] for row in outs]
-
-
 # ----------------------------------------------------------------- import
 @dataclass
 class _Item:
@@ -864,11 +624,11 @@ class _Importer:
                 children[inp.column] = self.cls[name] if name else -1
         return _Item(node, op, children, attrs)
 
-    def plan(self, nodes: list[onnx.NodeProto], forced: set[int], const: dict[int, bool]) -> _Plan:
+    def plan(self, nodes: list[onnx.NodeProto], forced: set[int], const: dict[int, bool]) -> Plan:
         """Every node as a row of one batch, in order (``nodes`` is topologically sorted): catalog
         nodes hash-consed on (op, children, attributes), typed by ONNX shape inference; the nodes at
         positions ``forced``, and those the catalog cannot represent, opaque."""
-        plan, seen, proj = _Plan(), {}, {}
+        plan, seen, proj = Plan(), {}, {}
         self.opaque_ops = Counter()
 
         def getitem(t: int, index: int, name: str, src: list) -> int:
@@ -876,7 +636,7 @@ class _Importer:
                 dtype, shape = self.types.get(name) or (None, None)
                 proj[t, index] = c = plan.new_class(shape, dtype, const[t])
                 const[c] = const[t]
-                plan.rows.append(_Row(_GETITEM, {"t": t}, {"index": index}, c, src))
+                plan.rows.append(Row(GETITEM, {"t": t}, {"index": index}, c, src))
             return proj[t, index]
 
         for pos, node in enumerate(nodes):
@@ -887,7 +647,7 @@ class _Importer:
                        for n in [*(i for i in node.input if i), *outer_names(node)]]
                 types = [self.types.get(o) or (None, None) for o in node.output]
                 k = bool(ins) and not (node.op_type in _RANDOM_OPS and node.domain == "") and all(const[c] for c in ins)
-                outs = _plan_opaque(plan, node, ins, [s for _, s in types], [d for d, _ in types], k)
+                outs = plan_opaque(plan, node, ins, [s for _, s in types], [d for d, _ in types], k)
                 const.update((c, k) for c in outs)
                 self.cls.update((o, c) for o, c in zip(node.output, outs) if o)
                 continue
@@ -910,7 +670,7 @@ class _Importer:
                     out = plan.new_class(shape, dtype, k)
                 const[out], src = k, [pos]
                 seen[key] = out, src
-                plan.rows.append(_Row(op, item.children, item.attrs, out, src))
+                plan.rows.append(Row(op, item.children, item.attrs, out, src))
             if op.is_tuple:
                 for index, o in enumerate(node.output):
                     if o:
@@ -920,7 +680,7 @@ class _Importer:
         return plan
 
     def run(self, nodes: list[onnx.NodeProto]) -> None:
-        """Insert the nodes in one set-oriented batch (``_write``), whatever the depth of the graph.
+        """Insert the nodes in one set-oriented batch (``relations.bulk.write``), whatever the depth of the graph.
         A node whose catalog rule disagrees with ONNX shape inference is kept opaque (the batch is
         planned again without it)."""
         level_of: dict[str, int] = {}
@@ -938,7 +698,7 @@ class _Importer:
         while True:
             self.cls = dict(leaves)
             plan = self.plan(nodes, forced, dict(const0))
-            bad, classes = _write(self.g, plan)
+            bad, classes = write(self.g, plan)
             if not bad:
                 break
             for k in sorted(bad):
@@ -948,7 +708,7 @@ class _Importer:
                         node = nodes[pos]
                         self.notices.append(f"node '{node.name}' ({node.op_type}): relsat's shape rule disagrees "
                                             f"with ONNX shape inference; kept opaque")
-        self.cls = {name: int(classes[c - _P0]) if c >= _P0 else c for name, c in self.cls.items()}
+        self.cls = {name: real_id(classes, c) for name, c in self.cls.items()}
         if self.merge:  # the e-graph held nodes before: hash-cons the new rows against them
             for op in OPS:
                 if op.table in self.g.live and not op.leaf:

@@ -14,7 +14,7 @@ import numpy as np
 
 from relsat.relations.catalog import OPS
 from relsat.relations.egraph import EGraph
-from relsat.relations.schema import q
+from relsat.relations.rules import rule_select
 
 from .extraction import ExtractionProblem
 
@@ -36,24 +36,17 @@ def analytic_costs(g: EGraph) -> None:
     for op in OPS:
         if op.table not in g.live or op.leaf:
             continue
-        cols, joins, bytes_in = ["n.id"], [], []
-        for inp in op.inputs:
-            if inp.variadic:
-                cols.append(f"(SELECT list(e.shape) FROM unnest(n.{q(inp.column)}) u(c) JOIN eclass e ON e.id = u.c) "
-                            f"AS s_{inp.column}")
-                bytes_in.append(f"list_sum(list_transform(s_{inp.column}, lambda s: prod(s)))")
-            else:
-                joins.append(f"LEFT JOIN eclass e_{inp.column} ON e_{inp.column}.id = n.{q(inp.column)}")
-                cols.append(f"e_{inp.column}.shape AS s_{inp.column}")
-                bytes_in.append(f"coalesce(prod(s_{inp.column}), 0)")
-        cols += [f"n.{q(a.name)}" for a in op.attrs]
-        cols += ["o.shape AS s_out", "o.tuple_shapes AS ts_out", "o.is_const AS const_out"]
-        out_elems = "coalesce(prod(s_out), list_sum(list_transform(ts_out, lambda s: prod(s))), 0)"
-        src = (f"SELECT {', '.join(cols)} FROM {op.table} n JOIN eclass o ON o.id = n.out {' '.join(joins)}")
+        bytes_in = [f"list_sum(list_transform(s_{i.column}, lambda s: prod(s)))" if i.variadic
+                    else f"coalesce(prod(s_{i.column}), 0)" for i in op.inputs]
+        src = (f"SELECT n.id AS rid, n.*, o.shape AS s_out, o.tuple_shapes AS ts_out, o.is_const AS const_out "
+               f"FROM {op.table} n JOIN eclass o ON o.id = n.out")
+        rows = rule_select(op, src, given=[a.name for a in op.attrs], carry=("s_out", "ts_out", "const_out"), exprs={
+            "flops": op.flops, "bytes": f"{' + '.join(bytes_in) or '0'}", "out_elems":
+            "coalesce(prod(s_out), list_sum(list_transform(ts_out, lambda s: prod(s))), 0)"})
         g.con.execute(
-            f"{_INSERT} (SELECT id, '{op.op_type}', CASE WHEN const_out THEN 0 ELSE "
-            f"({op.flops}) / {FLOPS_PER_MS} + ({' + '.join(bytes_in) or '0'} + {out_elems}) * {ELEM_BYTES} / {BYTES_PER_MS}"
-            f" + CASE WHEN ({op.flops}) > 0 THEN {LAUNCH_MS} ELSE 0 END END AS ms, 'analytic' FROM ({src}))")
+            f"{_INSERT} (SELECT rid, '{op.op_type}', CASE WHEN const_out THEN 0 ELSE "
+            f"flops / {FLOPS_PER_MS} + (bytes + out_elems) * {ELEM_BYTES} / {BYTES_PER_MS}"
+            f" + CASE WHEN flops > 0 THEN {LAUNCH_MS} ELSE 0 END END AS ms, 'analytic' FROM ({rows}))")
     if "op_opaque" in g.live:
         g.con.execute(
             f"{_INSERT} (SELECT n.id, p.op_type, CASE WHEN o.is_const THEN 0 ELSE {LAUNCH_MS} + "

@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations import runtime
 from relsat.relations.catalog import BY_TYPE, REQUIRED, SQL_MACROS, OpDef
+from relsat.relations.rules import given_source, rule_select
 from relsat.relations.schema import q
 
 from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleSet, ShapeOf,
@@ -102,21 +103,11 @@ def _shape_con() -> duckdb.DuckDBPyConnection:
 
 @functools.cache
 def _shape_sql(op: OpDef) -> str:
-    """A SELECT of (shape or tuple shapes, canonical attributes...) over ``?`` parameters, like ``insert_from``."""
-    cols = []
-    for inp in op.inputs:
-        c = inp.column
-        if inp.variadic:
-            cols.append(f"?::BIGINT[][] AS s_{c}")
-        else:
-            cols += [f"?::BIGINT AS {q(c)}", f"?::BIGINT[] AS s_{c}", f"?::BIGINT[][] AS ts_{c}"]
-    cols += [f"?::{a.sql_type} AS {q(a.name)}" for a in op.attrs]
-    source = f"SELECT {', '.join(cols)}"
-    if op.canon:
-        canon = ", ".join(f"{e} AS {q(a)}" for a, e in op.canon)
-        source = f"SELECT * EXCLUDE ({', '.join(q(a) for a, _ in op.canon)}), {canon} FROM ({source})"
-    shape = f"({op.tuple_shapes})::BIGINT[][]" if op.is_tuple else f"({op.shape})::BIGINT[]"
-    return f"SELECT {', '.join([shape] + [q(a.name) for a in op.attrs])} FROM ({source})"
+    """The catalog's rules over ``?`` parameters (``relations.rules.given_source``), as ``insert_from``
+    evaluates them: (shape or tuple shapes, canonical attributes...)."""
+    shape = "o_tshapes" if op.is_tuple else "o_shape"
+    return (f"SELECT {', '.join([shape] + [q(a.name) for a in op.attrs])} FROM "
+            f"({rule_select(op, given_source(op), given=[a.name for a in op.attrs], analyses='given')})")
 
 
 def _shape_rule(op: OpDef, kids: list, attrs: dict) -> tuple[object, dict]:

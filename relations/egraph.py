@@ -30,7 +30,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from .catalog import OPS, BY_TYPE, OpDef, REQUIRED
+from .catalog import OPS, BY_TYPE, OpDef
+from .rules import attr_columns, rule_select
 from .schema import all_ddl, key_columns, literal, q
 
 
@@ -89,64 +90,6 @@ class EGraph:
         return self.con.execute(query, params or []).fetchall()
 
     # ---------------------------------------------------------------- insert
-    def _shape_select(self, op: OpDef, source: str, src_cols: set[str], extra: tuple[str, ...] = ()) -> str:
-        """A SELECT of (rid, key columns, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, extra...) for
-        the rows of ``source`` whose shape rule accepts them (attributes canonicalised, defaults filled)."""
-        joins, cols = [], ["b.rid"] + [f"b.{q(x)}" for x in extra]
-        for inp in op.inputs:
-            c = q(inp.column)
-            cols.append(f"b.{c}")
-            if inp.variadic:
-                joins.append(
-                    f"JOIN (SELECT u.rid, list(e.shape ORDER BY u.pos) AS s, list(e.dtype ORDER BY u.pos) AS d, "
-                    f"bool_and(e.is_const) AS k FROM (SELECT rid, unnest({c}) AS cid, generate_subscripts({c}, 1) AS pos "
-                    f"FROM ({source})) u JOIN eclass e ON e.id = u.cid GROUP BY u.rid) v_{inp.column} "
-                    f"ON v_{inp.column}.rid = b.rid"
-                )
-                cols += [f"v_{inp.column}.s AS s_{inp.column}", f"v_{inp.column}.d AS d_{inp.column}",
-                         f"v_{inp.column}.k AS k_{inp.column}"]
-            else:
-                alias = f"e_{inp.column}"
-                kind = "LEFT JOIN" if inp.optional else "JOIN"
-                joins.append(f"{kind} eclass {alias} ON {alias}.id = b.{c}")
-                cols += [f"{alias}.shape AS s_{inp.column}", f"{alias}.dtype AS d_{inp.column}",
-                         f"coalesce({alias}.is_const, b.{c} = -1) AS k_{inp.column}",
-                         f"{alias}.tuple_shapes AS ts_{inp.column}", f"{alias}.tuple_dtypes AS td_{inp.column}"]
-        cols += self._attr_cols(op, src_cols)
-        if op.leaf and op.op_type != "Constant":
-            cols += ["b.shape::BIGINT[] AS s_leaf", "b.dtype::INTEGER AS d_leaf"]
-        base = f"SELECT {', '.join(cols)} FROM ({source}) b {' '.join(joins)}"
-        canon = dict(op.canon)
-        canon_sel = ", ".join(f"{canon[a.name]} AS {q(a.name)}" for a in op.attrs if a.name in canon)
-        excl = ", ".join(q(a) for a in canon)
-        level2 = f"SELECT * EXCLUDE ({excl}), {canon_sel} FROM ({base})" if canon else base
-        if op.leaf and op.op_type != "Constant":
-            shape, dtype, const = "s_leaf", "d_leaf", ("false" if op.op_type == "Input" else "true")
-        else:
-            shape, dtype = op.shape, op.dtype or f"d_{op.child_columns[0]}"
-            const = " AND ".join(f"k_{c}" for c in op.child_columns) or "true"
-        tshapes = op.tuple_shapes or "NULL::BIGINT[][]"
-        tdtypes = op.tuple_dtypes or "NULL::INTEGER[]"
-        keysel = ", ".join(q(k) for k in key_columns(op))
-        valid = "o_tshapes IS NOT NULL" if op.is_tuple else "o_shape IS NOT NULL"
-        more = "".join(f", {q(x)}" for x in extra)
-        return (f"SELECT * FROM (SELECT rid, {keysel}, "
-                f"({shape})::BIGINT[] AS o_shape, ({dtype})::INTEGER AS o_dtype, ({const}) AS o_const, "
-                f"({tshapes})::BIGINT[][] AS o_tshapes, ({tdtypes})::INTEGER[] AS o_tdtypes{more} FROM ({level2})) "
-                f"WHERE {valid}")
-
-    @staticmethod
-    def _attr_cols(op: OpDef, src_cols: set[str]) -> list[str]:
-        cols = []
-        for a in op.attrs:
-            if a.name in src_cols:
-                cols.append(f"b.{q(a.name)}::{a.sql_type} AS {q(a.name)}")
-            elif a.default is REQUIRED:
-                raise ValueError(f"{op.op_type}: attribute {a.name!r} has no default and was not given")
-            else:
-                cols.append(f"{literal(a.default)}::{a.sql_type} AS {q(a.name)}")
-        return cols
-
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
                     result: str = "_ins", target: str | None = None) -> InsertResult:
         """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
@@ -176,17 +119,18 @@ class EGraph:
         if not op.canon and not op.leaf:
             given = [a for a in op.attrs if a.name in src]
             repl = f" REPLACE ({', '.join(f'b.{q(a.name)}::{a.sql_type} AS {q(a.name)}' for a in given)})" if given else ""
-            defaults = [x for x in self._attr_cols(op, set(src)) if not x.startswith("b.")]
+            defaults = [x for x in attr_columns(op, src) if not x.startswith("b.")]
             cols = ", ".join([f"b.*{repl}"] + defaults)
             c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
                       f"LEFT JOIN {op.table} o ON {on}")
             missing = f"SELECT DISTINCT ON ({keysel}) * EXCLUDE (out) FROM _keys WHERE out IS NULL"
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                      f"{self._shape_select(op, missing, set(src) | set(keys), extra)}")
+                      f"{rule_select(op, missing, given=set(src) | set(keys), carry=extra, valid_only=True)}")
             fresh = f"SELECT * FROM _cand{lim}"
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS {self._shape_select(op, source, set(src), carried)}")
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
+                      f"{rule_select(op, source, given=src, carry=carried, valid_only=True)}")
             fresh = (f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
                      f"(SELECT 1 FROM {op.table} o WHERE {on}){lim}")
         out = f"coalesce({q(target)}, nextval('class_seq'))" if target else "nextval('class_seq')"
@@ -440,27 +384,26 @@ class EGraph:
         return report
 
     def propagate_const(self) -> int:
-        """Mark e-classes computable from weights alone, to a fixpoint; returns classes marked."""
-        total = 0
-        while True:
-            changed = 0
-            for op in OPS:
-                if op.table not in self.live or op.leaf:
-                    continue
-                conds = []
-                for inp in op.inputs:
-                    col = q(inp.column)
-                    if inp.variadic:
-                        conds.append(f"NOT EXISTS (SELECT 1 FROM unnest(n.{col}) u(c) JOIN eclass k ON k.id = u.c "
-                                     f"WHERE NOT k.is_const)")
-                    else:
-                        conds.append(f"(n.{col} = -1 OR (SELECT is_const FROM eclass k WHERE k.id = n.{col}))")
-                changed += self.con.execute(
-                    f"UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM {op.table} n WHERE "
-                    f"{' AND '.join(conds)}) s WHERE eclass.id = s.out AND NOT eclass.is_const").fetchall()[0][0]
-            total += changed
-            if not changed:
-                return total
+        """Mark e-classes computable from weights alone (an e-class is constant when one of its catalog
+        nodes has only constant children), to a fixpoint, in one recursive statement: each step looks
+        only at the nodes over the e-classes that became constant in the step before.  Returns the
+        e-classes marked."""
+        parts = []
+        for op in OPS:
+            if op.table in self.live and not op.leaf:
+                kids = q(op.inputs[0].column) if op.variadic else (
+                    "list_filter([" + ", ".join(q(c) for c in op.child_columns) + "], lambda c: c <> -1)")
+                parts.append(f"SELECT id AS node, out, unnest({kids}) AS child FROM {op.table}")
+        if not parts:
+            return 0
+        return self.con.execute(
+            f"WITH RECURSIVE edges AS MATERIALIZED ({' UNION ALL '.join(parts)}), "
+            "k(id) USING KEY (id) AS (SELECT id FROM eclass WHERE is_const UNION "
+            "SELECT c.out FROM (SELECT DISTINCT e.node FROM k JOIN edges e ON e.child = k.id) m "
+            "JOIN edges c ON c.node = m.node LEFT JOIN recurring.k r ON r.id = c.child "
+            "WHERE c.out NOT IN (SELECT id FROM recurring.k) GROUP BY c.node, c.out HAVING count(r.id) = count(*)) "
+            "UPDATE eclass SET is_const = true FROM k WHERE eclass.id = k.id AND NOT eclass.is_const"
+        ).fetchall()[0][0]
 
     # ------------------------------------------------------------------ facts
     def counts(self) -> dict:
@@ -506,7 +449,7 @@ class EGraph:
         cols = ", ".join(["id AS rid"] + [q(c) for c in key_columns(op)])
         src = f"SELECT {cols} FROM {op.table}"
         self.con.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                         f"{self._shape_select(op, src, {'rid', *key_columns(op)})}")
+                         f"{rule_select(op, src, given=key_columns(op), valid_only=True)}")
         bad = self.con.execute(
             f"SELECT n.id, n.out, c.o_shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
             f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.o_shape IS DISTINCT FROM e.shape "
