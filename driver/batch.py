@@ -65,7 +65,6 @@ import datetime as dt
 import fcntl
 import glob as globlib
 import hashlib
-import inspect
 import io
 import json
 import multiprocessing as mp
@@ -80,12 +79,11 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable
 
-import typer
-
-from . import options as opt
 from .errors import RelsatError
+from .options import DEFAULTS, Options
+from .outputs import write_text_atomic
 
 RESERVED = {"results", "summary"}
 DEFAULT_MODEL_TIMEOUT_S = 900.0
@@ -248,45 +246,27 @@ def _all_tensors(model):
                 yield from a.tensors
 
 
-def resolve_options(rules=("default",), input_shapes=None, check_rules=True, **options) -> tuple[dict, dict, str]:
+def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     """Check the optimize options once, before any worker starts, and return
     ``(worker options, options as recorded, options hash)``.  Rule set names become absolute
-    file paths (workers do not depend on the current folder) and the hash covers each rule
-    file's content, so editing a rule file invalidates earlier results.  User rule files are
-    verified here, once (``check_rules``; an unsound rule stops the batch before any model
-    runs), and the workers do not verify them again."""
+    file paths (workers do not depend on the current folder) and the hash covers the content of
+    every rule file a set reads (includes too), so editing one invalidates earlier results.  User
+    rule files are verified here, once (``check_rules``; an unsound rule stops the batch before any
+    model runs), and the workers do not verify them again."""
     from relsat import __version__
-
     from relsat.programs.rulesets import rule_sources
 
-    from .optimize import optimize, resolve_rules
+    from .optimize import resolve_rules
 
-    sig = inspect.signature(optimize)
-    internal = {"model_or_path", "output", "db", "on_round", "on_status", "keep_egraph", "rules", "input_shapes",
-                "check_rules"}
-    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        unknown = sorted(set(options) - set(sig.parameters) | (set(options) & internal))
-        if unknown:
-            raise RelsatError(f"batch: optimize has no option {', '.join(unknown)}")
-    options = dict({k: p.default for k, p in sig.parameters.items()
-                    if k not in internal and p.default is not inspect.Parameter.empty}, **options)
-    options = {k: str(Path(v).expanduser().resolve()) if isinstance(v, os.PathLike) else v for k, v in options.items()}
-    try:  # the pipeline's own option checks, once here rather than once per model
-        from .optimize import _check_options
-    except ImportError:
-        _check_options = None
-    if _check_options is not None:
-        check_params = inspect.signature(_check_options).parameters
-        if set(check_params) <= set(options):
-            _check_options(**{k: options[k] for k in check_params})
-    rules = list(rules or [])
-    files, _ = resolve_rules(rules, check=check_rules)
-    worker = dict(options, rules=[str(f.resolve()) for f in files], input_shapes=input_shapes or None,
-                  check_rules=False)
-    recorded = dict(options, rules=rules, input_shapes=input_shapes or None)
-    keyed = dict(options, input_shapes=input_shapes or None, relsat=__version__,
+    opts.check()
+    if opts.costs is not None:
+        opts = opts.replace(costs=str(Path(opts.costs).expanduser().resolve()))
+    files, _ = resolve_rules(opts.rules, check=opts.check_rules)
+    worker = opts.replace(rules=tuple(str(f.resolve()) for f in files), check_rules=False).as_dict()
+    recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in opts.as_dict().items() if k != "check_rules"}
+    keyed = dict(recorded, relsat=__version__,
                  rules=[[name, [_sha256_file(src).hexdigest() for src in rule_sources([str(f)])]]
-                        for name, f in zip(rules, files)])  # included files too
+                        for name, f in zip(opts.rules, files)])  # included files too
     digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()
     return worker, recorded, digest
 
@@ -398,12 +378,6 @@ def _commit(outdir: Path, name: str, stage: Path, keep_db: bool) -> dict:
                 db=str(outs["db"]) if keep_db else None)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -458,18 +432,15 @@ def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, kee
     parent moves them into ``outdir``); return the row fields of its report."""
     from .optimize import optimize
 
-    if "on_status" in inspect.signature(optimize).parameters:
-        options = dict(options, on_status=on_status)
-
     shutil.rmtree(stage, ignore_errors=True)  # a stale one of an earlier process with this pid
     stage.mkdir()
     outs = _outputs(outdir, task.name)
     staged = {k: stage / p.name for k, p in outs.items()}
     # the final file names inside the stage folder: an external-data model names its data file
     # after the model file, so it stays valid once both are moved into OUTDIR
-    result = optimize(task.path, output=staged["output"], db=staged["db"] if keep_db else None,
-                      on_round=on_round, **options)
-    rep = dict(result.report)
+    result = optimize(task.path, Options(**options), output=staged["output"],
+                      db=staged["db"] if keep_db else None, on_round=on_round, on_status=on_status)
+    rep = result.report.as_dict()
     rep.update(input=str(task.path), output=str(outs["output"]), model=task.name, file_sha256=task.file_sha256)
     staged["report"].write_text(json.dumps(rep, indent=2, default=str))
     return row_from_report(rep)
@@ -614,7 +585,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     w.writerow(cols)
     for r in rows:
         w.writerow([_fmt(r.get(c)) for c in cols])
-    _write_atomic(path, buf.getvalue())
+    write_text_atomic(path, buf.getvalue())
 
 
 def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: dict) -> None:
@@ -647,7 +618,7 @@ def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: 
             r["model"], r["status"], _fmt(r.get("speedup"), ".3f"), r.get("speedup_source"), r.get("written"),
             _fmt(r.get("optimizer_s"), ".2f"), r.get("enodes"), r.get("eclasses"), nodes,
             r.get("top_rules"), r["this_run"], r.get("reason")]) + " |")
-    _write_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------- the parent: scheduling
@@ -684,14 +655,15 @@ def _lock_outdir(outdir: Path):
     return fh
 
 
-def run_batch(spec, outdir, *, jobs: int = 1, model_timeout: float | None = DEFAULT_MODEL_TIMEOUT_S,
+def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
+              model_timeout: float | None = DEFAULT_MODEL_TIMEOUT_S,
               keep_db: bool = False, skip_failed: bool = False, force: bool = False,
               console=None, on_result: Callable[[dict], None] | None = None,
-              rules=("default",), input_shapes=None, **options) -> BatchResult:
+              **overrides) -> BatchResult:
     """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
 
-    ``options`` go to :func:`relsat.driver.optimize.optimize` unchanged (``iter_limit``,
-    ``node_limit``, ``time_limit``, ``extractor``, and whatever else it accepts).  A rich
+    ``options`` (an ``Options``; default ``DEFAULTS``) with keyword ``overrides`` of its fields
+    (``node_limit=500``) go to every model's :func:`relsat.driver.optimize.optimize`.  A rich
     progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
     or 0 for none) is a wall-clock limit per model, process start included.
     Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
@@ -705,7 +677,11 @@ def run_batch(spec, outdir, *, jobs: int = 1, model_timeout: float | None = DEFA
     if outdir.exists() and not outdir.is_dir():
         raise RelsatError(f"{outdir}: exists and is not a folder")
     tasks = find_models(spec, outdir)
-    worker_options, recorded, options_hash = resolve_options(rules=rules, input_shapes=input_shapes, **options)
+    try:
+        opts = (options or DEFAULTS).replace(**overrides)
+    except TypeError as e:
+        raise RelsatError(f"batch: {e}") from None
+    worker_options, recorded, options_hash = resolve_options(opts)
     outdir.mkdir(parents=True, exist_ok=True)
     lock = _lock_outdir(outdir)
     try:
@@ -855,69 +831,3 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
 def _update_overall(progress, overall, rows, result) -> None:
     failed = sum(r["status"] == "failed" for r in rows.values())
     progress.update(overall, description=f"batch ({failed} failed)" if failed else "batch")
-
-
-# ---------------------------------------------------------------- the command
-
-
-def batch(
-    models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
-    outdir: Path = typer.Option(..., "-o", "--output", help="output folder: models, reports, results table"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="models optimized at once, one worker process each "
-                                                   "(more than 1 perturbs measured costs and latencies)"),
-    model_timeout: float = typer.Option(DEFAULT_MODEL_TIMEOUT_S, "--model-timeout",
-                                        help="seconds per model before its worker is killed (0: no limit)"),
-    keep_db: bool = typer.Option(False, "--keep-db", help="keep each e-graph as OUTDIR/NAME.duckdb"),
-    skip_failed: bool = typer.Option(False, "--skip-failed",
-                                     help="on a rerun, also skip models that failed with the same options"),
-    force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
-    rules: List[str] = opt.RULES,
-    input_shape: List[str] = opt.INPUT_SHAPE,
-    iter_limit: int = opt.ITER_LIMIT,
-    node_limit: int = opt.NODE_LIMIT,
-    time_limit: float = opt.TIME_LIMIT,
-    extractor: str = opt.EXTRACTOR,
-    cost_model: str = opt.COST_MODEL,
-    provider: str = opt.PROVIDER,
-    threads: int = opt.THREADS,
-    costs: Optional[Path] = opt.COSTS,
-    no_measure: bool = opt.NO_MEASURE,
-    mip_gap: float = opt.MIP_GAP,
-    ilp_time_limit: float = opt.ILP_TIME_LIMIT,
-) -> None:
-    """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
-    from .cli import _fail, err, out
-
-    try:
-        options = opt.optimize_kwargs(
-            rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
-            time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
-            threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
-        result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
-                           skip_failed=skip_failed, force=force, console=err, **options)
-    except RelsatError as e:
-        _fail(e)
-    _print_summary(out, result)
-    n = len(result.rows)
-    if result.interrupted:
-        err.print(f"[red]interrupted:[/red] {result.ran} models finished this run; rerun to resume", highlight=False)
-        raise typer.Exit(130)
-    if result.failed:
-        err.print(f"[red]{result.failed} of {n} models failed[/red] (reasons in {result.outdir / 'summary.md'})",
-                  highlight=False)
-        raise typer.Exit(1)
-    err.print(f"all {n} models optimized ({result.skipped} done earlier); results in {result.outdir}", highlight=False)
-
-
-def _print_summary(console, result: BatchResult) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"relsat batch -> {result.outdir}")
-    for c in ("model", "status", "speedup", "from", "written", "opt. s", "e-nodes", "nodes", "this run / reason"):
-        t.add_column(c)
-    for r in result.rows:
-        nodes = f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
-        last = r["this_run"] if r["status"] == "ok" else r.get("reason") or ""
-        t.add_row(r["model"], r["status"], _fmt(r.get("speedup"), ".3f"), _fmt(r.get("speedup_source")),
-                  _fmt(r.get("written")), _fmt(r.get("optimizer_s"), ".2f"), _fmt(r.get("enodes")), nodes, last)
-    console.print(t)

@@ -7,7 +7,6 @@ exit status 1; nothing is written unless the step that writes succeeds.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -17,8 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import options as opt
+from .batch import DEFAULT_MODEL_TIMEOUT_S
 from .errors import RelsatError, error_line
+from .options import DEFAULTS, Options, parse_shapes
+from .outputs import write_text_atomic
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
 zoo_app = typer.Typer(no_args_is_help=True, help="The benchmark model zoo.")
@@ -31,6 +32,32 @@ out = Console()
 err = Console(stderr=True)
 
 
+
+
+# The flags optimize and batch share: their defaults are the fields of options.DEFAULTS.
+D = DEFAULTS
+RULES = typer.Option(list(D.rules), "--rules", help="rule set name or .rules file (repeatable)")
+INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims")
+ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
+NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
+TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation time limit, seconds")
+EXTRACTOR = typer.Option(D.extractor, "--extractor", help="ilp | greedy")
+COST_MODEL = typer.Option(D.cost_model, "--cost-model", help="measured (ONNX Runtime, cached) | analytic")
+PROVIDER = typer.Option(D.provider, "--provider", help="cpu | cuda: where costs and latency are measured")
+THREADS = typer.Option(D.threads, "--threads", help="intra-op threads for profiling and latency (per worker in batch)")
+COSTS = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first")
+NO_MEASURE = typer.Option(not D.measure, "--no-measure", help="skip the final latency guard")
+MIP_GAP = typer.Option(D.mip_gap, "--mip-gap", help="relative MIP gap at which the ILP stops")
+ILP_TIME_LIMIT = typer.Option(D.ilp_time_limit, "--ilp-time-limit", help="ILP time limit, seconds")
+
+
+def _options(*, rules, input_shape, iter_limit, node_limit, time_limit, extractor, cost_model, provider, threads,
+             costs, no_measure, mip_gap, ilp_time_limit) -> Options:
+    """The shared flags as an ``Options`` (checked)."""
+    return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, iter_limit=iter_limit,
+                   node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
+                   provider=provider, threads=threads, costs=None if costs is None else str(costs),
+                   measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit).check()
 
 
 def _fail(e: Exception) -> None:
@@ -54,19 +81,19 @@ def optimize(
     model: str = typer.Argument(..., help="an ONNX file, or zoo:NAME for a built-in benchmark model"),
     output: Path = typer.Option(..., "-o", "--output", help="where to write the optimized model"),
     db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
-    rules: List[str] = opt.RULES,
-    input_shape: List[str] = opt.INPUT_SHAPE,
-    iter_limit: int = opt.ITER_LIMIT,
-    node_limit: int = opt.NODE_LIMIT,
-    time_limit: float = opt.TIME_LIMIT,
-    extractor: str = opt.EXTRACTOR,
-    cost_model: str = opt.COST_MODEL,
-    provider: str = opt.PROVIDER,
-    threads: int = opt.THREADS,
-    costs: Optional[Path] = opt.COSTS,
-    no_measure: bool = opt.NO_MEASURE,
-    mip_gap: float = opt.MIP_GAP,
-    ilp_time_limit: float = opt.ILP_TIME_LIMIT,
+    rules: List[str] = RULES,
+    input_shape: List[str] = INPUT_SHAPE,
+    iter_limit: int = ITER_LIMIT,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = TIME_LIMIT,
+    extractor: str = EXTRACTOR,
+    cost_model: str = COST_MODEL,
+    provider: str = PROVIDER,
+    threads: int = THREADS,
+    costs: Optional[Path] = COSTS,
+    no_measure: bool = NO_MEASURE,
+    mip_gap: float = MIP_GAP,
+    ilp_time_limit: float = ILP_TIME_LIMIT,
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
@@ -78,14 +105,14 @@ def optimize(
         check_outputs(source=None if model.startswith("zoo:") else source, output=output, db=db, report=report,
                       protected=protected_paths(None, costs))
         with err.status("optimizing ...") as status:
-            options = opt.optimize_kwargs(
+            options = _options(
                 rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
                 time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
                 threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
-                    result = run(source, db=db, output=output, **options, on_status=status.update,
+                    result = run(source, options, db=db, output=output, on_status=status.update,
                                  on_round=lambda it: status.update(f"saturating: round {it.round}, "
                                                                    f"{it.enodes} e-nodes"))
                 finally:
@@ -99,15 +126,8 @@ def optimize(
     rep["input"] = model
     rep["output"] = str(output)
     if report:
-        _write_atomic(report, json.dumps(rep, indent=2, default=str))
+        write_text_atomic(report, json.dumps(rep.as_dict(), indent=2, default=str))
     _summary(rep)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _summary(rep: dict) -> None:
@@ -340,9 +360,73 @@ def rules_check(names: List[str] = typer.Argument(..., help="rule set names or f
         raise typer.Exit(1)
 
 
-from .batch import batch  # noqa: E402  (batch imports cli helpers lazily)
+@app.command()
+def batch(
+    models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
+    outdir: Path = typer.Option(..., "-o", "--output", help="output folder: models, reports, results table"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="models optimized at once, one worker process each "
+                                                   "(more than 1 perturbs measured costs and latencies)"),
+    model_timeout: float = typer.Option(DEFAULT_MODEL_TIMEOUT_S, "--model-timeout",
+                                        help="seconds per model before its worker is killed (0: no limit)"),
+    keep_db: bool = typer.Option(False, "--keep-db", help="keep each e-graph as OUTDIR/NAME.duckdb"),
+    skip_failed: bool = typer.Option(False, "--skip-failed",
+                                     help="on a rerun, also skip models that failed with the same options"),
+    force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
+    rules: List[str] = RULES,
+    input_shape: List[str] = INPUT_SHAPE,
+    iter_limit: int = ITER_LIMIT,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = TIME_LIMIT,
+    extractor: str = EXTRACTOR,
+    cost_model: str = COST_MODEL,
+    provider: str = PROVIDER,
+    threads: int = THREADS,
+    costs: Optional[Path] = COSTS,
+    no_measure: bool = NO_MEASURE,
+    mip_gap: float = MIP_GAP,
+    ilp_time_limit: float = ILP_TIME_LIMIT,
+) -> None:
+    """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
+    from .batch import run_batch
 
-app.command()(batch)
+    try:
+        options = _options(
+            rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
+            time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
+            threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+        result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
+                           skip_failed=skip_failed, force=force, console=err, options=options)
+    except RelsatError as e:
+        _fail(e)
+    _print_batch_summary(out, result)
+    n = len(result.rows)
+    if result.interrupted:
+        err.print(f"[red]interrupted:[/red] {result.ran} models finished this run; rerun to resume", highlight=False)
+        raise typer.Exit(130)
+    if result.failed:
+        err.print(f"[red]{result.failed} of {n} models failed[/red] (reasons in {result.outdir / 'summary.md'})",
+                  highlight=False)
+        raise typer.Exit(1)
+    err.print(f"all {n} models optimized ({result.skipped} done earlier); results in {result.outdir}", highlight=False)
+
+
+def _print_batch_summary(console, result) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"relsat batch -> {result.outdir}")
+    for c in ("model", "status", "speedup", "from", "written", "opt. s", "e-nodes", "nodes", "this run / reason"):
+        t.add_column(c)
+    for r in result.rows:
+        nodes = f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
+        last = r["this_run"] if r["status"] == "ok" else r.get("reason") or ""
+        t.add_row(r["model"], r["status"], _cell(r.get("speedup"), ".3f"), _cell(r.get("speedup_source")),
+                  _cell(r.get("written")), _cell(r.get("optimizer_s"), ".2f"), _cell(r.get("enodes")), nodes, last)
+    console.print(t)
+
+
+def _cell(v, spec="") -> str:
+    return "" if v is None else (format(v, spec) if spec else str(v))
+
 
 
 def main() -> None:

@@ -33,9 +33,9 @@ import onnxruntime as ort
 from relsat.relations import runtime
 
 from .errors import RelsatError, error_line
+from .options import GUARD_THRESHOLD
 from .verify import random_inputs
 
-GUARD_THRESHOLD = 0.03  # the optimized model must be this much faster (relative) to be kept
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
 MIN_RUNS = 15  # ... and at least this many runs for slow ones
 MAX_RUNS = 2000

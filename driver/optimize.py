@@ -1,29 +1,43 @@
-"""The optimize pipeline: import -> saturate -> profile -> extract -> export -> verify -> guard -> write.
+"""The optimize pipeline: a sequence of timed phases from a model to a verified model.
 
-``optimize(model_or_path, ...)`` is the Python API behind ``relsat optimize``.
-It returns an ``OptimizeResult`` with the optimized model, the report (a plain
-dict, also written as JSON) and, when asked, the open e-graph.  Costs are
-measured per operator signature (``relsat.extract.measured``, through the
-persistent cost cache) or analytic; the final guard (``relsat.driver.latency``)
-times the original and the optimized model and writes the original graph,
-re-exported, when the optimized one is not faster beyond noise.  Nothing is
-written unless verification passes; the output file is replaced atomically.
-The saved database holds the ``costs`` and ``extraction`` tables.
+``optimize(model_or_path, options, **overrides)`` is the Python API behind ``relsat optimize``
+(``from relsat import optimize``).  ``options`` is an ``Options`` (``relsat.driver.options``);
+keyword overrides change single fields (``optimize(model, node_limit=500)``).  The phases, each
+timed into ``Report.phases_s``:
+
+- **prepare** (not timed): every output path checked (``relsat.driver.outputs``), the rule files
+  resolved and, for a user's file, verified on random tensors; the cost cache opened;
+- **import**: the model loaded and checked, then read into the e-graph (built beside ``db``);
+- **saturate**: the rules run by the ``Runner`` under the options' limits;
+- **profile**: every e-node's cost, measured per operator signature (through the persistent
+  cost cache) or analytic;
+- **extract**: greedy and (by default) ILP extraction, and the original graph inside the e-graph;
+- **export**: the first usable extraction written as ONNX (ILP, then greedy, then the input model
+  itself, with a notice: a valid model never makes ``optimize`` fail);
+- **verify**: the written graph against the input, element by element (``relsat.driver.verify``);
+- **latency**: the latency guard, which writes the input model unchanged unless the optimized one
+  is faster beyond noise.
+
+The result is an ``OptimizeResult`` with the model, the typed ``Report`` (``report.as_dict()`` is
+the JSON report; ``report["key"]`` reads it too) and, when asked, the open e-graph.  Nothing is
+written unless verification passes; the e-graph is renamed into ``db`` once extraction is done.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from relsat.extract.analytic import analytic_costs, problem_from
 from relsat import __version__
+from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
@@ -36,12 +50,14 @@ from relsat.relations import runtime
 from relsat.relations.egraph import EGraph
 
 from . import latency
-from .errors import RelsatError
+from .errors import RelsatError, error_line
 from .onnx_export import export_model
 from .onnx_import import check_ort_loadable, import_model, load_model
+from .options import DEFAULTS, Options
 from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
 from .runner import Limits, Runner
-from .verify import VerifyResult, error_line, verify
+from .verify import VerifyResult, verify
+
 
 def resolve_rules(names, *, check: bool, status=lambda text: None) -> tuple[list[Path], list]:
     """``--rules`` values as (files, rules) through ``relsat.programs.rulesets``; ``check``: verify user
@@ -57,226 +73,292 @@ def resolve_rules(names, *, check: bool, status=lambda text: None) -> tuple[list
 
 
 @dataclass
+class Report(Mapping):
+    """What one optimization did (module docstring); ``as_dict()`` is the JSON report, and the report
+    reads like that dict too (``report["nodes_out"]``)."""
+
+    producer: str
+    input: str
+    nodes_in: int
+    nodes_out: int
+    rules: int
+    stop_reason: str
+    iterations: list
+    rules_applied: dict
+    enodes: int
+    eclasses: int
+    cost_model: str
+    provider: str
+    threads: int
+    profiled: int
+    cached: int
+    profile: dict | None
+    cost_before: float
+    cost_after: float
+    extraction: dict
+    latency: dict | None
+    extracted: dict  # the extracted graph, also when the input model was written instead
+    written: str  # optimized | original
+    verification: dict
+    notices: list
+    phases_s: dict
+    extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
+
+    def __getitem__(self, key):
+        if key in self.__dataclass_fields__ and key != "extra":
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __setitem__(self, key, value):
+        if key in self.__dataclass_fields__ and key != "extra":
+            setattr(self, key, value)
+        else:
+            self.extra[key] = value
+
+    def __iter__(self):
+        return iter([k for k in self.__dataclass_fields__ if k != "extra"] + list(self.extra))
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__) - 1 + len(self.extra)
+
+
+@dataclass
 class OptimizeResult:
     model: onnx.ModelProto
-    report: dict
+    report: Report
     egraph: EGraph | None = None
-
-
-COST_MODELS = ("measured", "analytic")
-PROVIDERS = ("cpu", "cuda")
-EXTRACTORS = ("ilp", "greedy")
-
-
-def _check_options(cost_model, provider, extractor, threads, mip_gap, ilp_time_limit, costs) -> None:
-    if cost_model not in COST_MODELS:
-        raise RelsatError(f"--cost-model {cost_model}: expected measured or analytic")
-    if provider not in PROVIDERS:
-        raise RelsatError(f"--provider {provider}: expected cpu or cuda")
-    if extractor not in EXTRACTORS:
-        raise RelsatError(f"--extractor {extractor}: expected ilp or greedy")
-    if not isinstance(threads, int) or threads < 1:
-        raise RelsatError(f"--threads {threads}: expected a whole number >= 1")
-    if not 0 <= mip_gap < 1:
-        raise RelsatError(f"--mip-gap {mip_gap}: expected a relative gap in [0, 1)")
-    if not ilp_time_limit > 0:
-        raise RelsatError(f"--ilp-time-limit {ilp_time_limit}: expected seconds > 0")
-    if costs is not None and not Path(costs).is_file():
-        raise RelsatError(f"--costs {costs}: no such cost table file")
 
 
 def _cuda_here(provider: str) -> bool:
     return provider != "cuda" or "cuda" in available_providers()
 
 
-def optimize(model_or_path, *, rules=("default",), db=None, input_shapes=None, iter_limit=10,
-             node_limit=2000, time_limit=60.0, extractor="ilp", ilp_time_limit=30.0, mip_gap=1e-4,
-             multi_rounds=1, output=None, keep_egraph=False, on_round=None, cost_model="measured",
-             provider="cpu", threads=1, costs=None, measure=True, cost_cache=None,
-             guard_threshold=latency.GUARD_THRESHOLD, on_status=None, check_rules=True) -> OptimizeResult:
-    """Optimize one model; see ``relsat optimize --help`` for the knobs. ``costs``: a cost table
-    (exported by ``relsat costs export``) imported into the cost cache first; ``cost_cache``: the
-    cache path (default ``$RELSAT_COST_CACHE`` or the user cache); ``measure=False`` skips the
-    final latency guard, which keeps the optimized graph only when it is faster than the original by
-    more than ``guard_threshold`` (relative); ``on_status(text)`` receives progress lines;
-    ``check_rules``: verify user rule files on random tensors before using them (``relsat batch``
-    checks them once and passes False to its workers).
-
-    Every output path is checked before any work (``relsat.driver.outputs``); the e-graph is built
-    beside ``db`` and moved there once extraction is done; the model is written only after it
-    verifies. When the extracted graph cannot be exported or loaded, the next candidate is used
-    (ILP, then greedy, then the input model), with a notice."""
-    _check_options(cost_model, provider, extractor, threads, mip_gap, ilp_time_limit, costs)
-    in_memory = isinstance(model_or_path, onnx.ModelProto)
-    check_outputs(source=None if in_memory else model_or_path, output=output, db=db,
-                  protected=protected_paths(cost_cache, costs))
-    status = on_status or (lambda text: None)
-    rule_paths, rule_list = resolve_rules(rules, check=check_rules, status=status)
-    notices: list[str] = []
-    cache_only = False
-    if not _cuda_here(provider):
-        why = ("--provider cuda: no CUDA here (needs onnxruntime-gpu with a GPU, or PyTorch with CUDA; "
-               "onnxruntime has " + ", ".join(ort.get_available_providers()) + ")")
-        if cost_model != "measured" or costs is None:
-            raise RelsatError(why + "; to use CUDA costs measured elsewhere pass --costs FILE")
-        cache_only = True
-        notices.append("provider cuda is not available here: costs come from the --costs table only "
-                       "(missing signatures use scaled analytic costs)")
-    cache = None
-    if cost_model == "measured":  # a bad --costs file fails before any work
-        cache = cost_cache if isinstance(cost_cache, CostCache) else CostCache(cost_cache)
-        notices += cache.notices
-        if costs is not None:
-            try:
-                n = cache.import_(costs)
-            except Exception as e:
-                raise RelsatError(f"--costs {costs}: cannot read it as a cost table: {error_line(e)}") from None
-            notices.append(f"imported {n} cost rows from {costs} into {cache.path}")
-    phases: dict[str, float] = {}
-    t = time.perf_counter()
-    source = "<model>" if in_memory else str(model_or_path)
-    if in_memory:
-        model = model_or_path
-        check_ort_loadable(model)
-    else:
-        model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
-    dbfile = EGraphFile(db) if db is not None else None
-    g = EGraph(dbfile.path if dbfile else None)
-    complete = False
+def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
+             on_round=None, on_status=None, cost_cache=None, **overrides) -> OptimizeResult:
+    """Optimize one model (module docstring). ``options``: an ``Options`` (default ``DEFAULTS``),
+    ``overrides``: fields of it by keyword; ``db``: keep the e-graph in this DuckDB file; ``output``:
+    write the model here; ``cost_cache``: the cache path or a ``CostCache`` (default
+    ``$RELSAT_COST_CACHE`` or the user cache); ``on_round(iteration)`` and ``on_status(text)``
+    receive progress."""
     try:
-        imported = import_model(model, input_shapes=input_shapes, egraph=g)
-        phases["import"] = time.perf_counter() - t
+        opts = (options or DEFAULTS).replace(**overrides).check()
+    except TypeError as e:
+        raise RelsatError(str(e)) from None
+    return _Pipeline(opts, db=db, output=output, keep_egraph=keep_egraph, on_round=on_round,
+                     on_status=on_status, cost_cache=cost_cache).run(model_or_path)
 
-        t = time.perf_counter()
-        runner = Runner(g, rule_list, Limits(iter_limit, node_limit, time_limit, multi_rounds), on_round=on_round)
-        sat = runner.run() if rule_list else None
-        phases["saturate"] = time.perf_counter() - t
 
+class _Pipeline:
+    """One run of ``optimize``: the phases as methods, sharing what they produce as attributes."""
+
+    def __init__(self, opts: Options, *, db, output, keep_egraph, on_round, on_status, cost_cache):
+        self.o, self.db, self.output, self.keep_egraph = opts, db, output, keep_egraph
+        self.on_round, self.status, self.cost_cache = on_round, on_status or (lambda text: None), cost_cache
+        self.notices: list[str] = []
+        self.phases: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
         t = time.perf_counter()
-        profile_report = None
-        if cost_model == "measured":
-            status("profiling operators ...")
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
+
+    def run(self, model_or_path) -> OptimizeResult:
+        self.prepare(model_or_path)
+        dbfile = EGraphFile(self.db) if self.db is not None else None
+        g = None
+        complete = False
+        try:
+            with self.phase("import"):
+                self.load(model_or_path)
+                g = self.g = EGraph(dbfile.path if dbfile else None)
+                self.imported = import_model(self.model, input_shapes=self.o.input_shapes, egraph=g)
+            with self.phase("saturate"):
+                self.saturate()
+            with self.phase("profile"):
+                self.cost()
+            with self.phase("extract"):
+                self.extract()
+            with self.phase("export"):
+                self.export()
+            complete = True
+            with self.phase("verify"):
+                self.verify()
+            if self.o.measure and self.written == "optimized":
+                self.guard()
+            g.con.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?), ('cost_model', ?), ('provider', ?)",
+                          [self.written, self.o.cost_model, self.o.provider])
+            report = self.report()
+            if self.output is not None:
+                Path(self.output).parent.mkdir(parents=True, exist_ok=True)
+                save_model_atomic(self.optimized, self.output)
+        finally:
+            g = self.close(g, dbfile, complete)
+        return OptimizeResult(self.optimized, report, g if self.keep_egraph else None)
+
+    # ---------------------------------------------------------------- phases
+    def prepare(self, model_or_path) -> None:
+        o = self.o
+        self.in_memory = isinstance(model_or_path, onnx.ModelProto)
+        check_outputs(source=None if self.in_memory else model_or_path, output=self.output, db=self.db,
+                      protected=protected_paths(self.cost_cache, o.costs))
+        _, self.rules = resolve_rules(o.rules, check=o.check_rules, status=self.status)
+        self.cache_only = False
+        if not _cuda_here(o.provider):
+            why = ("--provider cuda: no CUDA here (needs onnxruntime-gpu with a GPU, or PyTorch with CUDA; "
+                   "onnxruntime has " + ", ".join(ort.get_available_providers()) + ")")
+            if o.cost_model != "measured" or o.costs is None:
+                raise RelsatError(why + "; to use CUDA costs measured elsewhere pass --costs FILE")
+            self.cache_only = True
+            self.notices.append("provider cuda is not available here: costs come from the --costs table only "
+                                "(missing signatures use scaled analytic costs)")
+        self.cache = None
+        if o.cost_model == "measured":  # a bad --costs file fails before any work
+            c = self.cost_cache
+            self.cache = c if isinstance(c, CostCache) else CostCache(c)
+            self.notices += self.cache.notices
+            if o.costs is not None:
+                try:
+                    n = self.cache.import_(o.costs)
+                except Exception as e:
+                    raise RelsatError(f"--costs {o.costs}: cannot read it as a cost table: {error_line(e)}") from None
+                self.notices.append(f"imported {n} cost rows from {o.costs} into {self.cache.path}")
+
+    def load(self, model_or_path) -> None:
+        self.source = "<model>" if self.in_memory else str(model_or_path)
+        if self.in_memory:
+            self.model = model_or_path
+            check_ort_loadable(self.model)
+        else:
+            self.model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
+
+    def saturate(self) -> None:
+        o = self.o
+        limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
+        self.sat = Runner(self.g, self.rules, limits, on_round=self.on_round).run() if self.rules else None
+
+    def cost(self) -> None:
+        o, g = self.o, self.g
+        self.profile_report = None
+        if o.cost_model == "measured":
+            self.status("profiling operators ...")
             try:
-                profile_report = measured_costs(
-                    g, imported.opset_imports, provider=provider, threads=threads, cache=cache,
-                    measure=not cache_only,
-                    progress=lambda done, total: status(f"profiling operators: {done}/{total} new signatures"))
+                self.profile_report = measured_costs(
+                    g, self.imported.opset_imports, provider=o.provider, threads=o.threads, cache=self.cache,
+                    measure=not self.cache_only,
+                    progress=lambda done, total: self.status(f"profiling operators: {done}/{total} new signatures"))
             except ProviderUnavailable as e:
-                raise RelsatError(f"--provider {provider}: {e}") from None
-            if profile_report.failed:
-                why = "are not in the cost table" if cache_only else "could not be timed alone"
-                notices.append(f"{profile_report.failed} of {profile_report.signatures} operator signatures {why}; "
-                               f"their {profile_report.fallback_nodes} e-nodes use scaled analytic costs")
+                raise RelsatError(f"--provider {o.provider}: {e}") from None
+            p = self.profile_report
+            if p.failed:
+                why = "are not in the cost table" if self.cache_only else "could not be timed alone"
+                self.notices.append(f"{p.failed} of {p.signatures} operator signatures {why}; "
+                                    f"their {p.fallback_nodes} e-nodes use scaled analytic costs")
         else:
             analytic_costs(g)
-        roots = [cid for _, cid in imported.outputs]
-        problem, node_ids = problem_from(g, roots)
-        phases["profile"] = time.perf_counter() - t
+        self.roots = [cid for _, cid in self.imported.outputs]
+        self.problem, self.node_ids = problem_from(g, self.roots)
 
-        t = time.perf_counter()
-        status("extracting ...")
-        greedy = greedy_extract(problem)
-        best = (ilp_extract(problem, time_limit=ilp_time_limit, mip_gap=mip_gap, warm_start=greedy)
-                if extractor == "ilp" else greedy)
-        orig = original_choice(g, roots)
-        cost_of = dict(zip(node_ids.tolist(), problem.node_cost.tolist()))
-        original_cost = sum(cost_of.get(n, 0.0) for n in set(orig.values()))
-        phases["extract"] = time.perf_counter() - t
+    def extract(self) -> None:
+        o = self.o
+        self.status("extracting ...")
+        self.greedy = greedy_extract(self.problem)
+        self.best = (ilp_extract(self.problem, time_limit=o.ilp_time_limit, mip_gap=o.mip_gap, warm_start=self.greedy)
+                     if o.extractor == "ilp" else self.greedy)
+        self.orig = original_choice(self.g, self.roots)
+        cost_of = dict(zip(self.node_ids.tolist(), self.problem.node_cost.tolist()))
+        self.original_cost = sum(cost_of.get(n, 0.0) for n in set(self.orig.values()))
 
-        t = time.perf_counter()
-        label, used, choice, optimized, fallbacks = _export_first_usable(
-            imported, [(best.method, best), ("greedy", greedy)], node_ids, orig, notices)
-        _extraction_table(g, choice, orig)
-        complete = True
-        written = "original" if choice == orig else "optimized"
-        if optimized is None:
-            optimized = model
-        extracted = {"nodes": len(optimized.graph.node),
-                     "ops": dict(sorted(Counter(n.op_type for n in optimized.graph.node).items()))}
-        phases["export"] = time.perf_counter() - t
+    def export(self) -> None:
+        self.label, self.used, choice, optimized, self.fallbacks = _export_first_usable(
+            self.imported, [(self.best.method, self.best), ("greedy", self.greedy)], self.node_ids, self.orig,
+            self.notices)
+        _extraction_table(self.g, choice, self.orig)
+        self.written = "original" if choice == self.orig else "optimized"
+        self.optimized = optimized if optimized is not None else self.model
+        self.extracted = {"nodes": len(self.optimized.graph.node),
+                          "ops": dict(sorted(Counter(n.op_type for n in self.optimized.graph.node).items()))}
 
-        t = time.perf_counter()
-        if written == "optimized":
-            check = verify(model, optimized, input_shapes=input_shapes)
+    def verify(self) -> None:
+        if self.written == "optimized":
+            self.check = verify(self.model, self.optimized, input_shapes=self.o.input_shapes)
         else:
-            check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
-            if not fallbacks:
-                notices.append("the extraction kept the original graph: the input model is written unchanged")
-        phases["verify"] = time.perf_counter() - t
-        if not check.ok:
-            where = f"; the e-graph is in {db}" if db is not None else ""
-            raise RelsatError(f"{source}: verification failed, no model written: {check.message}{where}")
+            self.check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
+            if not self.fallbacks:
+                self.notices.append("the extraction kept the original graph: the input model is written unchanged")
+        if not self.check.ok:
+            where = f"; the e-graph is in {self.db}" if self.db is not None else ""
+            raise RelsatError(f"{self.source}: verification failed, no model written: {self.check.message}{where}")
 
-        latency_report = None
-        if measure and written == "optimized" and provider == "cuda" \
-                and "CUDAExecutionProvider" not in ort.get_available_providers():
-            notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time whole models")
-        elif measure and written == "optimized":
-            t = time.perf_counter()
-            status("timing the original and the optimized model ...")
-            res_lat = latency.guard(model, optimized, threads=threads, provider=provider, input_shapes=input_shapes,
-                                    threshold=guard_threshold)
-            latency_report = res_lat.as_dict()
-            if not res_lat.keep_optimized:
-                written, optimized = "original", model
-                a, b = ((res_lat.original.cpu_ms, res_lat.optimized.cpu_ms) if res_lat.metric == "cpu"
-                        else (res_lat.original.median_ms, res_lat.optimized.median_ms))
-                notices.append(f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
-                               f"{'CPU time' if res_lat.metric == 'cpu' else 'wall clock'}, threshold "
-                               f"{res_lat.threshold:.0%}): the input model is written unchanged")
-            phases["latency"] = time.perf_counter() - t
-        g.con.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?), ('cost_model', ?), ('provider', ?)",
-                      [written, cost_model, provider])
+    def guard(self) -> None:
+        o = self.o
+        self.latency_report = None
+        if o.provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            self.notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time "
+                                "whole models")
+            return
+        with self.phase("latency"):
+            self.status("timing the original and the optimized model ...")
+            res = latency.guard(self.model, self.optimized, threads=o.threads, provider=o.provider,
+                                input_shapes=o.input_shapes, threshold=o.guard_threshold)
+            self.latency_report = res.as_dict()
+            if not res.keep_optimized:
+                self.written, self.optimized = "original", self.model
+                a, b = ((res.original.cpu_ms, res.optimized.cpu_ms) if res.metric == "cpu"
+                        else (res.original.median_ms, res.optimized.median_ms))
+                self.notices.append(f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
+                                    f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}, threshold "
+                                    f"{res.threshold:.0%}): the input model is written unchanged")
 
-        counts = g.counts()
-        report = {
-            "producer": f"relsat {__version__}",
-            "input": source,
-            "nodes_in": len(model.graph.node),
-            "nodes_out": len(optimized.graph.node),
-            "rules": len(rule_list),
-            "stop_reason": sat.stop_reason.value if sat else "no rules",
-            "iterations": [vars(i) for i in sat.iterations] if sat else [],
-            "rules_applied": dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
-            "enodes": counts["enodes"],
-            "eclasses": counts["eclasses"],
-            "cost_model": cost_model,
-            "provider": provider,
-            "threads": threads,
-            "profiled": profile_report.measured if profile_report else 0,
-            "cached": profile_report.cached if profile_report else 0,
-            "profile": profile_report.as_dict() if profile_report else None,
-            "cost_before": original_cost,
-            "cost_after": used.cost if used is not None else original_cost,
-            "extraction": {"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
-                           "gap": best.gap, "seconds": best.seconds, "greedy_cost": greedy.cost, "mip_gap": mip_gap,
-                           "time_limit": ilp_time_limit, "used": label, "fallbacks": fallbacks},
-            "latency": latency_report,
-            "extracted": extracted,  # the extracted graph, also when the input model was written instead
-            "written": written,
-            "verification": {"ok": check.ok, "max_abs_err": check.max_abs_err, "message": check.message,
-                             "draws": check.draws},
-            "notices": list(imported.notices) + notices,
-            "phases_s": phases,
-        }
-        if output is not None:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-            save_model_atomic(optimized, output)
-    finally:
+    def report(self) -> Report:
+        o, sat, p, best = self.o, self.sat, self.profile_report, self.best
+        counts = self.g.counts()
+        return Report(
+            producer=f"relsat {__version__}", input=self.source, nodes_in=len(self.model.graph.node),
+            nodes_out=len(self.optimized.graph.node), rules=len(self.rules),
+            stop_reason=sat.stop_reason.value if sat else "no rules",
+            iterations=[vars(i) for i in sat.iterations] if sat else [],
+            rules_applied=dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
+            enodes=counts["enodes"], eclasses=counts["eclasses"], cost_model=o.cost_model, provider=o.provider,
+            threads=o.threads, profiled=p.measured if p else 0, cached=p.cached if p else 0,
+            profile=p.as_dict() if p else None, cost_before=self.original_cost,
+            cost_after=self.used.cost if self.used is not None else self.original_cost,
+            extraction={"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
+                        "gap": best.gap, "seconds": best.seconds, "greedy_cost": self.greedy.cost,
+                        "mip_gap": o.mip_gap, "time_limit": o.ilp_time_limit, "used": self.label,
+                        "fallbacks": self.fallbacks},
+            latency=getattr(self, "latency_report", None), extracted=self.extracted, written=self.written,
+            verification={"ok": self.check.ok, "max_abs_err": self.check.max_abs_err, "message": self.check.message,
+                          "draws": self.check.draws},
+            notices=list(self.imported.notices) + self.notices, phases_s=self.phases)
+
+    def close(self, g, dbfile, complete: bool):
+        """Close the e-graph; move a complete one into ``db`` (reopened there with ``keep_egraph``) or
+        drop an incomplete one. Returns the e-graph the caller keeps, if any."""
+        if g is None:
+            return None
         if dbfile is None:
-            if not keep_egraph or not complete:
+            if not self.keep_egraph or not complete:
                 g.close()
-        else:
-            tensors = g.tensors
-            g.close()
-            if complete:
-                dbfile.commit()
-                if keep_egraph:
-                    g = EGraph(dbfile.final)
-                    g.tensors = tensors
-            else:
-                dbfile.discard()
-    return OptimizeResult(optimized, report, g if keep_egraph else None)
+            return g
+        tensors = g.tensors
+        g.close()
+        if not complete:
+            dbfile.discard()
+            return None
+        dbfile.commit()
+        if not self.keep_egraph:
+            return None
+        g = EGraph(dbfile.final)
+        g.tensors = tensors
+        return g
 
 
 def _export_first_usable(imported, candidates, node_ids, orig, notices):

@@ -1,29 +1,90 @@
-"""The options `relsat optimize` and `relsat batch` share, declared once.
+"""The options of one optimization, declared once: ``Options`` (frozen) and its defaults.
 
-Each constant is the typer option (flag, default, help) both commands use as a parameter
-default; ``optimize_kwargs`` turns the parsed values into the keywords of
-``relsat.driver.optimize.optimize``.
+``relsat optimize`` and ``relsat batch`` take their flag defaults from ``DEFAULTS``;
+``optimize(model, options, **overrides)`` takes an ``Options`` (or keyword overrides of
+it); ``relsat batch`` records, hashes and ships it to its workers as ``as_dict()``; the
+saturation runner's ``Limits`` default to the same values; the benchmarks start from
+``DEFAULTS``.  ``check()`` is the one validation of the values, with one-line errors named
+after the command-line flags.
 """
 
 from __future__ import annotations
 
-import typer
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import RelsatError
 
-RULES = typer.Option(["default"], "--rules", help="rule set name or .rules file (repeatable)")
-INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims")
-ITER_LIMIT = typer.Option(10, "--iter-limit")
-NODE_LIMIT = typer.Option(2000, "--node-limit")
-TIME_LIMIT = typer.Option(60.0, "--time-limit", help="saturation time limit, seconds")
-EXTRACTOR = typer.Option("ilp", "--extractor", help="ilp | greedy")
-COST_MODEL = typer.Option("measured", "--cost-model", help="measured (ONNX Runtime, cached) | analytic")
-PROVIDER = typer.Option("cpu", "--provider", help="cpu | cuda: where costs and latency are measured")
-THREADS = typer.Option(1, "--threads", help="intra-op threads for profiling and latency (per worker in batch)")
-COSTS = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first")
-NO_MEASURE = typer.Option(False, "--no-measure", help="skip the final latency guard")
-MIP_GAP = typer.Option(1e-4, "--mip-gap", help="relative MIP gap at which the ILP stops")
-ILP_TIME_LIMIT = typer.Option(30.0, "--ilp-time-limit", help="ILP time limit, seconds")
+COST_MODELS = ("measured", "analytic")
+PROVIDERS = ("cpu", "cuda")
+EXTRACTORS = ("ilp", "greedy")
+GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``optimize`` does with a model (paths to write and callbacks are not options)."""
+
+    rules: tuple[str, ...] = ("default",)  # shipped set names or rule files
+    input_shapes: dict | None = field(default=None, hash=False)  # {input name: dims} for dynamic dims
+    iter_limit: int = 10  # saturation rounds
+    node_limit: int = 2000  # e-nodes
+    time_limit: float = 60.0  # saturation seconds
+    multi_rounds: int = 1  # rounds in which multi-pattern rules run
+    extractor: str = "ilp"  # ilp | greedy
+    ilp_time_limit: float = 30.0
+    mip_gap: float = 1e-4
+    cost_model: str = "measured"  # measured | analytic
+    provider: str = "cpu"  # cpu | cuda
+    threads: int = 1  # intra-op threads for profiling and latency
+    costs: str | None = None  # a cost table (relsat costs export) imported into the cache first
+    measure: bool = True  # time the original and the optimized model (the latency guard)
+    guard_threshold: float = GUARD_THRESHOLD
+    check_rules: bool = True  # verify user rule files on random tensors before use
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(self.rules or ()))
+        if self.costs is not None:
+            object.__setattr__(self, "costs", str(self.costs))
+        if self.input_shapes is not None:
+            object.__setattr__(self, "input_shapes", {k: [int(d) for d in v] for k, v in self.input_shapes.items()}
+                               or None)
+
+    def replace(self, **changes) -> Options:
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"unknown optimize option(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def check(self) -> Options:
+        """RelsatError (one line, named after the flag) for a value ``optimize`` cannot use."""
+        if self.cost_model not in COST_MODELS:
+            raise RelsatError(f"--cost-model {self.cost_model}: expected measured or analytic")
+        if self.provider not in PROVIDERS:
+            raise RelsatError(f"--provider {self.provider}: expected cpu or cuda")
+        if self.extractor not in EXTRACTORS:
+            raise RelsatError(f"--extractor {self.extractor}: expected ilp or greedy")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise RelsatError(f"--threads {self.threads}: expected a whole number >= 1")
+        if not 0 <= self.mip_gap < 1:
+            raise RelsatError(f"--mip-gap {self.mip_gap}: expected a relative gap in [0, 1)")
+        if not self.ilp_time_limit > 0:
+            raise RelsatError(f"--ilp-time-limit {self.ilp_time_limit}: expected seconds > 0")
+        for flag, value in (("--iter-limit", self.iter_limit), ("--node-limit", self.node_limit)):
+            if not isinstance(value, int) or value < 0:
+                raise RelsatError(f"{flag} {value}: expected a whole number >= 0")
+        if not self.time_limit > 0:
+            raise RelsatError(f"--time-limit {self.time_limit}: expected seconds > 0")
+        if self.costs is not None and not Path(self.costs).is_file():
+            raise RelsatError(f"--costs {self.costs}: no such cost table file")
+        return self
+
+
+DEFAULTS = Options()
 
 
 def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
@@ -38,12 +99,3 @@ def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
         except ValueError:
             raise RelsatError(f"--input-shape {spec!r}: expected NAME=D0,D1,... with integer dims") from None
     return shapes
-
-
-def optimize_kwargs(*, rules, input_shape, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
-                    threads, costs, no_measure, mip_gap, ilp_time_limit) -> dict:
-    """The shared options as keywords of ``optimize`` (``--no-measure`` is ``measure=False``)."""
-    return dict(rules=rules, input_shapes=parse_shapes(input_shape) or None, iter_limit=iter_limit,
-                node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
-                provider=provider, threads=threads, costs=costs, measure=not no_measure, mip_gap=mip_gap,
-                ilp_time_limit=ilp_time_limit)

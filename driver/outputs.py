@@ -8,7 +8,7 @@ writes there: an ONNX model for ``-o``, a relsat e-graph for ``--db``, a relsat 
 ``--report``, a cost table for ``relsat costs export``.  Anything else is refused with a one-line ``RelsatError``: relsat never
 replaces a file it did not write.
 
-``save_model_atomic`` writes a model through a temporary file and a rename (with a side file of
+``save_model_atomic`` writes a model (``write_text_atomic`` a text) through a temporary file and a rename (with a side file of
 tensors above ``EXTERNAL_DATA_BYTES``).
 
 ``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
@@ -192,3 +192,15 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` (its folder made if needed) through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

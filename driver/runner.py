@@ -58,6 +58,8 @@ from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
 from relsat.relations.reach import cyclic_matches
 
+from .options import DEFAULTS
+
 
 class StopReason(str, Enum):
     SATURATED = "saturated"
@@ -68,10 +70,10 @@ class StopReason(str, Enum):
 
 @dataclass
 class Limits:
-    iterations: int = 30
-    enodes: int = 50_000
-    seconds: float = 60.0
-    multi_rounds: int = 1  # rounds in which multi-pattern rules run (the first ones)
+    iterations: int = DEFAULTS.iter_limit
+    enodes: int = DEFAULTS.node_limit
+    seconds: float = DEFAULTS.time_limit
+    multi_rounds: int = DEFAULTS.multi_rounds  # rounds in which multi-pattern rules run (the first ones)
 
 
 @dataclass

@@ -16,7 +16,7 @@ strings, variables, or lists ``(1 ?n 3)`` of those.
 Includes compose rule files by reference; each puts the rules of another file at its place,
 in that file's order, and may stand wherever a rule may::
 
-    include SET                  # a shipped set: programs/rules/SET.rules (``rulesets.RULES_DIR``)
+    include SET                  # a shipped set: programs/rules/SET.rules (``relsat.programs.rules.RULES_DIR``)
     include "PATH"               # a rule file; a relative PATH is relative to the including file
     include SET: NAME NAME ...   # only the rules of these (core) names, still in the file's order
     include "PATH": NAME ...
@@ -64,6 +64,7 @@ from relsat.programs.ir import (
     ARITH_OPS, CMP_OPS, DTYPES, Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule,
     RuleError, RuleSet, ShapeOf, SourceLoc, Term, Var,
 )  # fmt: skip
+from relsat.programs.rules import shipped, shipped_file
 from relsat.relations import catalog
 
 _TOKEN = re.compile(
@@ -400,7 +401,7 @@ def _coerce(value, kind: str):
 
 class _Loader:
     """The files of one top-level parse: includes resolved (a shipped set name in
-    ``rulesets.RULES_DIR``, a quoted path relative to the including file), each file parsed
+    ``relsat.programs.rules.RULES_DIR``, a quoted path relative to the including file), each file parsed
     once, include cycles refused."""
 
     def __init__(self):
@@ -427,11 +428,9 @@ class _Loader:
             path = Path(target.value)
             path = path if path.is_absolute() else Path(including).parent / path
         else:
-            from relsat.programs import rulesets  # rulesets imports this module
-
-            path = rulesets.shipped_file(target.text)
+            path = shipped_file(target.text)
             if path is None:
-                known = rulesets.shipped()
+                known = shipped()
                 close = difflib.get_close_matches(target.text, known, n=1)
                 hint = (f"; did you mean {close[0]!r}?" if close else "") + (
                     f'; a file path is quoted: include "{target.text}"' if target.text.endswith(".rules") else "")

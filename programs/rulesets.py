@@ -15,8 +15,8 @@ from pathlib import Path
 
 from relsat.programs.ir import Rule
 from relsat.programs.parser import load_rules
+from relsat.programs.rules import RULES_DIR, shipped, shipped_file  # noqa: F401  (re-exported)
 
-RULES_DIR = Path(__file__).resolve().parent / "rules"
 
 
 class RuleSetError(ValueError):
@@ -24,19 +24,6 @@ class RuleSetError(ValueError):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
-
-
-def shipped() -> list[str]:
-    """The names of the shipped rule sets, sorted."""
-    return sorted(p.stem for p in RULES_DIR.glob("*.rules"))
-
-
-def shipped_file(name: str) -> Path | None:
-    """The file of the shipped set ``name``, or None when there is no such set."""
-    if not name or any(sep in name for sep in "/\\") or name.startswith("."):
-        return None
-    path = RULES_DIR / f"{name}.rules"
-    return path if path.is_file() else None
 
 
 def rule_files(names) -> list[Path]:

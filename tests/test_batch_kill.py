@@ -19,6 +19,7 @@ import pytest
 from relsat.benchmarks import zoo
 from relsat.driver import batch as B
 from relsat.driver import outputs
+from relsat.driver.options import Options
 from relsat.driver.verify import verify
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
@@ -218,7 +219,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     task = B.ModelTask("vgg19", src, B.model_hash(src))
-    options = B.resolve_options(**QUICK_KW)[0]
+    options = B.resolve_options(Options(**QUICK_KW))[0]
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
 
     monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 0)

@@ -9,7 +9,6 @@ optimize report, the input model, the raw tables, and the ``relsat query`` comma
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections import Counter
@@ -67,9 +66,7 @@ def test_readme_and_file_agree():
 def saved(tmp_path_factory):
     db = tmp_path_factory.mktemp("queries") / "resnet50.duckdb"
     model = zoo.build("resnet50", small=True)
-    params = inspect.signature(optimize).parameters
-    kw = {k: v for k, v in (("cost_model", "analytic"), ("measure", False)) if k in params}
-    res = optimize(model, db=db, **kw)
+    res = optimize(model, db=db, cost_model="analytic", measure=False)
     con = duckdb.connect(str(db), read_only=True)
     yield model, res.report, con, db
     con.close()
