@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from relsat.relations.reach import csr, strong_components
+
 _SHARE_ROUNDS = 8  # at most this many sharing-improvement passes after greedy
 _MAX = np.finfo(np.float64).max  # greedy tree costs saturate here
 
@@ -112,14 +114,6 @@ def _distinct(a: np.ndarray) -> np.ndarray:
     return a[first]
 
 
-def _csr(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group values by key in 0..size-1 as (ptr, values sorted by key)."""
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys, minlength=size), out=ptr[1:])
-    return ptr, values[order]
-
-
 def _topo_order(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray | None:
     """Kahn's order (parents first) of the graph v -> idx[ptr[v]:ptr[v+1]]; None if cyclic."""
     indeg = np.bincount(idx, minlength=n).tolist()
@@ -131,50 +125,6 @@ def _topo_order(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray | None:
             if indeg[w] == 0:
                 order.append(w)
     return np.array(order, dtype=np.int64) if len(order) == n else None
-
-
-def _scc(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    """Strongly connected component label of each vertex (iterative Tarjan)."""
-    ptr_l, idx_l = ptr.tolist(), idx.tolist()
-    index, low, comp = [-1] * n, [0] * n, [-1] * n
-    on_stack = [False] * n
-    stack: list[int] = []
-    counter = ncomp = 0
-    for s in range(n):
-        if index[s] != -1:
-            continue
-        index[s] = low[s] = counter
-        counter += 1
-        stack.append(s)
-        on_stack[s] = True
-        work = [[s, ptr_l[s]]]
-        while work:
-            frame = work[-1]
-            v, i = frame
-            if i < ptr_l[v + 1]:
-                frame[1] = i + 1
-                w = idx_l[i]
-                if index[w] == -1:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack[w] = True
-                    work.append([w, ptr_l[w]])
-                elif on_stack[w] and index[w] < low[v]:
-                    low[v] = index[w]
-                continue
-            work.pop()
-            if work and low[v] < low[work[-1][0]]:
-                low[work[-1][0]] = low[v]
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on_stack[w] = False
-                    comp[w] = ncomp
-                    if w == v:
-                        break
-                ncomp += 1
-    return np.array(comp, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- greedy
@@ -196,7 +146,7 @@ def _fixpoint(d: _Dense, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     val = np.full(nc, np.inf)
     choice = np.full(nc, -1, dtype=np.int64)
     use_edge = usable[d.enode]
-    rptr, rnode = _csr(d.echild[use_edge], d.enode[use_edge], nc)  # class -> parent nodes
+    rptr, rnode = csr(d.echild[use_edge], d.enode[use_edge], nc)  # class -> parent nodes
     nodes = np.flatnonzero(usable & (d.eptr[1:] == d.eptr[:-1]))  # leaves first
     totals = d.cost[nodes]
     with np.errstate(over="ignore"):
@@ -343,7 +293,7 @@ def _prune(d: _Dense, val: np.ndarray) -> np.ndarray:
     n = len(d.cost)
     bad_child = np.bincount(d.enode, weights=~np.isfinite(val[d.echild]), minlength=n) > 0
     cand = ~d.selfloop & ~bad_child
-    cptr, cnode = _csr(d.ncls[cand], np.flatnonzero(cand), d.num_classes)
+    cptr, cnode = csr(d.ncls[cand], np.flatnonzero(cand), d.num_classes)
     reached = np.zeros(d.num_classes, dtype=bool)
     frontier = d.roots
     while len(frontier):
@@ -374,7 +324,7 @@ def _model(d: _Dense, nodes: np.ndarray) -> _Model:
     nx, nc = len(nodes), d.num_classes
     col = np.full(len(d.cost), -1, dtype=np.int64)
     col[nodes] = np.arange(nx)
-    kptr, kcol = _csr(d.ncls[nodes], np.arange(nx), nc)  # class -> its x columns
+    kptr, kcol = csr(d.ncls[nodes], np.arange(nx), nc)  # class -> its x columns
     # Root rows: sum of the class's x >= 1.
     pos, lens = _gather(kptr, d.roots)
     rows = [(lens, kcol[pos], np.ones(len(pos)), np.ones(len(lens)), np.full(len(lens), np.inf))]
@@ -391,7 +341,7 @@ def _model(d: _Dense, nodes: np.ndarray) -> _Model:
     # Order rows on class-graph edges inside cyclic components (self-loops are pruned):
     # t_a - t_b - (1 + eps) x_n >= -1, i.e. t_a - t_b >= eps when x_n = 1, eps = 1 / component size.
     gkey = np.unique(e_par * nc + e_cls)
-    comp = _scc(*_csr(gkey // nc, gkey % nc, nc), nc)
+    comp = strong_components(*csr(gkey // nc, gkey % nc, nc), nc)
     size = np.bincount(comp)
     tcls = np.flatnonzero(size[comp] > 1)
     tcol = np.full(nc, -1, dtype=np.int64)

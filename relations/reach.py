@@ -1,4 +1,4 @@
-"""Reachability over the e-class graph, in SQL: cycle filtering and cycle detection.
+"""Cycles in the e-class graph: the filter of cycle-closing unions (SQL) and the one cycle finder.
 
 The e-class graph has an edge from an e-class to each child e-class of each of its
 e-nodes.  A union of two e-classes a and b closes a cycle exactly when one reaches
@@ -6,9 +6,15 @@ the other; multi-pattern rules can do that (TENSAT's cycle problem), and
 ``cyclic_matches`` finds the matches whose unions would, so the runner can drop them
 before they are applied.  Everything is set-oriented: recursive CTEs (``UNION``, so
 existing cycles terminate) over all queried e-classes at once, never a loop per match.
+
+``strong_components`` (Tarjan, on arrays) is the one cycle finder: ``cyclic_classes`` runs it on
+the e-class graph, and the ILP extraction on its class graph (order variables only inside cyclic
+components).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .catalog import OPS
 from .schema import q
@@ -71,10 +77,70 @@ def _reaching(x: str, y: str, nx: int, ny: int) -> str:
     )
 
 
+def csr(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Group values by key in 0..size-1 as (ptr, values sorted by key)."""
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=size), out=ptr[1:])
+    return ptr, values[order]
+
+
+def strong_components(ptr: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """Strongly connected component label of each vertex of the graph v -> idx[ptr[v]:ptr[v+1]]
+    (iterative Tarjan): the one cycle finder on arrays (the ILP's order constraints, ``cyclic_classes``)."""
+    ptr_l, idx_l = ptr.tolist(), idx.tolist()
+    index, low, comp = [-1] * n, [0] * n, [-1] * n
+    on_stack = [False] * n
+    stack: list[int] = []
+    counter = ncomp = 0
+    for s in range(n):
+        if index[s] != -1:
+            continue
+        index[s] = low[s] = counter
+        counter += 1
+        stack.append(s)
+        on_stack[s] = True
+        work = [[s, ptr_l[s]]]
+        while work:
+            frame = work[-1]
+            v, i = frame
+            if i < ptr_l[v + 1]:
+                frame[1] = i + 1
+                w = idx_l[i]
+                if index[w] == -1:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append([w, ptr_l[w]])
+                elif on_stack[w] and index[w] < low[v]:
+                    low[v] = index[w]
+                continue
+            work.pop()
+            if work and low[v] < low[work[-1][0]]:
+                low[work[-1][0]] = low[v]
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    comp[w] = ncomp
+                    if w == v:
+                        break
+                ncomp += 1
+    return np.array(comp, dtype=np.int64)
+
+
 def cyclic_classes(g) -> list[int]:
-    """The e-classes that lie on a cycle of the e-class graph (an e-class that reaches itself)."""
-    rows = g.con.execute(
-        f"WITH RECURSIVE e AS MATERIALIZED ({class_edges_sql(g, with_pending=False)}), "
-        "r(s, c) AS (SELECT parent, child FROM e UNION SELECT r.s, e.child FROM r JOIN e ON e.parent = r.c) "
-        "SELECT DISTINCT s FROM r WHERE s = c ORDER BY s").fetchall()
-    return [x for (x,) in rows]
+    """The e-classes that lie on a cycle of the e-class graph (a strongly connected component of more
+    than one e-class, or an e-class that is its own child)."""
+    edges = g.con.execute(f"SELECT DISTINCT parent, child FROM ({class_edges_sql(g, with_pending=False)}) "
+                          "WHERE parent IS NOT NULL").fetchnumpy()
+    parent, child = (np.asarray(edges[k], dtype=np.int64) for k in ("parent", "child"))
+    if not len(parent):
+        return []
+    ids, inv = np.unique(np.concatenate([parent, child]), return_inverse=True)
+    p, c = inv[: len(parent)], inv[len(parent):]
+    comp = strong_components(*csr(p, c, len(ids)), len(ids))
+    on_cycle = np.bincount(comp)[comp] > 1
+    on_cycle[p[p == c]] = True
+    return sorted(int(x) for x in ids[on_cycle])
