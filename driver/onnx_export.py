@@ -13,27 +13,25 @@ caller to fall back from.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
-from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED
 from relsat.extract.original import original_choice
+from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
+from relsat.relations.onnx_form import (FormError, catalog_nodes, opaque_node, opaque_outputs, outer_names,
+                                        subgraphs, walk_graphs)
 from relsat.relations.runtime import session
 
 from .errors import RelsatError, error_line
-from .onnx_import import ImportResult, outer_names, subgraphs, walk_graphs
+from .onnx_import import ImportResult
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
 _FOLD_MIN = 1 << 16  # a constant subgraph is folded when its result has at most max(this, its inputs') elements
-_INT64_MIN = -(2 ** 63)
-_ATTR_TYPES = {"int": AttributeProto.INT, "ints": AttributeProto.INTS, "float": AttributeProto.FLOAT,
-               "floats": AttributeProto.FLOATS, "string": AttributeProto.STRING}
 
 
 class ExportError(RelsatError, ValueError):
@@ -146,14 +144,6 @@ def _fold_roots(roots, nodes, info) -> list[int]:
     return fold
 
 
-def _same(value, default, kind: str) -> bool:
-    if default is REQUIRED:
-        return False
-    if kind == "float":
-        return np.float32(value) == np.float32(default)
-    return value == default
-
-
 def _subgraph_names(blob: bytes) -> set[str]:
     """Every value name defined inside the subgraphs of a serialized node."""
     node = onnx.NodeProto()
@@ -162,31 +152,14 @@ def _subgraph_names(blob: bytes) -> set[str]:
         *(i.name for i in g.input), *(t.name for t in g.initializer), *(o for n in g.node for o in n.output)]}
 
 
-def _rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
-    """Rename reads of outer-scope values inside a subgraph (names it defines itself shadow them)."""
-    local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
-        o for n in graph.node for o in n.output}
-    m = {k: v for k, v in mapping.items() if k not in local}
-    if not m:
-        return
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name in m:
-                node.input[i] = m[name]
-        for sub in subgraphs(node):
-            _rename_outer(sub, m)
-    for v in graph.output:
-        if v.name in m:
-            v.name = m[v.name]
-
-
 class _Writer:
     """Writes chosen classes as ONNX nodes and initializers, naming every value uniquely."""
 
     def __init__(self, imported: ImportResult, nodes: dict[int, _Node], info: dict[int, _Info],
                  folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str]):
         self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
-        self.opset = imported.opset_imports[""]
+        self.opsets = imported.opset_imports
+        self.domains: dict[str, int] = {}  # domains of catalog nodes written -> their opset
         self.taken, self.owned = taken, owned  # names never generated; class -> its name in the original
         self.assigned: set[str] = set()
         self.name: dict[int, str] = {}
@@ -245,22 +218,10 @@ class _Writer:
             self.catalog(c, n)
 
     def opaque(self, c: int, n: _Node) -> None:
-        node = onnx.NodeProto()
-        node.ParseFromString(n.attrs["node"])
-        positions = [i for i, name in enumerate(node.input) if name]
         names = [self.value(k) for k in n.children]
-        for i, name in zip(positions, names):
-            node.input[i] = name
-        mapping = dict(zip(outer_names(node), names[len(positions):]))
-        for sub in subgraphs(node) if mapping else ():
-            _rename_outer(sub, mapping)
-        if len(node.output) == 1:
-            node.output[0] = self.value(c)
-        else:
-            for i, o in enumerate(node.output):
-                if o:
-                    node.output[i] = self.tuple_output(c, i)
-        self.out_nodes.append(node)
+        outs = opaque_outputs(n.attrs["node"])
+        outputs = [self.value(c)] if len(outs) == 1 else [self.tuple_output(c, i) if o else "" for i, o in enumerate(outs)]
+        self.out_nodes.append(opaque_node(n.attrs["node"], names, outputs))
 
     def lifted_init(self, value, dtype: int) -> str:
         arr = np.array(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
@@ -270,69 +231,24 @@ class _Writer:
             self.inits.append(numpy_helper.from_array(arr, name))
         return self.lifted[key]
 
-    def gelu(self, c: int, n: _Node) -> None:
-        """Gelu below opset 20, where ONNX has no Gelu op: its definition in ONNX primitives."""
-        x = self.value(n.children[0])
-
-        def const(v: float) -> str:
-            return self.lifted_init(v, self.info[n.children[0]].dtype or onnx.TensorProto.FLOAT)
-
-        steps = ([("Mul", x, x), ("Mul", None, x), ("Mul", None, const(0.044715)), ("Add", x, None),
-                  ("Mul", None, const(math.sqrt(2 / math.pi))), ("Tanh", None)] if n.attrs["approximate"] == "tanh"
-                 else [("Div", x, const(math.sqrt(2))), ("Erf", None)])
-        steps += [("Add", None, const(1.0)), ("Mul", x, None), ("Mul", None, const(0.5))]
-        prev = None
-        for k, (op_type, *ins) in enumerate(steps):
-            try:
-                onnx.defs.get_schema(op_type, self.opset)
-            except onnx.defs.SchemaError:
-                raise RelsatError(f"cannot export Gelu at opset {self.opset}: neither Gelu nor {op_type} exists "
-                                  f"there") from None
-            out = self.value(c) if k == len(steps) - 1 else self.fresh("gelu")
-            self.out_nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [out], name=out))
-            prev = out
-
     def catalog(self, c: int, n: _Node) -> None:
         op = BY_TYPE[n.op]
-        if op.op_type == "Gelu" and self.opset < 20:
-            return self.gelu(c, n)
-        try:
-            schema = onnx.defs.get_schema(op.op_type, self.opset)
-        except onnx.defs.SchemaError:
-            raise RelsatError(f"cannot export {op.op_type}: it does not exist at opset {self.opset}") from None
+        opset = self.opsets.get(op.domain, op.since)
         inputs = [self.value(k) if k != -1 else "" for k in n.children]
-        values = dict(n.attrs)
-        if op.op_type == "Slice":  # a negative step's end -1 means "before index 0": ONNX spells it INT64_MIN
-            values["ends"] = [_INT64_MIN if st < 0 and e < 0 else e for e, st in zip(values["ends"], values["steps"])]
-        data_dtype = self.info[n.children[0]].dtype or onnx.TensorProto.FLOAT
-        lifted = {lf.attr: lf for lf in op.lifted}
-        attrs, extra = [], {}
-        for a in op.attrs:
-            v = values[a.name]
-            neutral = _same(v, a.default, a.kind) or (a.name in ("dilations", "steps") and set(v) <= {1})
-            lf = lifted.get(a.name)
-            if lf and self.opset >= lf.since:
-                if not _same(v, a.default, a.kind):
-                    extra[lf.input_index] = self.lifted_init(v, data_dtype if lf.dtype == 1 else lf.dtype)
-            elif a.name not in schema.attributes:
-                if not neutral:
-                    raise RelsatError(f"cannot export {op.op_type} with {a.name}={v} at opset {self.opset}")
-            elif not neutral:  # ONNX's defaults are the catalog's (and dilations of 1)
-                attrs.append(helper.make_attribute(a.name, v, attr_type=_ATTR_TYPES[a.kind]))
-        if op.op_type == "Reshape" and 0 in values["shape"] and "allowzero" in schema.attributes:
-            attrs.append(helper.make_attribute("allowzero", 1))
-        if op.op_type == "Softmax" and self.opset < 13 and values["axis"] != len(self.info[n.children[0]].shape) - 1:
-            raise RelsatError(f"cannot export Softmax over axis {values['axis']} at opset {self.opset} (< 13)")
-        for i, name in extra.items():
-            inputs += [""] * (i + 1 - len(inputs))
-            inputs[i] = name
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        outputs = ([self.tuple_output(c, i) for i in range(len(values["split"]))] if op.is_tuple
-                   else [self.value(c)])
-        node = helper.make_node(op.op_type, inputs, outputs, name=outputs[0])
-        node.attribute.extend(attrs)
-        self.out_nodes.append(node)
+        outputs = [self.tuple_output(c, i) for i in range(op.arity(n.attrs))] if op.is_tuple else [self.value(c)]
+        first = self.info[n.children[0]]
+        try:
+            self.out_nodes += catalog_nodes(op, inputs, outputs, n.attrs, opset=opset,
+                                            data_dtype=first.dtype or onnx.TensorProto.FLOAT, data_shape=first.shape,
+                                            const=self.lifted_init, fresh=self.fresh)
+        except FormError as e:
+            raise RelsatError(str(e)) from None
+        if op.domain:
+            self.domains.setdefault(op.domain, opset)
+
+    def opset_imports(self) -> list:
+        """The model's opsets, and those of the other domains the written nodes use."""
+        return [helper.make_opsetid(d, v) for d, v in {**self.domains, **self.opsets}.items()]
 
 
 def _owned_names(imported: ImportResult) -> dict[int, str]:
@@ -365,8 +281,8 @@ def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], tak
         outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, info[c].shape) for c in fold]
         model = helper.make_model(
             helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
-            opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
-            ir_version=min(imported.ir_version, MAX_IR_VERSION), functions=imported.functions)
+            opset_imports=w.opset_imports(), ir_version=min(imported.ir_version, MAX_IR_VERSION),
+            functions=imported.functions)
         return dict(zip(fold, session(model, optimize=False).run(None, {})))
     except Exception:  # e.g. an opaque node ONNX Runtime cannot run alone: keep the nodes
         return None
@@ -411,7 +327,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits)
     _check_graph(graph, {name: c for c, name in w.name.items()})
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imported.opset_imports.items()],
+        graph, opset_imports=w.opset_imports(),
         ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
         producer_version=imported.producer[1], doc_string=imported.doc_string, domain=imported.domain,
         model_version=imported.model_version, functions=imported.functions)
@@ -470,19 +386,3 @@ def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:
             if reader is not None and reader.op_type == "Conv" and i != 0:
                 raise ExportError(f"the exported graph pads {which(node.output[0])} into input {i} of Conv "
                                   f"{reader.name}, which ONNX Runtime's Pad fusion would rewire")
-
-
-def enode_proto(op: str, children: list[int], attrs: dict, info: dict, opset: int):
-    """One e-node written exactly as ``export_model`` writes it, standing alone (for the profiler's
-    one-node models). ``op`` is a catalog op_type, or "opaque" with ``attrs = {"node": NodeProto
-    bytes}``; ``children`` its child e-classes (-1 = absent); ``info`` maps each child e-class to
-    ``(shape, dtype)``. Returns the NodeProto, the initializers it reads (lifted attributes) and the
-    input name given to each child e-class."""
-    from types import SimpleNamespace
-
-    w = _Writer(SimpleNamespace(egraph=None, opset_imports={"": opset}), {},
-                {c: _Info(s, d, False) for c, (s, d) in info.items()}, {}, set(), {})
-    own = min([0, *children]) - 2  # an id no child has: the node's own value gets a fresh name
-    node = _Node(-1, op, own, list(children), dict(attrs))
-    (w.opaque if op == "opaque" else w.catalog)(own, node)
-    return w.out_nodes[-1], list(w.inits), {c: w.name[c] for c in children if c != -1}

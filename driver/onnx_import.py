@@ -27,15 +27,16 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from relsat.relations.catalog import BY_TYPE, OPS, REQUIRED, OpDef
+from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
+from relsat.relations.onnx_form import outer_names, walk_graphs
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
 
 from .errors import RelsatError, error_line
 
-MIN_OPSET, MAX_OPSET = 7, 26
+MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 _BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim"}
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
@@ -68,20 +69,6 @@ class ImportResult:
 
 
 # ------------------------------------------------------------------ loading
-def subgraphs(node: onnx.NodeProto):
-    """The graphs held by a node's attributes (If's branches, Loop's body, ...)."""
-    for a in node.attribute:
-        yield from ([a.g] if a.type == AttributeProto.GRAPH else a.graphs)
-
-
-def walk_graphs(graph: onnx.GraphProto):
-    """The graph and all its nested subgraphs."""
-    yield graph
-    for node in graph.node:
-        for sub in subgraphs(node):
-            yield from walk_graphs(sub)
-
-
 def _tensors(model: onnx.ModelProto):
     for g in walk_graphs(model.graph):
         yield from g.initializer
@@ -280,21 +267,6 @@ def _infer_types(model: onnx.ModelProto, shapes: dict):
 
 
 # ------------------------------------------------------------ node helpers
-def outer_names(node: onnx.NodeProto) -> list[str]:
-    """Names of outer-scope values that the node's subgraphs read (sorted): implicit inputs."""
-
-    def refs(graph) -> set[str]:
-        local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
-            o for n in graph.node for o in n.output}
-        used = {v.name for v in graph.output}
-        for n in graph.node:
-            used.update(i for i in n.input if i)
-            used.update(*(refs(sub) for sub in subgraphs(n)))
-        return used - local
-
-    return sorted(set().union(*(refs(sub) for sub in subgraphs(node))))
-
-
 def _attr_value(a: AttributeProto):
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
@@ -484,6 +456,7 @@ def _frozen(v):
 class _Importer:
     def __init__(self, g: EGraph, model: onnx.ModelProto, opset: int, types: dict):
         self.g, self.opset, self.types = g, opset, types
+        self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
         self.cls: dict[str, int] = {}  # ONNX value name -> e-class
         self.consts: dict[str, np.ndarray] = {}
         self.notices: list[str] = []
@@ -569,8 +542,8 @@ class _Importer:
     # nodes
     def spec(self, node: onnx.NodeProto) -> _Item | None:
         """The catalog form of a node, or None when it must stay opaque."""
-        op = BY_TYPE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if op is None or op.leaf or op.op_type == "getitem":
+        op = for_node(node.domain, node.op_type)
+        if op is None or (op.domain and not op.in_opsets(self.opsets.get(op.domain, 0))):
             return None
         attrs = {a.name: _attr_value(a) for a in node.attribute}
         lifted = {lf.input_index: lf for lf in op.lifted}

@@ -10,7 +10,7 @@ e-node whose e-class is not constant:
    NodeProto) and writes ``node -> signature`` into a temp table;
 2. Python builds one :class:`~relsat.extract.profile.OpSample` per distinct signature,
    with the node written exactly as export writes it
-   (:func:`relsat.driver.onnx_export.enode_proto`: lifted attributes become initializer
+   (:func:`relsat.relations.onnx_form.enode_proto`: lifted attributes become initializer
    inputs, opaque NodeProtos are used verbatim);
 3. :func:`~relsat.extract.profile.profile` answers from the cost cache or times the
    rest under ONNX Runtime; the fixed cost of a ``session.run`` call (measured once per
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relsat.relations.catalog import OPS
+from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
+from relsat.relations.onnx_form import enode_proto
 from relsat.relations.schema import q
 
 from .analytic import analytic_costs
@@ -97,12 +98,13 @@ def _rows(g: EGraph, sql: str) -> list[dict]:
 
 
 def _sample(op: str, kids, shapes, dtypes, attrs: dict, opset: int, domains) -> OpSample:
-    from relsat.driver.onnx_export import enode_proto
-
     info = {c: (s, d) for c, s, d in zip(kids, shapes, dtypes) if c != -1}
     if any(s is None or d is None for s, d in info.values()):
         raise ValueError("an input has an unknown shape or dtype")
-    node, inits, names = enode_proto(op, list(kids), attrs, info, opset)
+    entry = BY_TYPE.get(op)
+    if entry is not None and entry.domain and entry.domain not in domains:  # a rule brought the op in
+        domains = {**domains, entry.domain: entry.since}
+    node, inits, names = enode_proto(op, list(kids), attrs, info, opset, domains)
     inputs = tuple((names[c], int(d), tuple(int(x) for x in s)) for c, (s, d) in info.items())
     outputs = tuple(o for o in node.output if o)
     return OpSample(node, inputs, tuple(inits), outputs, opset, tuple(sorted(domains.items())))

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from relsat.relations import runtime
+from relsat.relations.catalog import for_node
 
 from .cost_cache import CostCache, CostRow
 
@@ -184,8 +185,11 @@ def _backend(provider: str) -> str:
 
 def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Runtime inputs (``relations.runtime.random_feeds``): floats ~ N(0, 1), bools uniform, integers
-    in [0, 4) (semantics unknown; a Div/Mod divisor gets [1, 4) so that integer division never faults)."""
-    divisors = set(sample.node.input[1:2]) if sample.node.op_type in ("Div", "Mod") else set()
+    in [0, 4) (semantics unknown; a divisor, the catalog's ``nonzero`` inputs or Mod's, gets [1, 4) so
+    that integer division never faults)."""
+    op = for_node(sample.node.domain, sample.node.op_type)
+    nonzero = op.nonzero if op is not None else (1,) if sample.node.op_type == "Mod" else ()
+    divisors = {sample.node.input[i] for i in nonzero if i < len(sample.node.input)}
     specs = [(name, shape, runtime.np_dtype(dtype)) for name, dtype, shape in sample.inputs]
     return runtime.random_feeds(specs, rng=rng, int_range=(0, 4), int_ranges={n: (1, 4) for n in divisors})
 

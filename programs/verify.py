@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations import runtime
 from relsat.relations.catalog import BY_TYPE, REQUIRED, SQL_MACROS, OpDef
+from relsat.relations.onnx_form import catalog_nodes
 from relsat.relations.rules import given_source, rule_select
 from relsat.relations.schema import q
 
@@ -402,7 +403,7 @@ class _Draw:
         if op.leaf and t.op != "Constant":
             raise _Reject(f"{t.op} terms are not generated")
         attrs = _Attrs(self, t, op)
-        kids = _PLANNERS.get(t.op, _Draw.elementwise)(self, t, attrs, target)
+        kids = _PLANNERS[op.draw](self, t, attrs, target)
         if op.variadic:
             kids = [kids]
         values = attrs.all(kids)
@@ -532,13 +533,11 @@ class _Draw:
         return [x]
 
 
-_PLANNERS = {
-    "Conv": _Draw.conv, "MaxPool": _Draw.window, "AveragePool": _Draw.window, "GlobalAveragePool": _Draw.window,
-    "BatchNormalization": _Draw.batchnorm, "LayerNormalization": _Draw.layernorm, "MatMul": _Draw.matmul,
-    "Gemm": _Draw.gemm, "Concat": _Draw.concat, "Split": _Draw.split, "getitem": _Draw.getitem,
-    "Transpose": _Draw.transpose, **{op: _Draw.reshaping for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                                                                     "Slice", "Pad")},
-}  # fmt: skip
+_PLANNERS = {  # the catalog's ``draw`` names
+    "elementwise": _Draw.elementwise, "conv": _Draw.conv, "window": _Draw.window, "batchnorm": _Draw.batchnorm,
+    "layernorm": _Draw.layernorm, "matmul": _Draw.matmul, "gemm": _Draw.gemm, "concat": _Draw.concat,
+    "split": _Draw.split, "getitem": _Draw.getitem, "transpose": _Draw.transpose, "reshaping": _Draw.reshaping,
+}
 
 
 def _hints(rule: Rule) -> tuple[dict[str, object], dict[str, int]]:
@@ -575,17 +574,19 @@ def _hints(rule: Rule) -> tuple[dict[str, object], dict[str, int]]:
 
 
 def _data_roles(rule: Rule) -> tuple[set[str], set[str]]:
-    """Variables that need positive data (variances, square roots) and non-zero data (divisors)."""
+    """Variables that need positive data (variances, square roots) and non-zero data (divisors): the
+    catalog's ``positive`` and ``nonzero`` inputs."""
     positive, nonzero = set(), set()
 
     def walk(t):
         if not isinstance(t, Term):
             return
+        op = BY_TYPE[t.op]
         for i, c in enumerate(t.children):
             if isinstance(c, Var):
-                if (t.op, i) in (("BatchNormalization", 4), ("Sqrt", 0)):
+                if i in op.positive:
                     positive.add(c.name)
-                elif (t.op, i) == ("Div", 1):
+                elif i in op.nonzero:
                     nonzero.add(c.name)
             walk(c)
 
@@ -599,6 +600,7 @@ class _Onnx:
 
     def __init__(self, memo: dict):
         self.memo, self.nodes, self.inits, self.names = memo, [], [], {}
+        self.domains: dict[str, int] = {}  # other domains the nodes use -> their opset
 
     def tensor(self, value, dtype: int) -> str:
         name = f"c{len(self.inits)}"
@@ -618,15 +620,12 @@ class _Onnx:
             name = self.tensor(attrs["value_float"], TensorProto.FLOAT)
         else:
             inputs = [self.value(c) if not isinstance(c, Absent) else "" for c in t.children]
-            lifted = {lf.attr for lf in op.lifted}
-            for lf in sorted(op.lifted, key=lambda lf: lf.input_index):
-                inputs += [""] * (lf.input_index - len(inputs))
-                inputs.append(self.tensor(attrs[lf.attr], lf.dtype))
-            while inputs and not inputs[-1]:
-                inputs.pop()
-            outputs = [f"t{len(self.nodes)}_{i}" for i in range(len(attrs["split"]) if t.op == "Split" else 1)]
-            kw = {a: v for a, v in attrs.items() if a not in lifted}
-            self.nodes.append(helper.make_node(t.op, inputs, outputs, **kw))
+            outputs = [f"t{len(self.nodes)}_{i}" for i in range(op.arity(attrs))]
+            self.nodes += catalog_nodes(op, inputs, outputs, attrs, opset=OPSET if not op.domain else op.since,
+                                        data_dtype=TensorProto.FLOAT, data_shape=None, const=self.tensor,
+                                        fresh=lambda hint: f"{hint}{len(self.nodes)}_{len(self.inits)}")
+            if op.domain:
+                self.domains[op.domain] = op.since
             name = outputs if op.is_tuple else outputs[0]
         self.names[t] = name
         return name
@@ -644,7 +643,8 @@ def _run(draw: _Draw, roots, memo: dict, data: dict) -> list[np.ndarray]:
             inputs.append(helper.make_tensor_value_info("v_" + v, TensorProto.FLOAT, arr.shape))
     outputs = [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None) for i in range(len(outs))]
     graph = helper.make_graph(b.nodes, "side", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
+    opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in sorted(b.domains.items())]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     feeds = {"v_" + v: arr for v, arr in data.items() if v not in draw.const}
     return [np.asarray(o, dtype=np.float64) for o in runtime.session(model, optimize=False).run(None, feeds)]
 

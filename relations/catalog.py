@@ -1,11 +1,14 @@
 """The operator catalog: the one source of truth about every operator relsat knows.
 
-Each entry (an ``OpDef``) gives the ONNX op_type, its inputs (e-class children,
-optional or variadic), its attributes with ONNX names, types and defaults, the
-number of outputs, and the shape, dtype and analytic-cost rules as DuckDB SQL
-expressions.  The DuckDB schema, the rule checker, ONNX import/export and the
-analytic cost model are all derived from this table; adding an operator is one
-entry here.
+Each entry (an ``OpDef``) gives the ONNX op_type, domain and opset range, its inputs
+(e-class children, optional or variadic), its attributes with ONNX names, types and
+defaults, the number of outputs of a tuple operator, the shape, dtype and
+analytic-cost rules as DuckDB SQL expressions, and what rule verification needs to
+draw its inputs.  The DuckDB schema, the rule checker, ONNX import (``for_node``) and
+export (relations/onnx_form.py), rule verification and the analytic and measured
+cost models are all derived from this table; adding an operator, of any domain, is
+one entry here, plus at most an import normalisation hook (driver/onnx_import.py) or
+a spelling (relations/onnx_form.py) beside it.
 
 Data inputs that ONNX passes as tensors but that are really parameters
 (Reshape's shape, Slice's starts/ends, Clip's min/max, ...) are *lifted* into
@@ -67,15 +70,19 @@ class OpDef:
     attrs: tuple[Attr, ...] = ()
     shape: str = "s_x"
     dtype: str | None = None  # default: dtype of the first input
-    outputs: int = 1  # 0 = a tuple whose arity follows from the attributes
+    tuple_arity: str | None = None  # tuple ops: the list attribute whose length is the number of outputs
     tuple_shapes: str | None = None  # for tuple ops: SQL list of shapes
     tuple_dtypes: str | None = None  # for tuple ops: SQL list of dtypes
     flops: str = "prod(s_out)"
     lifted: tuple[Lifted, ...] = ()
-    elementwise: bool = False
-    commutative: bool = False
     leaf: bool = False  # no e-class children (inputs, weights, Constant)
     canon: tuple[tuple[str, str], ...] = ()  # attribute -> SQL normalising it on insert
+    domain: str = ""  # ONNX domain ("" = ai.onnx)
+    since: int = 1  # opset range of ``domain`` in which relsat imports and writes the op (the default
+    until: int | None = None  # domain also needs the model's opset in DEFAULT_OPSETS and ONNX's schema)
+    draw: str = "elementwise"  # how rule verification draws its inputs (a planner of programs/verify.py)
+    positive: tuple[int, ...] = ()  # inputs that verification feeds positive data (variances, square roots)
+    nonzero: tuple[int, ...] = ()  # inputs fed data away from zero (divisors)
 
     @property
     def table(self) -> str:
@@ -97,7 +104,18 @@ class OpDef:
 
     @property
     def is_tuple(self) -> bool:
-        return self.outputs != 1
+        return self.tuple_arity is not None
+
+    def arity(self, attrs: dict) -> int:
+        """The number of ONNX outputs of a node with these attributes."""
+        return len(attrs[self.tuple_arity]) if self.is_tuple else 1
+
+    @property
+    def opset_range(self) -> str:
+        return f"[{self.since}, {self.until if self.until is not None else ''}]"
+
+    def in_opsets(self, version: int) -> bool:
+        return self.since <= version and (self.until is None or version <= self.until)
 
 
 # SQL macros used by the shape and cost rules (created with the schema).
@@ -144,12 +162,12 @@ _WINDOW = (
 )
 
 
-def _unary(op: str, attrs: tuple[Attr, ...] = (), flops: str = "prod(s_out)") -> OpDef:
-    return OpDef(op, _X, attrs, shape="s_x", flops=flops, elementwise=True)
+def _unary(op: str, attrs: tuple[Attr, ...] = (), flops: str = "prod(s_out)", **kw) -> OpDef:
+    return OpDef(op, _X, attrs, shape="s_x", flops=flops, **kw)
 
 
-def _binary(op: str, commutative: bool) -> OpDef:
-    return OpDef(op, _AB, shape="bcast(s_a, s_b)", elementwise=True, commutative=commutative)
+def _binary(op: str, **kw) -> OpDef:
+    return OpDef(op, _AB, shape="bcast(s_a, s_b)", **kw)
 
 
 OPS: tuple[OpDef, ...] = (
@@ -164,8 +182,9 @@ OPS: tuple[OpDef, ...] = (
         shape="CASE WHEN s_x[2] = s_w[2] * \"group\" AND s_w[1] % \"group\" = 0 AND (b = -1 OR s_b = [s_w[1]]) "
         "THEN window_shape(s_x, s_w[1], kernel_shape, strides, pads, dilations, 0) END",
         flops="2 * prod(s_out) * prod(s_w[2:])",
+        draw="conv",
     ),
-    OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]"),
+    OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]", draw="matmul"),
     OpDef(
         "Gemm",
         (Input("A"), Input("B"), Input("C", optional=True)),
@@ -173,16 +192,30 @@ OPS: tuple[OpDef, ...] = (
         shape="CASE WHEN len(s_a) = 2 AND len(s_b) = 2 AND s_a[2 - \"transA\"] = s_b[1 + \"transB\"] "
         "THEN [s_a[1 + \"transA\"], s_b[2 - \"transB\"]] END",
         flops="2 * prod(s_out) * s_a[2 - \"transA\"]",
+        draw="gemm",
     ),
-    _binary("Add", True),
-    _binary("Sub", False),
-    _binary("Mul", True),
-    _binary("Div", False),
+    # com.microsoft (ONNX Runtime's contrib ops): alpha * op(A) @ op(B), op = transpose of the last two dims
+    OpDef(
+        "FusedMatMul",
+        _AB,
+        (Attr("alpha", "float", 1.0), Attr("transA", "int", 0), Attr("transB", "int", 0)),
+        shape="CASE WHEN \"transA\" + \"transB\" = 0 THEN matmul_shape(s_a, s_b) "
+        "WHEN \"transA\" IN (0, 1) AND \"transB\" IN (0, 1) AND len(s_a) >= 2 AND len(s_b) >= 2 THEN matmul_shape("
+        "CASE WHEN \"transA\" = 1 THEN s_a[1:len(s_a) - 2] || [s_a[-1], s_a[-2]] ELSE s_a END, "
+        "CASE WHEN \"transB\" = 1 THEN s_b[1:len(s_b) - 2] || [s_b[-1], s_b[-2]] ELSE s_b END) END",
+        flops="2 * prod(s_out) * CASE WHEN \"transA\" = 1 THEN s_a[-2] ELSE s_a[-1] END",
+        domain="com.microsoft",
+        draw="matmul",
+    ),
+    _binary("Add"),
+    _binary("Sub"),
+    _binary("Mul"),
+    _binary("Div", nonzero=(1,)),
     _unary("Relu"),
     _unary("Sigmoid", flops="4 * prod(s_out)"),
     _unary("Tanh", flops="4 * prod(s_out)"),
     _unary("Erf", flops="4 * prod(s_out)"),
-    _unary("Sqrt", flops="2 * prod(s_out)"),
+    _unary("Sqrt", flops="2 * prod(s_out)", positive=(0,)),
     _unary("LeakyRelu", (Attr("alpha", "float", 0.01),)),
     _unary("Gelu", (Attr("approximate", "string", "none"),), flops="8 * prod(s_out)"),
     OpDef(
@@ -190,7 +223,6 @@ OPS: tuple[OpDef, ...] = (
         _X,
         (Attr("min", "float", float("-inf")), Attr("max", "float", float("inf"))),
         lifted=(Lifted(1, "min", 11, 1), Lifted(2, "max", 11, 1)),
-        elementwise=True,
     ),
     OpDef("Identity", _X, flops="0"),
     OpDef(
@@ -206,6 +238,7 @@ OPS: tuple[OpDef, ...] = (
         (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)),
         canon=(("axis", "norm_axis(axis, len(s_x))"),),
         flops="8 * prod(s_out)",
+        draw="layernorm",
     ),
     OpDef(
         "BatchNormalization",
@@ -213,6 +246,8 @@ OPS: tuple[OpDef, ...] = (
         (Attr("epsilon", "float", 1e-5), Attr("momentum", "float", 0.9)),
         shape="CASE WHEN len(s_x) >= 2 AND s_scale = [s_x[2]] AND s_b = [s_x[2]] THEN s_x END",
         flops="2 * prod(s_out)",
+        draw="batchnorm",
+        positive=(4,),
     ),
     OpDef(
         "MaxPool",
@@ -220,6 +255,7 @@ OPS: tuple[OpDef, ...] = (
         _WINDOW,
         shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
         flops="prod(s_out) * prod(kernel_shape)",
+        draw="window",
     ),
     OpDef(
         "AveragePool",
@@ -227,12 +263,14 @@ OPS: tuple[OpDef, ...] = (
         _WINDOW + (Attr("count_include_pad", "int", 0),),
         shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
         flops="prod(s_out) * prod(kernel_shape)",
+        draw="window",
     ),
     OpDef(
         "GlobalAveragePool",
         _X,
         shape="CASE WHEN len(s_x) >= 3 THEN s_x[1:2] || list_transform(s_x[3:], lambda d: 1::BIGINT) END",
         flops="prod(s_x)",
+        draw="window",
     ),
     OpDef(
         "Concat",
@@ -242,12 +280,13 @@ OPS: tuple[OpDef, ...] = (
         dtype="CASE WHEN len(list_distinct(d_inputs)) = 1 THEN d_inputs[1] END",
         canon=(("axis", "norm_axis(axis, len(s_inputs[1]))"),),
         flops="0",
+        draw="concat",
     ),
     OpDef(
         "Split",
         (Input("input"),),
         (Attr("axis", "int", 0), Attr("split", "ints")),
-        outputs=0,
+        tuple_arity="split",
         shape="NULL",
         tuple_shapes="CASE WHEN axis >= 0 AND axis < len(s_input) AND list_sum(split) = s_input[axis + 1] "
         "THEN list_transform(split, lambda p: list_transform(range(len(s_input)), lambda i: "
@@ -256,6 +295,7 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "split", 13),),
         canon=(("axis", "norm_axis(axis, len(s_input))"),),
         flops="0",
+        draw="split",
     ),
     OpDef(
         "Slice",
@@ -266,6 +306,7 @@ OPS: tuple[OpDef, ...] = (
         "steps[list_position(axes, i)]) ELSE s_data[i + 1] END))",
         lifted=(Lifted(1, "starts", 10), Lifted(2, "ends", 10), Lifted(3, "axes", 10), Lifted(4, "steps", 10)),
         flops="prod(s_out)",
+        draw="reshaping",
     ),
     OpDef(
         "Transpose",
@@ -274,6 +315,7 @@ OPS: tuple[OpDef, ...] = (
         shape="CASE WHEN len(perm) = len(s_data) AND list_sort(perm) = range(len(s_data)) "
         "THEN list_transform(perm, lambda p: s_data[p + 1]) END",
         flops="prod(s_out)",
+        draw="transpose",
     ),
     OpDef(
         "Reshape",
@@ -283,6 +325,7 @@ OPS: tuple[OpDef, ...] = (
         "IS NOT false THEN shape END",
         lifted=(Lifted(1, "shape", 5),),
         flops="0",
+        draw="reshaping",
     ),
     OpDef(
         "Flatten",
@@ -291,6 +334,7 @@ OPS: tuple[OpDef, ...] = (
         shape="CASE WHEN axis >= 0 AND axis <= len(s_input) THEN [prod(s_input[1:axis]), prod(s_input[axis + 1:])] END",
         canon=(("axis", "norm_axis(axis, len(s_input))"),),
         flops="0",
+        draw="reshaping",
     ),
     OpDef(
         "Squeeze",
@@ -300,6 +344,7 @@ OPS: tuple[OpDef, ...] = (
         "THEN list_filter(s_data, lambda d, i: NOT list_contains(axes, i - 1)) END",
         lifted=(Lifted(1, "axes", 13),),
         flops="0",
+        draw="reshaping",
     ),
     OpDef(
         "Unsqueeze",
@@ -309,6 +354,7 @@ OPS: tuple[OpDef, ...] = (
         "ELSE s_data[i + 1 - len(list_filter(axes, lambda a: a < i))] END)",
         lifted=(Lifted(1, "axes", 13),),
         flops="0",
+        draw="reshaping",
     ),
     OpDef(
         "Pad",
@@ -318,12 +364,21 @@ OPS: tuple[OpDef, ...] = (
         "lambda i: s_data[i + 1] + pads[i + 1] + pads[i + 1 + len(s_data)])) END",
         lifted=(Lifted(1, "pads", 11), Lifted(2, "value", 11, 1)),
         flops="prod(s_out)",
+        draw="reshaping",
     ),
     # projection of one output of a tuple e-class (Split, multi-output opaque nodes)
-    OpDef("getitem", (Input("t"),), (Attr("index", "int"),), shape="ts_t[index + 1]", dtype="td_t[index + 1]", flops="0"),
+    OpDef("getitem", (Input("t"),), (Attr("index", "int"),), shape="ts_t[index + 1]", dtype="td_t[index + 1]", flops="0",
+          draw="getitem"),
 )
 
 BY_TYPE: dict[str, OpDef] = {op.op_type: op for op in OPS}
+BY_ONNX: dict[tuple[str, str], OpDef] = {(op.domain, op.op_type): op for op in OPS if not op.leaf and op.op_type != "getitem"}
+DEFAULT_OPSETS = (7, 26)  # the default-domain opsets relsat reads and writes
+
+
+def for_node(domain: str, op_type: str) -> OpDef | None:
+    """The catalog entry an ONNX node of this domain and op_type imports as (None: opaque)."""
+    return BY_ONNX.get(("" if domain == "ai.onnx" else domain, op_type))
 
 
 def lookup(op_type: str) -> OpDef:

@@ -19,6 +19,7 @@ from relsat.extract.original import original_choice
 from relsat.driver.onnx_import import import_model, load_model
 from relsat.driver.verify import verify
 from relsat.relations.catalog import OPS
+from relsat.relations.runtime import session
 
 try:
     from relsat.benchmarks import zoo
@@ -45,10 +46,21 @@ def make(nodes, inputs, outputs, inits=None, opset=17, ir=10, inits_as_inputs=Fa
     if inits_as_inputs:
         ins += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits]
     graph = helper.make_graph(nodes, "test", ins, [], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir, **model_kw)
+    domains = sorted({n.domain for n in nodes if n.domain not in ("", "ai.onnx")})  # e.g. com.microsoft, opset 1
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)] + [
+        helper.make_opsetid(d, 1) for d in domains], ir_version=ir, **model_kw)
     inferred = onnx.shape_inference.infer_shapes(model).graph
     types = {v.name: v for v in [*inferred.value_info, *ins]}
     types.update((t.name, helper.make_tensor_value_info(t.name, t.data_type, t.dims)) for t in inits)
+    untyped = [o for o in outputs if isinstance(o, str) and o not in types]  # ops of other domains: ask ORT
+    if untyped:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in untyped)
+        feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+                 for i in ins if i.name not in {t.name for t in inits}}
+        values = session(probe, optimize=False).run(untyped, feeds)
+        types.update((o, helper.make_tensor_value_info(o, F, v.shape)) for o, v in zip(untyped, values))
     model.graph.output.extend(types[o] if isinstance(o, str) else o for o in outputs)
     onnx.checker.check_model(model)
     return model
@@ -102,6 +114,8 @@ CASES = [
     case("matmul", 17, "MatMul", {"a": [2, 3, 4], "b": w(4, 5)}, {}),
     case("gemm", 17, "Gemm", {"a": [3, 4], "b": w(5, 4), "c": w(5)}, dict(alpha=0.5, beta=2.0, transB=1)),
     case("gemm-opset9", 9, "Gemm", {"a": [4, 3], "b": w(4, 5), "c": w(1, 5)}, dict(transA=1)),
+    case("fusedmatmul-com.microsoft", 17, "FusedMatMul", {"a": [2, 4, 3], "b": w(4, 5)},
+         dict(alpha=0.5, transA=1, domain="com.microsoft")),
     case("add", 17, "Add", {"a": [2, 3, 4], "b": [4]}, {}),
     case("sub", 17, "Sub", {"a": [2, 1, 4], "b": [3, 1]}, {}),
     case("mul", 14, "Mul", {"a": [2, 3], "b": w(3)}, {}),

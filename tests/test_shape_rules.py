@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph, ShapeConflict
+from relsat.relations.runtime import session
 
 # (op_type, input shapes, relsat attributes, extra ONNX attributes/initializers handled below)
 CASES = [
@@ -24,6 +25,9 @@ CASES = [
     ("MatMul", [[2, 4, 3], [3]], {}),
     ("Gemm", [[4, 3], [5, 3], [5]], {"transB": 1}),
     ("Gemm", [[3, 4], [3, 5]], {"transA": 1}),
+    ("FusedMatMul", [[2, 4, 3], [4, 5]], {"transA": 1, "alpha": 0.5}),
+    ("FusedMatMul", [[3], [2, 3, 5]], {}),
+    ("FusedMatMul", [[2, 1, 3, 4], [2, 5, 4]], {"transB": 1}),
     ("Conv", [[1, 3, 32, 32], [8, 3, 3, 3]], {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}),
     ("Conv", [[1, 8, 17, 15], [16, 2, 3, 5], [16]], {"group": 4, "kernel_shape": [3, 5], "strides": [2, 3], "pads": [0, 1, 2, 0], "dilations": [1, 2]}),
     ("Conv", [[1, 4, 10], [6, 4, 3]], {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "dilations": [1]}),
@@ -73,10 +77,15 @@ def _onnx_shapes(op, shapes, attrs):
             names.insert(lift.input_index, f"c_{lift.attr}")
             inits.append(onnx.numpy_helper.from_array(arr, f"c_{lift.attr}"))
     nout = len(attrs["split"]) if op == "Split" else 1
-    node = helper.make_node(op, names, [f"o{k}" for k in range(nout)], **onnx_attrs)
+    node = helper.make_node(op, names, [f"o{k}" for k in range(nout)], domain=opdef.domain or None, **onnx_attrs)
     outs = [helper.make_tensor_value_info(f"o{k}", TensorProto.FLOAT, None) for k in range(nout)]
     model = helper.make_model(helper.make_graph([node], "g", inputs, outs, inits),
-                              opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+                              opset_imports=[helper.make_opsetid("", 20)] + (
+                                  [helper.make_opsetid(opdef.domain, opdef.since)] if opdef.domain else []),
+                              ir_version=10)
+    if opdef.domain:  # ONNX has no schema for other domains' ops (com.microsoft): ONNX Runtime computes them
+        feeds = {f"i{k}": np.zeros(s, np.float32) for k, s in enumerate(shapes)}
+        return [list(v.shape) for v in session(model, optimize=False).run(None, feeds)]
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     got = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.output}
     return [got[f"o{k}"] for k in range(nout)]
