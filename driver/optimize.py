@@ -282,13 +282,14 @@ class _Pipeline:
             self.notices)
         _extraction_table(self.g, choice, self.orig)
         self.written = "original" if choice == self.orig else "optimized"
-        self.optimized = optimized if optimized is not None else self.model
+        self.optimized, self.session = optimized if optimized is not None else (self.model, None)
         self.extracted = {"nodes": len(self.optimized.graph.node),
                           "ops": dict(sorted(Counter(n.op_type for n in self.optimized.graph.node).items()))}
 
     def verify(self) -> None:
         if self.written == "optimized":
-            self.check = verify(self.model, self.optimized, input_shapes=self.o.input_shapes)
+            self.check = verify(self.model, self.session, input_shapes=self.o.input_shapes)
+            self.session = None
         else:
             self.check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
             if not self.fallbacks:
@@ -364,8 +365,9 @@ class _Pipeline:
 def _export_first_usable(imported, candidates, node_ids, orig, notices):
     """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on),
     so that a valid model never makes ``optimize`` fail: ``(label, result, choice, model, fallbacks)``,
-    with ``model`` None when the choice is the original graph and the label ``original`` (result None)
-    when no candidate could be used. Each candidate passed over adds a notice and a fallback entry."""
+    ``model`` being (ModelProto, its ONNX Runtime session, reused by verification), or None when the
+    choice is the original graph; the label is ``original`` (result None) when no candidate could be
+    used. Each candidate passed over adds a notice and a fallback entry."""
     fallbacks, seen = [], []
     for label, res in candidates:
         choice = {int(c): int(node_ids[i]) for c, i in res.choice.items()}
@@ -376,12 +378,12 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices):
             return label, res, choice, None, fallbacks
         try:
             candidate = export_model(imported, choice)
-            runtime.session(candidate)
+            session = runtime.session(candidate)  # loadable with ONNX Runtime's optimizations on
         except Exception as e:  # never fail a valid model: fall back to the next candidate
             fallbacks.append({"candidate": label, "reason": error_line(e)})
             notices.append(f"the {label} extraction cannot be used: {error_line(e)}")
             continue
-        return label, res, choice, candidate, fallbacks
+        return label, res, choice, (candidate, session), fallbacks
     notices.append("no extracted graph could be used: the input model is written unchanged")
     return "original", None, orig, None, fallbacks
 

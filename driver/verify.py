@@ -148,9 +148,9 @@ def compare_output(ref, got, *, rtol: float = RTOL, atol: float = ATOL, noise=No
 
 def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
            input_shapes: dict[str, list[int]] | None = None, draws=INPUT_DRAWS) -> VerifyResult:
-    """Run ``original`` and ``optimized`` (models or paths) under ONNX Runtime on the same random
-    inputs (every ``(seed, scale)`` of ``draws``) and compare every output of the original, element
-    by element (see the module docstring)."""
+    """Run ``original`` and ``optimized`` (models or paths; ``optimized`` may also be an ONNX Runtime
+    session already made for it) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
+    of ``draws``) and compare every output of the original, element by element (module docstring)."""
     label = str(original) if not isinstance(original, onnx.ModelProto) else "the original model"
     try:
         ref_sess = runtime.session(original)
@@ -158,7 +158,7 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
     except Exception as e:
         raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
     try:
-        opt_sess = runtime.session(optimized)
+        opt_sess = optimized if hasattr(optimized, "run") else runtime.session(optimized)
     except Exception as e:
         return VerifyResult(False, float("inf"), float("inf"), {},
                             f"ONNX Runtime cannot load the optimized model: {error_line(e)}")
