@@ -25,7 +25,7 @@ from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import (FormError, catalog_nodes, opaque_node, opaque_outputs, outer_names,
                                         subgraphs, walk_graphs)
-from relsat.relations.runtime import session
+from relsat.relations.runtime import fits_one_buffer, session
 
 from .errors import RelsatError, error_line
 from .onnx_import import ImportResult
@@ -336,7 +336,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
         props["relsat.specialized_input_shapes"] = json.dumps(imported.specialized)
     if props:
         helper.set_model_props(model, props)
-    if model.ByteSize() < 2_000_000_000:
+    if fits_one_buffer(model):
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as e:

@@ -31,6 +31,7 @@ from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_n
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import outer_names, walk_graphs
+from relsat.relations import runtime
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
 
@@ -114,7 +115,7 @@ def load_model(path) -> onnx.ModelProto:
         except Exception as e:
             raise RelsatError(f"{p}: cannot read external data: {error_line(e)}") from None
     try:
-        onnx.checker.check_model(model if model.ByteSize() < 2_000_000_000 else str(p))
+        onnx.checker.check_model(model if runtime.fits_one_buffer(model) else str(p))
     except Exception as e:
         raise RelsatError(f"{p}: fails the ONNX checker: {error_line(e)}") from None
     check_ort_loadable(p)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import onnx
 
+from relsat.relations.runtime import tensor_bytes
+
 from .errors import RelsatError
 
 EGRAPH_TABLES = {"meta", "eclass", "uf"}  # every relsat e-graph has these tables
@@ -175,7 +177,7 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
     go to ``<name>.data`` next to it when ``external_data`` (default: above 1.8 GB)."""
     path = Path(path)
     if external_data is None:
-        external_data = model.ByteSize() > EXTERNAL_DATA_BYTES
+        external_data = tensor_bytes(model) > EXTERNAL_DATA_BYTES
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         tmp = tmpdir / path.name

@@ -43,6 +43,35 @@ def providers(provider: str = "cpu") -> list[str]:
                           f"(available: {', '.join(ort.get_available_providers())})")
 
 
+def _tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _tensors(a.g)
+            for g in a.graphs:
+                yield from _tensors(g)
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of tensor data a model holds in itself (initializers, Constant attributes, subgraphs):
+    a cheap stand-in for ``ByteSize()``, which costs as much as serializing the whole model."""
+    n = 0
+    for t in _tensors(model.graph):
+        n += (len(t.raw_data) + 4 * (len(t.float_data) + len(t.int32_data)) + 8 * (len(t.int64_data)
+              + len(t.double_data) + len(t.uint64_data)) + sum(len(x) for x in t.string_data))
+    return n
+
+
+def fits_one_buffer(model: onnx.ModelProto) -> bool:
+    """Whether the model serializes into one protobuf buffer (under 2 GiB, with a margin for the rest
+    of the message)."""
+    return tensor_bytes(model) < PROTO_LIMIT - 100_000_000
+
+
 def session_options(*, threads: int | None = None, optimize: bool = True) -> ort.SessionOptions:
     """Quiet options; ``optimize``: graph optimizations at level ALL (else none); ``threads``: as in
     the module docstring."""
@@ -67,7 +96,7 @@ def session(model, *, provider: str = "cpu", threads: int | None = None, optimiz
         return ort.InferenceSession(bytes(model), opts, providers=prov)
     if not isinstance(model, onnx.ModelProto):
         return ort.InferenceSession(str(model), opts, providers=prov)
-    if model.ByteSize() < PROTO_LIMIT:
+    if fits_one_buffer(model):
         return ort.InferenceSession(model.SerializeToString(), opts, providers=prov)
     with tempfile.TemporaryDirectory() as tmp:
         copy = onnx.ModelProto()
