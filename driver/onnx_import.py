@@ -30,7 +30,7 @@ from onnx import AttributeProto, helper, numpy_helper
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
-from relsat.relations.onnx_form import outer_names, walk_graphs
+from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
 from relsat.relations import runtime
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
@@ -299,148 +299,6 @@ def _digest(arr: np.ndarray, dtype: int) -> str:
     return h.hexdigest()
 
 
-def _norm(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
-
-
-def _clamp(v: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, v))
-
-
-# Per-operator normalization: (importer, node, attrs, data input names, their shapes) -> representable?
-def _window(imp, node, attrs, data, shapes) -> bool:
-    x = shapes[0]
-    sp = len(x) - 2
-    k = attrs.get("kernel_shape") or (list(shapes[1][2:]) if node.op_type == "Conv" and len(shapes) > 1 else None)
-    if sp < 1 or not k or len(k) != sp:
-        return False
-    s = attrs.get("strides") or [1] * sp
-    d = attrs.get("dilations") or [1] * sp
-    auto = attrs.pop("auto_pad", "NOTSET")
-    pads = attrs.get("pads") or [0] * (2 * sp)
-    if auto == "VALID":
-        pads = [0] * (2 * sp)
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
-        total = [max(0, (-(-x[i + 2] // s[i]) - 1) * s[i] + (k[i] - 1) * d[i] + 1 - x[i + 2]) for i in range(sp)]
-        small = [t // 2 for t in total]
-        big = [t - t // 2 for t in total]
-        pads = small + big if auto == "SAME_UPPER" else big + small
-    elif auto != "NOTSET":
-        return False
-    attrs.pop("storage_order", None)  # only changes MaxPool's Indices output, which must be unused
-    attrs.update(kernel_shape=list(k), strides=list(s), dilations=list(d), pads=list(pads))
-    return True
-
-
-def _softmax(imp, node, attrs, data, shapes) -> bool:
-    rank = len(shapes[0])
-    axis = _norm(attrs.get("axis", -1 if imp.opset >= 13 else 1), rank)
-    attrs["axis"] = axis
-    return imp.opset >= 13 or axis == rank - 1  # before 13, Softmax flattens at axis: same only for the last
-
-
-def _batchnorm(imp, node, attrs, data, shapes) -> bool:
-    inference = attrs.pop("training_mode", 0) == 0 and attrs.pop("spatial", 1) == 1
-    return inference and not any(node.output[1:])
-
-
-def _split(imp, node, attrs, data, shapes) -> bool:
-    x = shapes[0]
-    axis = _norm(attrs.get("axis", 0), len(x))
-    if not 0 <= axis < len(x):
-        return False
-    d, k, num = x[axis], len(node.output), attrs.pop("num_outputs", None)
-    split = attrs.get("split")
-    if split is None and num:
-        chunk = -(-d // num)
-        split = [chunk] * (num - 1) + [d - chunk * (num - 1)]
-    elif split is None:
-        split = [d // k] * k if d % k == 0 else None
-    attrs.update(axis=axis, split=split)
-    return split is not None and len(split) == k and min(split) >= 0
-
-
-def _slice(imp, node, attrs, data, shapes) -> bool:
-    x = shapes[0]
-    starts, ends = attrs.get("starts"), attrs.get("ends")
-    if starts is None or ends is None:
-        return False
-    axes = attrs.get("axes") or list(range(len(starts)))
-    steps = attrs.get("steps") or [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        return False
-    rows = {}
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        a = _norm(a, len(x))
-        if not 0 <= a < len(x) or st == 0 or a in rows:
-            return False
-        d = x[a]
-        s, e = _norm(s, d), _norm(e, d)
-        rows[a] = (_clamp(s, 0, d), _clamp(e, 0, d), st) if st > 0 else (_clamp(s, 0, d - 1), _clamp(e, -1, d - 1), st)
-    axes = sorted(rows)
-    attrs.update(axes=axes, starts=[rows[a][0] for a in axes], ends=[rows[a][1] for a in axes],
-                 steps=[rows[a][2] for a in axes])
-    return True
-
-
-def _transpose(imp, node, attrs, data, shapes) -> bool:
-    attrs["perm"] = [_norm(p, len(shapes[0])) for p in attrs.get("perm", range(len(shapes[0]) - 1, -1, -1))]
-    return True
-
-
-def _reshape(imp, node, attrs, data, shapes) -> bool:
-    x, zero = shapes[0], attrs.pop("allowzero", 0)
-    target = attrs.get("shape")
-    if target is None:
-        return False
-    out = [x[i] if t == 0 and not zero and i < len(x) else t for i, t in enumerate(target)]
-    if out.count(-1) == 1:
-        rest = int(np.prod([t for t in out if t != -1], dtype=np.int64))
-        if rest == 0 or int(np.prod(x, dtype=np.int64)) % rest:
-            return False
-        out[out.index(-1)] = int(np.prod(x, dtype=np.int64)) // rest
-    attrs["shape"] = out
-    return min(out, default=0) >= 0 and not (0 in out and not zero)
-
-
-def _squeeze(imp, node, attrs, data, shapes) -> bool:
-    x = shapes[0]
-    axes = attrs.get("axes")
-    axes = [i for i, d in enumerate(x) if d == 1] if axes is None else sorted({_norm(a, len(x)) for a in axes})
-    attrs["axes"] = axes
-    return all(0 <= a < len(x) and x[a] == 1 for a in axes)
-
-
-def _unsqueeze(imp, node, attrs, data, shapes) -> bool:
-    axes = attrs.get("axes")
-    if axes is None:
-        return False
-    rank = len(shapes[0]) + len(axes)
-    attrs["axes"] = sorted({_norm(a, rank) for a in axes})
-    return len(attrs["axes"]) == len(axes) and all(0 <= a < rank for a in attrs["axes"])
-
-
-def _pad(imp, node, attrs, data, shapes) -> bool:
-    rank = len(shapes[0])
-    pads = attrs.get("pads")
-    if len(data) > 1:  # opset 18: the axes that pads refer to
-        axes = imp.const_ints(data.pop())
-        shapes.pop()
-        if axes is None or pads is None or len(pads) != 2 * len(axes):
-            return False
-        full = [0] * (2 * rank)
-        for j, a in enumerate(axes):
-            full[_norm(a, rank)], full[_norm(a, rank) + rank] = pads[j], pads[j + len(axes)]
-        pads = full
-    attrs["pads"] = pads
-    return pads is not None and len(pads) == 2 * rank
-
-
-_HOOKS = {"Conv": _window, "MaxPool": _window, "AveragePool": _window, "Softmax": _softmax,
-          "BatchNormalization": _batchnorm, "Split": _split, "Slice": _slice, "Transpose": _transpose,
-          "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad}
-
-
 # ----------------------------------------------------------------- import
 @dataclass
 class _Item:
@@ -569,7 +427,7 @@ class _Importer:
         shapes = [self.shape(n) if n else None for n in data]
         if any(n and (s is None or n not in self.cls) for n, s in zip(data, shapes)) or not data or not data[0]:
             return None
-        hook = _HOOKS.get(op.op_type)
+        hook = IMPORT_HOOKS.get(op.op_type)
         if hook and not hook(self, node, attrs, data, shapes):
             return None
         if set(attrs) - {a.name for a in op.attrs}:
@@ -580,7 +438,7 @@ class _Importer:
                     return None
                 attrs[a.name] = a.default
         if "axis" in attrs:
-            attrs["axis"] = _norm(attrs["axis"], len(shapes[0]))
+            attrs["axis"] = norm_axis(attrs["axis"], len(shapes[0]))
         if not op.is_tuple and (not node.output or not node.output[0] or self.used.intersection(node.output[1:])):
             return None  # a second output (MaxPool's Indices, LayerNormalization's Mean, ...) is used
         if op.variadic:
