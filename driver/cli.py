@@ -102,8 +102,9 @@ def optimize(
 
     try:
         source = _load_input(model)
-        check_outputs(source=None if model.startswith("zoo:") else source, output=output, db=db, report=report,
-                      protected=protected_paths(None, costs))
+        # the report here, also against -o and --db, which the pipeline checks in its first step
+        check_outputs(source=None if model.startswith("zoo:") else source, report=report,
+                      others=[("-o", output), ("--db", db)], protected=protected_paths(None, costs))
         with err.status("optimizing ...") as status:
             options = _options(
                 rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,

@@ -161,6 +161,7 @@ class _Pipeline:
         self.on_round, self.status, self.cost_cache = on_round, on_status or (lambda text: None), cost_cache
         self.notices: list[str] = []
         self.phases: dict[str, float] = {}
+        self.latency_report: dict | None = None  # set by the guard when it times the models
 
     @contextmanager
     def phase(self, name: str):
@@ -172,12 +173,12 @@ class _Pipeline:
 
     def run(self, model_or_path) -> OptimizeResult:
         self.prepare(model_or_path)
-        dbfile = EGraphFile(self.db) if self.db is not None else None
-        g = None
+        dbfile = g = None
         complete = False
         try:
             with self.phase("import"):
                 self.load(model_or_path)
+                dbfile = EGraphFile(self.db) if self.db is not None else None  # no folder made for a bad model
                 g = self.g = EGraph(dbfile.path if dbfile else None)
                 self.imported = import_model(self.model, input_shapes=self.o.input_shapes, egraph=g)
             with self.phase("saturate"):
@@ -300,7 +301,6 @@ class _Pipeline:
 
     def guard(self) -> None:
         o = self.o
-        self.latency_report = None
         if o.provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             self.notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time "
                                 "whole models")
@@ -335,7 +335,7 @@ class _Pipeline:
                         "gap": best.gap, "seconds": best.seconds, "greedy_cost": self.greedy.cost,
                         "mip_gap": o.mip_gap, "time_limit": o.ilp_time_limit, "used": self.label,
                         "fallbacks": self.fallbacks},
-            latency=getattr(self, "latency_report", None), extracted=self.extracted, written=self.written,
+            latency=self.latency_report, extracted=self.extracted, written=self.written,
             verification={"ok": self.check.ok, "max_abs_err": self.check.max_abs_err, "message": self.check.message,
                           "draws": self.check.draws},
             notices=list(self.imported.notices) + self.notices, phases_s=self.phases)

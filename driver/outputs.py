@@ -63,8 +63,6 @@ def _probe_folder(flag: str, path: Path) -> None:
 
 
 def is_onnx_model(path: Path) -> bool:
-    import onnx
-
     try:
         m = onnx.load_model(str(path), load_external_data=False)
     except Exception:
@@ -118,15 +116,22 @@ def protected_paths(cost_cache=None, costs=None) -> list[tuple[str, Path]]:
     return [("the cost cache", Path(path))] + ([("the --costs table", Path(costs))] if costs else [])
 
 
-def check_outputs(*, source=None, output=None, db=None, report=None, cost_table=None, protected=()) -> None:
+def check_outputs(*, source=None, output=None, db=None, report=None, cost_table=None, protected=(),
+                  others=()) -> None:
     """Refuse, before any work, an output path relsat must not or cannot write (module docstring).
     ``source``: the input model's path (None for an in-memory model); ``cost_table``: the file of
     ``relsat costs export``; ``protected``: (label, path) pairs no output may be (the cost cache, a
-    ``--costs`` table)."""
-    outs = [(flag, Path(p)) for flag, p in (("-o", output), ("--db", db), ("--report", report),
-                                            ("costs export", cost_table)) if p is not None]
+    ``--costs`` table); ``others``: (flag, path) pairs of outputs checked by another call (the
+    pipeline checks ``-o`` and ``--db``; the CLI only the report beside them), which no output here
+    may be."""
+    named = [(flag, Path(p)) for flag, p in (("-o", output), ("--db", db), ("--report", report),
+                                             ("costs export", cost_table)) if p is not None]
+    checked = [(flag, Path(p)) for flag, p in others if p is not None]
+    outs = checked + named
     guarded = list(protected) + ([("the input model", Path(source))] if source is not None else [])
     for i, (flag, path) in enumerate(outs):
+        if i < len(checked):
+            continue
         for label, other in guarded:
             if other is not None and _same(path, Path(other)):
                 raise RelsatError(f"{flag} {path}: is {label}; relsat never overwrites it")
