@@ -46,7 +46,8 @@ kept)`` (``keep_db`` now, not then), or ``redone (no file hashes recorded)`` for
 a relsat that recorded none.  Failed models are
 attempted again (a time-out or a crash may not recur; a fixed environment may help);
 ``skip_failed`` skips them too when their key is unchanged, and ``force`` reruns everything.
-``jobs``, ``model_timeout`` and ``keep_db`` are not part of the options hash.
+``jobs``, ``model_timeout`` and ``keep_db`` are not part of the options hash (but without a thread
+count given, ``jobs`` sets each worker's, :func:`worker_threads`, which is).
 
 Names: a model's name is its path relative to the folder (or, for a glob, to the common
 folder of the matches) without ``.onnx``, with ``/`` replaced by ``__``.  Files under OUTDIR
@@ -82,11 +83,17 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import RelsatError
-from .options import DEFAULTS, Options
+from .options import DEFAULTS, Options, all_cores
 from .outputs import write_text_atomic
 
 RESERVED = {"results", "summary"}
 DEFAULT_MODEL_TIMEOUT_S = 900.0
+
+
+def worker_threads(jobs: int) -> int:
+    """The default intra-op threads of each of ``jobs`` workers: the cores shared among them,
+    ``max(1, cores // jobs)`` (``run_batch`` refuses ``jobs`` < 1)."""
+    return max(1, all_cores() // max(1, jobs))
 
 # the results table: (column, DuckDB type); the order is the CSV's
 COLUMNS = [
@@ -663,7 +670,9 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
 
     ``options`` (an ``Options``; default ``DEFAULTS``) with keyword ``overrides`` of its fields
-    (``node_limit=500``) go to every model's :func:`relsat.driver.optimize.optimize`.  A rich
+    (``node_limit=500``) go to every model's :func:`relsat.driver.optimize.optimize`.  A thread
+    count given (in ``options`` or as ``threads=``) is each worker's; without ``options`` and a
+    ``threads`` override the workers share the cores (:func:`worker_threads`).  A rich
     progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
     or 0 for none) is a wall-clock limit per model, process start included.
     Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
@@ -678,7 +687,7 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         raise RelsatError(f"{outdir}: exists and is not a folder")
     tasks = find_models(spec, outdir)
     try:
-        opts = (options or DEFAULTS).replace(**overrides)
+        opts = (options or DEFAULTS.replace(threads=worker_threads(jobs))).replace(**overrides)
     except TypeError as e:
         raise RelsatError(f"batch: {e}") from None
     worker_options, recorded, options_hash = resolve_options(opts)

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .batch import DEFAULT_MODEL_TIMEOUT_S
+from .batch import DEFAULT_MODEL_TIMEOUT_S, worker_threads
 from .errors import RelsatError, error_line
 from .options import DEFAULTS, Options, parse_shapes
 from .outputs import write_text_atomic
@@ -34,7 +34,8 @@ err = Console(stderr=True)
 
 
 
-# The flags optimize and batch share: their defaults are the fields of options.DEFAULTS.
+# The flags optimize and batch share: their defaults are the fields of options.DEFAULTS (batch declares its own
+# --threads, whose default shares the cores among its workers).
 D = DEFAULTS
 RULES = typer.Option(list(D.rules), "--rules", help="rule set name or .rules file (repeatable)")
 INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims")
@@ -44,7 +45,7 @@ TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation time li
 EXTRACTOR = typer.Option(D.extractor, "--extractor", help="ilp | greedy")
 COST_MODEL = typer.Option(D.cost_model, "--cost-model", help="measured (ONNX Runtime, cached) | analytic")
 PROVIDER = typer.Option(D.provider, "--provider", help="cpu | cuda: where costs and latency are measured")
-THREADS = typer.Option(D.threads, "--threads", help="intra-op threads for profiling and latency (per worker in batch)")
+THREADS = typer.Option(D.threads, "--threads", help="intra-op threads for profiling and latency (default: all cores)")
 COSTS = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first")
 NO_MEASURE = typer.Option(not D.measure, "--no-measure", help="skip the final latency guard")
 MIP_GAP = typer.Option(D.mip_gap, "--mip-gap", help="relative MIP gap at which the ILP stops")
@@ -381,7 +382,8 @@ def batch(
     extractor: str = EXTRACTOR,
     cost_model: str = COST_MODEL,
     provider: str = PROVIDER,
-    threads: int = THREADS,
+    threads: Optional[int] = typer.Option(None, "--threads", help="intra-op threads of each worker for profiling "
+                                          "and latency (default: all cores shared, max(1, cores // jobs) each)"),
     costs: Optional[Path] = COSTS,
     no_measure: bool = NO_MEASURE,
     mip_gap: float = MIP_GAP,
@@ -394,7 +396,8 @@ def batch(
         options = _options(
             rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
-            threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+            threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
+            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

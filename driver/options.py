@@ -1,16 +1,19 @@
 """The options of one optimization, declared once: ``Options`` (frozen) and its defaults.
 
-``relsat optimize`` and ``relsat batch`` take their flag defaults from ``DEFAULTS``;
+``relsat optimize`` and ``relsat batch`` take their flag defaults from ``DEFAULTS`` (but
+``relsat batch`` shares the cores among its workers when ``--threads`` is not given);
 ``optimize(model, options, **overrides)`` takes an ``Options`` (or keyword overrides of
 it); ``relsat batch`` records, hashes and ships it to its workers as ``as_dict()``; the
 saturation runner's ``Limits`` default to the same values; the benchmarks start from
 ``DEFAULTS``.  ``check()`` is the one validation of the values, with one-line errors named
-after the command-line flags.
+after the command-line flags.  The thread count defaults to every core this process may use
+(:func:`all_cores`), as ONNX Runtime's own default does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +23,12 @@ COST_MODELS = ("measured", "analytic")
 PROVIDERS = ("cpu", "cuda")
 EXTRACTORS = ("ilp", "greedy")
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
+
+
+def all_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one, else the
+    machine's): the default of ``Options.threads``."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -37,11 +46,13 @@ class Options:
     mip_gap: float = 1e-4
     cost_model: str = "measured"  # measured | analytic
     provider: str = "cpu"  # cpu | cuda
-    threads: int = 1  # intra-op threads for profiling and latency
+    threads: int = field(default_factory=all_cores)  # intra-op threads for profiling and latency
     costs: str | None = None  # a cost table (relsat costs export) imported into the cache first
     measure: bool = True  # time the original and the optimized model (the latency guard)
     guard_threshold: float = GUARD_THRESHOLD
     check_rules: bool = True  # verify user rule files on random tensors before use
+    candidates: int = 3  # candidate graphs timed as whole models for the final choice (0: one-node costs only)
+    context_rounds: int = 2  # extract-profile rounds refining the in-context costs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules or ()))
@@ -70,6 +81,9 @@ class Options:
             raise RelsatError(f"--extractor {self.extractor}: expected ilp or greedy")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise RelsatError(f"--threads {self.threads}: expected a whole number >= 1")
+        for flag, value in (("--candidates", self.candidates), ("--context-rounds", self.context_rounds)):
+            if not isinstance(value, int) or value < 0:
+                raise RelsatError(f"{flag} {value}: expected a whole number >= 0")
         if not 0 <= self.mip_gap < 1:
             raise RelsatError(f"--mip-gap {self.mip_gap}: expected a relative gap in [0, 1)")
         if not self.ilp_time_limit > 0:

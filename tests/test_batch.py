@@ -27,8 +27,8 @@ GOOD = ("resnet50", "vgg19")
 # A wrong rule: Sigmoid(x) = x. Only nasrnn has Sigmoid, the x it leaves is cheaper than Sigmoid(x) under
 # any cost model, so the extraction takes it and the optimized nasrnn computes something else.
 WRONG_RULE = "sigmoid-drop: (Sigmoid ?x) => ?x\n"
-FAST = dict(node_limit=300, iter_limit=2, measure=False)
-FAST_ARGS = ["--node-limit", "300", "--iter-limit", "2", "--no-measure"]
+FAST = dict(node_limit=300, iter_limit=2, measure=False, threads=1)  # threads: the same options whatever --jobs
+FAST_ARGS = ["--node-limit", "300", "--iter-limit", "2", "--no-measure", "--threads", "1"]
 
 
 def table(outdir):

@@ -286,7 +286,8 @@ def test_cuda_costs_measured_elsewhere_are_used_without_a_gpu(cache_env, tmp_pat
     elsewhere = CostCache(tmp_path / "gpu-box.duckdb")
     elsewhere.store([CostRow(s.key("cuda", 1), "cuda", 1, s.node.op_type, s.describe(), float(t), 3, "gpu-box")
                      for s, t in zip(samples, ms)])
-    rep = optimize(model, provider="cuda", costs=tmp_path / "gpu-box.duckdb", output=tmp_path / "o.onnx").report
+    rep = optimize(model, provider="cuda", threads=1, costs=tmp_path / "gpu-box.duckdb",
+                   output=tmp_path / "o.onnx").report
     assert rep["profiled"] == 0 and rep["cached"] == rep["profile"]["signatures"] == len(samples)
     assert rep["profile"]["failed"] == 0 and rep["latency"] is None and rep["verification"]["ok"]
     assert any("latency guard skipped" in n for n in rep["notices"])
