@@ -1,8 +1,11 @@
 """Persistent cache of measured operator costs (one DuckDB file shared by every run).
 
 Owns the ``costs`` table and its import/export. Keys come from
-:meth:`relsat.extract.profile.OpSample.key`, so a row is only reused for the same
-operator signature, provider, thread count and onnxruntime version.
+:meth:`relsat.extract.profile.OpSample.key` (and
+:func:`relsat.extract.profile.call_overhead_key` for the one row of the call overhead), so a
+row answers the same operator signature, provider, thread count and onnxruntime version;
+where the running version has no row, :mod:`relsat.extract.profile` uses those of the other
+versions :meth:`CostCache.versions` lists (and :mod:`relsat.extract.measured` warns that it did).
 
 Concurrency: DuckDB lets one process at a time open a database file for writing.
 ``CostCache`` therefore never holds a connection between calls: every lookup, store,
@@ -34,9 +37,9 @@ _COLUMNS = "key, provider, threads, op_type, signature, ms, repeats, measured_at
 _SCHEMA = """CREATE TABLE IF NOT EXISTS {table}(
     key VARCHAR PRIMARY KEY, provider VARCHAR, threads INTEGER, op_type VARCHAR, signature JSON,
     ms DOUBLE, repeats INTEGER, measured_at TIMESTAMP, ort_version VARCHAR)"""
-_UPSERT = f"""INSERT INTO costs SELECT key::VARCHAR, provider::VARCHAR, threads::INTEGER,
+_UPSERT = """INSERT INTO costs SELECT key::VARCHAR, provider::VARCHAR, threads::INTEGER,
     op_type::VARCHAR, signature::JSON, ms::DOUBLE, repeats::INTEGER, measured_at::TIMESTAMP,
-    ort_version::VARCHAR FROM {{source}}
+    ort_version::VARCHAR FROM {source}
     ON CONFLICT (key) DO UPDATE SET provider = excluded.provider, threads = excluded.threads,
     op_type = excluded.op_type, signature = excluded.signature, ms = excluded.ms,
     repeats = excluded.repeats, measured_at = excluded.measured_at,
@@ -234,6 +237,14 @@ class CostCache:
         return self._run(lambda con: con.execute(
             "SELECT provider, threads, ort_version, count(*), count(DISTINCT op_type), max(measured_at) "
             "FROM costs GROUP BY ALL ORDER BY ALL").fetchall())
+
+    def versions(self, providers: list[str], threads: int) -> list[str]:
+        """The onnxruntime versions of the rows of ``providers`` at ``threads``, the most recently
+        measured first (one query)."""
+        return [v for (v,) in self._run(lambda con: con.execute(
+            "SELECT ort_version FROM costs WHERE provider IN (SELECT unnest(?::VARCHAR[])) AND threads = ? "
+            "GROUP BY ort_version ORDER BY max(measured_at) DESC, ort_version", [list(providers), threads]
+        ).fetchall())]
 
     def count(self) -> int:
         return self._run(lambda con: con.execute("SELECT count(*) FROM costs").fetchone()[0])

@@ -12,24 +12,31 @@ e-node whose e-class is not constant:
    with the node written exactly as export writes it
    (:func:`relsat.relations.onnx_form.enode_proto`: lifted attributes become initializer
    inputs, opaque NodeProtos are used verbatim);
-3. :func:`~relsat.extract.profile.profile` answers from the cost cache or times the
-   rest under ONNX Runtime; the fixed cost of a ``session.run`` call (measured once per
-   run) is subtracted, since an operator inside a model does not pay it;
+3. :func:`~relsat.extract.profile.profile` answers from the cost cache (rows of another
+   onnxruntime version included, used as they are) or times the rest under ONNX Runtime;
+   the fixed cost of a ``session.run`` call
+   (:func:`~relsat.extract.profile.calibrated_call_overhead_ms`, calibrated once per cache,
+   so that all-cached runs predict the same costs) is subtracted, since an operator inside a
+   model does not pay it;
 4. one bulk UPDATE joins the per-signature costs back onto ``costs``
    (``source`` 'measured' or 'cache'). A signature that could not be built or run keeps
    its analytic cost scaled by the median measured/analytic ratio of its operator (of all
    operators if none of its kind was measured): ``source`` 'analytic-fallback'.
 
-Projections (``getitem``) cost zero: their tuple's node carries the cost.
+Projections (``getitem``) cost zero: their tuple's node carries the cost. What a caller should
+tell the user (costs from another onnxruntime version; no cost measured or found at all) is in
+``MeasuredReport.notices``, and the first is also a warning.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnxruntime as ort
 
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
@@ -38,7 +45,8 @@ from relsat.relations.schema import q
 
 from .analytic import analytic_costs
 from .cost_cache import CostCache
-from .profile import OpSample, ProfileReport, ProviderUnavailable, _backend, call_overhead_ms, lookup, profile
+from .profile import (OpSample, ProfileReport, ProviderUnavailable, _backend, calibrated_call_overhead_ms, lookup,
+                      profile)
 
 MIN_COST_MS = 1e-4  # floor of a measured cost after the call overhead is subtracted (0.1 us)
 SAMPLE_BUDGET_S = 0.25  # at most about this long timing one (slow) signature
@@ -60,6 +68,10 @@ class MeasuredReport:
     call_overhead_ms: float = 0.0  # subtracted from every measured cost
     fallback_scale: float | None = None  # the all-operator median measured/analytic ratio
     failures: list[str] = field(default_factory=list)  # a few "op: reason" examples
+    other_version: int = 0  # signatures whose cost comes from rows of another onnxruntime version
+    other_versions: list[str] = field(default_factory=list)  # those versions
+    all_fallback: bool = False  # there were signatures, and every one fell back to a scaled analytic cost
+    notices: list[str] = field(default_factory=list)  # one line each, for the user
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -175,6 +187,12 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = 
         prof = lookup(good, provider=provider, threads=threads, cache=cache) if good else \
             ProfileReport(np.zeros(0), [])
     rep.measured, rep.cached = prof.measured, prof.cached
+    rep.other_version, rep.other_versions = sum(prof.other_versions.values()), sorted(prof.other_versions)
+    if rep.other_version:
+        msg = (f"{rep.other_version} operator costs come from ONNX Runtime {', '.join(rep.other_versions)} rows of "
+               f"the cost cache (this is {ort.__version__}): used as they are")
+        rep.notices.append(msg)
+        warnings.warn(msg, stacklevel=2)
     ms = np.full(len(samples), np.nan)
     keys = np.full(len(samples), None, dtype=object)
     ms[ok], keys[ok] = prof.ms, prof.keys
@@ -182,7 +200,7 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = 
     fresh[ok] = [k in prof.new_keys for k in prof.keys]
     if len(ok):
         try:
-            rep.call_overhead_ms = call_overhead_ms(provider, threads)
+            rep.call_overhead_ms = calibrated_call_overhead_ms(provider, threads, cache)
         except ProviderUnavailable:  # costs read from a table measured elsewhere: keep them as they are
             rep.call_overhead_ms = 0.0
         ms = np.where(np.isfinite(ms), np.maximum(ms - rep.call_overhead_ms, MIN_COST_MS), ms)
@@ -193,6 +211,10 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = 
     rep.failed = len(reasons)
     rep.failures = [f"{ops[i]}: {reasons[i]}" for i in sorted(reasons)[:FAILURE_EXAMPLES]]
     _write_back(g, ms, keys, fresh, rep)
+    rep.all_fallback = rep.signatures > 0 and rep.nodes == 0
+    if rep.all_fallback:
+        rep.notices.append("no operator cost could be measured or found in the cost table: every e-node uses a "
+                           "scaled analytic cost")
     rep.seconds = time.perf_counter() - t0
     return rep
 

@@ -7,6 +7,12 @@ onnxruntime-gpu, with PyTorch via :mod:`relsat.extract.torch_cuda`). Sessions us
 options as whole-model timing: ``threads`` intra-op threads, one inter-op thread,
 sequential execution, ``ORT_ENABLE_ALL``. With one thread on the CPU the calling thread's CPU
 time is measured (see :func:`timer`); the clock is part of the cache key.
+
+The onnxruntime version is part of every key. A signature missing from the cache under the
+running version is looked up under the other versions the cache holds for the same backend
+and threads (a cost table imported from elsewhere); such costs are used as they are, not timed
+again, and counted in ``ProfileReport.other_versions``. The fixed cost of a ``session.run``
+call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .cost_cache import CostCache, CostRow
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
 FLUSH_EVERY = 200  # store new measurements every this many samples
 MIN_REPEATS = 3  # timed runs a sample gets even when it overruns its time budget
+CALL_OVERHEAD_OP = "__call_overhead__"  # the op_type of the call overhead's cache row
 
 
 class ProviderUnavailable(RuntimeError):
@@ -74,11 +81,12 @@ class OpSample:
         used = [consts[n] for n in order if n in consts and n not in runtime]
         return slots, used
 
-    def key(self, provider: str, threads: int) -> str:
-        """sha256 of everything that determines the cost; node, input and output names excluded."""
+    def key(self, provider: str, threads: int, ort_version: str | None = None) -> str:
+        """sha256 of everything that determines the cost; node, input and output names excluded.
+        ``ort_version``: the onnxruntime version the cost is for (default: the running one)."""
         slots, consts = self._slots()
         fetched = [i for i, o in enumerate(self.node.output) if o and o in self.outputs]
-        head = [provider, threads, timer(provider, threads).__name__, ort.__version__, self.node.op_type,
+        head = [provider, threads, timer(provider, threads).__name__, ort_version or ort.__version__, self.node.op_type,
                 self.node.domain, self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
         h = hashlib.sha256(json.dumps(head).encode())
         blobs = [a.SerializeToString(deterministic=True)
@@ -255,6 +263,73 @@ def call_overhead_ms(provider: str = "cpu", threads: int = 1, repeats: int = 200
     return _time_sample(sample, _backend(provider), threads, 20, repeats, np.random.default_rng(0))[0]
 
 
+def call_overhead_key(backend: str, threads: int, ort_version: str | None = None) -> str:
+    """The cost cache key of the call overhead: what was timed, the backend, threads, the clock
+    and the onnxruntime version (default: the running one)."""
+    head = ["call-overhead", backend, threads, timer(backend, threads).__name__, ort_version or ort.__version__]
+    return hashlib.sha256(json.dumps(head).encode()).hexdigest()
+
+
+def _backends(provider: str) -> list[str]:
+    """The backends whose cached costs can stand for ``provider``, preferred first."""
+    if provider == "cpu":
+        return ["cpu"]
+    if provider == "cuda":
+        return ["cuda", "cuda-torch"]
+    raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
+
+
+def calibrated_call_overhead_ms(provider: str, threads: int, cache: CostCache | None) -> float:
+    """:func:`call_overhead_ms`, calibrated once per cache: the cache's row for it
+    (:func:`call_overhead_key`, op_type ``CALL_OVERHEAD_OP``) when there is one, else timed now
+    and stored; with ``cache`` None, timed. When ``provider`` cannot run here, a row of any
+    backend that stands for it, of this onnxruntime version or else of another, is used; without
+    one, ProviderUnavailable."""
+    try:
+        backend = _backend(provider)
+    except ProviderUnavailable as e:
+        unavailable, backends = e, _backends(provider)
+    else:
+        unavailable, backends = None, [backend]
+    if cache is not None:
+        keys = [call_overhead_key(b, threads) for b in backends]
+        found = cache.lookup(keys)
+        ms = next((found[k] for k in keys if k in found), None)
+        if ms is None and unavailable is not None:
+            other = _from_other_versions({"": lambda v: [call_overhead_key(b, threads, v) for b in backends]},
+                                         backends, threads, cache)
+            ms = other[""][1] if other else None
+        if ms is not None:
+            return ms
+    if unavailable is not None:
+        raise unavailable
+    repeats = 200
+    ms = call_overhead_ms(provider, threads, repeats)
+    if cache is not None:
+        cache.store([CostRow(call_overhead_key(backend, threads), backend, threads, CALL_OVERHEAD_OP,
+                             {"op_type": CALL_OVERHEAD_OP, "timed": "session.run of a one-node Identity of one float"},
+                             ms, repeats, ort.__version__)])
+    return ms
+
+
+def _from_other_versions(todo: dict[str, Callable[[str], list[str]]], backends: list[str], threads: int,
+                         cache: CostCache) -> dict[str, tuple[str, float, str]]:
+    """For each key of ``todo`` (missing under the running onnxruntime version), the first cached
+    key among ``todo[key](version)`` for the other versions the cache holds for ``backends`` and
+    ``threads`` (the most recently measured first): ``{key: (found key, ms, version)}``."""
+    versions = [v for v in cache.versions(backends, threads) if v != ort.__version__] if todo else []
+    if not versions:
+        return {}
+    alternatives = {k: [(a, v) for v in versions for a in keys_for(v)] for k, keys_for in todo.items()}
+    found = cache.lookup(sorted({a for pairs in alternatives.values() for a, _ in pairs}))
+    out = {}
+    for k, pairs in alternatives.items():
+        hit, version = next(((a, v) for a, v in pairs if a in found), (None, None))
+        if hit is not None:
+            out[k] = (hit, found[hit], version)
+    return out
+
+
 @dataclass
 class ProfileReport:
     """Result of :func:`profile`: ``ms[i]`` is the cost of ``samples[i]`` (NaN on failure)."""
@@ -262,9 +337,19 @@ class ProfileReport:
     ms: np.ndarray
     keys: list[str]
     measured: int = 0  # new signatures timed successfully
-    cached: int = 0  # signatures answered by the cache
+    cached: int = 0  # signatures answered by the cache (other_versions' included)
     failures: dict[str, str] = field(default_factory=dict)  # key -> reason
     new_keys: set[str] = field(default_factory=set)  # the signatures timed by this call
+    other_versions: dict[str, int] = field(default_factory=dict)  # onnxruntime version -> signatures from its rows
+
+    def use_other_versions(self, hits: dict[str, tuple[str, float, str]], costs: dict[str, float]) -> None:
+        """Answer the signatures of ``hits`` (:func:`_from_other_versions`) with their rows: into
+        ``costs`` under the rows' keys, which replace theirs in ``keys``; counted."""
+        for found, ms, version in hits.values():
+            costs[found] = ms
+            self.other_versions[version] = self.other_versions.get(version, 0) + 1
+        self.cached += len(hits)
+        self.keys = [hits[k][0] if k in hits else k for k in self.keys]
 
 
 def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
@@ -287,6 +372,11 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
     costs = cache.lookup(list(unique)) if cache is not None else {}
     report = ProfileReport(ms=np.full(len(samples), np.nan), keys=keys, cached=len(costs))
     missing = [k for k in unique if k not in costs]
+    if cache is not None and missing:
+        hits = _from_other_versions({k: lambda v, s=unique[k]: [s.key(backend, threads, v)] for k in missing},
+                                    [backend], threads, cache)
+        report.use_other_versions(hits, costs)
+        missing = [k for k in missing if k not in hits]
     pending: list[CostRow] = []
 
     def flush():
@@ -329,7 +419,7 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
         if bar is not None:
             bar.stop()
         flush()
-    report.ms[:] = [costs.get(k, np.nan) for k in keys]
+    report.ms[:] = [costs.get(k, np.nan) for k in report.keys]
     return report
 
 
@@ -337,16 +427,19 @@ def lookup(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
            cache: CostCache) -> ProfileReport:
     """Costs of ``samples`` from ``cache`` alone, without timing anything (NaN where absent), so
     that a cost table measured elsewhere (``provider="cuda"`` on a machine without a GPU) can be
-    used. For ``cuda`` both backends' keys are tried, onnxruntime's first."""
-    backends = ["cpu"] if provider == "cpu" else ["cuda", "cuda-torch"] if provider == "cuda" else []
-    if not backends:
-        raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
+    used. For ``cuda`` both backends' keys are tried, onnxruntime's first; rows of other
+    onnxruntime versions answer what this version's do not."""
+    backends = _backends(provider)
     per = [[s.key(b, threads) for s in samples] for b in backends]
     found = cache.lookup(sorted({k for keys in per for k in keys}))
     keys = [next((k for k in ks if k in found), ks[0]) for ks in zip(*per)]
-    report = ProfileReport(ms=np.array([found.get(k, np.nan) for k in keys], dtype=np.float64),
-                           keys=keys, cached=len({k for k in keys if k in found}))
-    for k in keys:
+    report = ProfileReport(ms=np.full(len(samples), np.nan), keys=keys, cached=len({k for k in keys if k in found}))
+    missing = {k: s for k, s in zip(keys, samples) if k not in found}
+    hits = _from_other_versions({k: lambda v, s=s: [s.key(b, threads, v) for b in backends]
+                                 for k, s in missing.items()}, backends, threads, cache)
+    report.use_other_versions(hits, found)
+    for k in report.keys:
         if k not in found:
             report.failures[k] = f"not in the cost cache and provider {provider!r} cannot run here"
+    report.ms[:] = [found.get(k, np.nan) for k in report.keys]
     return report
