@@ -141,7 +141,8 @@ def _summary(rep: dict) -> None:
     t.add_row("rules applied", top)
     x = rep["extraction"]
     gap = "" if x["gap"] is None else f", gap {x['gap']:.2%}"
-    t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms ({rep['cost_model']}), "
+    t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms "
+              f"({rep.get('cost_label') or rep['cost_model']}), "
               f"{x['method']} {x['status']}{gap}")
     p = rep.get("profile")
     if p:
