@@ -25,8 +25,8 @@ from relsat.driver.verify import verify
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
 
 CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "batch"]
-QUICK = ["--cost-model", "analytic", "--no-measure"]
-QUICK_KW = dict(cost_model="analytic", measure=False)
+QUICK = ["--cost-model", "analytic", "--no-measure", "--threads", "1"]  # threads: the same options whatever --jobs
+QUICK_KW = dict(cost_model="analytic", measure=False, threads=1)
 MODELS = ("bert", "squeezenet", "vgg19")  # the quickest of the small zoo
 
 
