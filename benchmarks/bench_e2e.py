@@ -129,10 +129,11 @@ def markdown(results: list[dict], args) -> str:
              "| model | nodes in -> out | original ms | written ms | speedup | CPU ms original -> written "
              "| CPU speedup "
              "| guard: written (its CPU ms, original -> extracted) | extracted graph: op count changes "
-             "| import / saturate / profile / extract / export / verify / guard s | e-nodes (stop) | signatures "
-             "timed / cached | ILP status, gap | predicted ms before -> after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    xs, ys, cs, speedups, cpu_speedups = [], [], [], [], []
+             "| import / saturate / profile / extract / context / export / verify / choose / guard s | e-nodes (stop) "
+             "| signatures timed / cached | ILP status, gap | predicted ms before -> after "
+             "| predicted latency original, written (error) | candidates: predicted when chosen / measured ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    xs, ys, cs, speedups, cpu_speedups, errors = [], [], [], [], [], []
     for r in results:
         rep = r["report"]
         if rep is None:
@@ -140,7 +141,8 @@ def markdown(results: list[dict], args) -> str:
             continue
         ph = rep["phases_s"]
         phases = " / ".join(_fmt(ph.get(k), 1) for k in
-                            ("import", "saturate", "profile", "extract", "export", "verify", "latency"))
+                            ("import", "saturate", "profile", "extract", "context", "export", "verify", "choose",
+                             "latency"))
         lat, x = rep["latency"] or {}, rep["extraction"]
         guard = (f"{rep['written']} ({_fmt(lat.get('original_cpu_ms'))} -> {_fmt(lat.get('optimized_cpu_ms'))})"
                  if lat else rep["written"])
@@ -152,7 +154,11 @@ def markdown(results: list[dict], args) -> str:
             f"{_fmt(r['optimized_cpu_ms'])} | {r['cpu_speedup']:.3f} | {guard} | "
             f"{_changes(r['original_ops'], rep['extracted']['ops'])} | {phases} | "
             f"{rep['enodes']:,} ({rep['stop_reason']}) | {rep['profiled']} / {rep['cached']} | {x['status']}, {gap} | "
-            f"{_fmt(rep['cost_before'])} -> {_fmt(rep['cost_after'])} |")
+            f"{_fmt(rep['cost_before'])} -> {_fmt(rep['cost_after'])} | {_fidelity(r)} | "
+            f"{'; '.join(_candidate(c) for c in rep.get('candidates', [])[1:]) or '-'} |")
+        pred = predicted_latency(rep)
+        if pred is not None:
+            errors += [pred[0] / _measured(r, 'original') - 1, pred[1] / _measured(r, 'optimized') - 1]
         xs += [rep["cost_before"], written_cost]
         ys += [r["original_ms"], r["optimized_ms"]]
         cs += [r["original_cpu_ms"], r["optimized_cpu_ms"]]
@@ -167,7 +173,40 @@ def markdown(results: list[dict], args) -> str:
                   f"Spearman correlation of predicted graph cost (sum of measured operator costs) with measured "
                   f"latency over {len(xs)} models (originals and written): {spearman(xs, ys):.3f} wall clock, "
                   f"{spearman(xs, cs):.3f} CPU time."]
+        if errors:
+            lines.append(f"Predicted whole-model latency against measured ({args.threads} thread(s), "
+                         f"{'CPU time' if args.threads == 1 else 'wall clock'}), originals and written: "
+                         f"{sum(abs(e) <= 0.10 for e in errors)} of {len(errors)} within 10 %, largest error "
+                         f"{max(errors, key=abs):+.1%}.")
     return "\n".join(lines)
+
+
+def predicted_latency(rep: dict) -> tuple[float, float] | None:
+    """The cost model's whole-model latency of the original and of the written graph: the sum of the
+    final e-node costs plus the call overhead (in-context search only)."""
+    cands = rep.get("candidates") or []
+    if not cands:
+        return None
+    overhead = cands[0]["predicted_ms"] - rep["cost_before"]
+    written = rep["cost_after"] if rep["written"] == "optimized" else rep["cost_before"]
+    return rep["cost_before"] + overhead, written + overhead
+
+
+def _measured(r: dict, which: str) -> float:
+    """Measured latency by the metric the predictions are in (CPU time with one thread, else wall)."""
+    return r[f"{which}_cpu_ms"] if r["report"]["threads"] == 1 else r[f"{which}_ms"]
+
+
+def _fidelity(r: dict) -> str:
+    pred = predicted_latency(r["report"])
+    if pred is None:
+        return "-"
+    a, b = pred[0] / _measured(r, "original") - 1, pred[1] / _measured(r, "optimized") - 1
+    return f"{pred[0]:.2f} ({a:+.1%}), {pred[1]:.2f} ({b:+.1%})"
+
+
+def _candidate(c: dict) -> str:
+    return f"{c['label']}: {_fmt(c['predicted_ms'])} / {_fmt(c['measured_ms'])} ({c['status'].split(':')[0]})"
 
 
 def _changes(before: dict, after: dict) -> str:

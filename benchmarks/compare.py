@@ -46,7 +46,6 @@ import argparse
 import datetime as _dt
 import importlib
 import importlib.util
-import inspect
 import math
 import os
 import platform
@@ -140,12 +139,9 @@ def make_original(model: onnx.ModelProto, opts: Options, tmp: Path):
 def make_relsat(model: onnx.ModelProto, opts: Options, tmp: Path):
     from relsat.driver.optimize import optimize
 
-    params = inspect.signature(optimize).parameters
-    kw = {"node_limit": opts.node_limit, "time_limit": opts.time_limit}
-    if "cost_model" in params and opts.cost_model:
+    kw = {"node_limit": opts.node_limit, "time_limit": opts.time_limit, "threads": opts.threads}
+    if opts.cost_model:
         kw["cost_model"] = opts.cost_model
-    if "threads" in params:
-        kw["threads"] = opts.threads
     kw.update(opts.relsat_kwargs)
     res = optimize(model, **kw)
     rep = res.report

@@ -50,15 +50,20 @@ COSTS = typer.Option(None, "--costs", help="import this cost table (relsat costs
 NO_MEASURE = typer.Option(not D.measure, "--no-measure", help="skip the final latency guard")
 MIP_GAP = typer.Option(D.mip_gap, "--mip-gap", help="relative MIP gap at which the ILP stops")
 ILP_TIME_LIMIT = typer.Option(D.ilp_time_limit, "--ilp-time-limit", help="ILP time limit, seconds")
+CANDIDATES = typer.Option(D.candidates, "--candidates", help="candidate graphs timed as whole models for the final "
+                          "choice, with costs refined in context (0: one-node costs and the guard only)")
+CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extract-profile rounds refining the "
+                              "in-context costs")
 
 
 def _options(*, rules, input_shape, iter_limit, node_limit, time_limit, extractor, cost_model, provider, threads,
-             costs, no_measure, mip_gap, ilp_time_limit) -> Options:
+             costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds) -> Options:
     """The shared flags as an ``Options`` (checked)."""
     return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, iter_limit=iter_limit,
                    node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                    provider=provider, threads=threads, costs=None if costs is None else str(costs),
-                   measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit).check()
+                   measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
+                   context_rounds=context_rounds).check()
 
 
 def _fail(e: Exception) -> None:
@@ -95,6 +100,8 @@ def optimize(
     no_measure: bool = NO_MEASURE,
     mip_gap: float = MIP_GAP,
     ilp_time_limit: float = ILP_TIME_LIMIT,
+    candidates: int = CANDIDATES,
+    context_rounds: int = CONTEXT_ROUNDS,
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
@@ -110,7 +117,8 @@ def optimize(
             options = _options(
                 rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
                 time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
-                threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+                threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit,
+                candidates=candidates, context_rounds=context_rounds)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
@@ -389,6 +397,8 @@ def batch(
     no_measure: bool = NO_MEASURE,
     mip_gap: float = MIP_GAP,
     ilp_time_limit: float = ILP_TIME_LIMIT,
+    candidates: int = CANDIDATES,
+    context_rounds: int = CONTEXT_ROUNDS,
 ) -> None:
     """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
     from .batch import run_batch
@@ -398,7 +408,7 @@ def batch(
             rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
-            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit)
+            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

@@ -164,6 +164,7 @@ class _Writer:
         self.assigned: set[str] = set()
         self.name: dict[int, str] = {}
         self.out_nodes: list[onnx.NodeProto] = []
+        self.origins: list[int] = []  # the e-node each of out_nodes was written for (-1: none)
         self.inits: list[onnx.TensorProto] = []
         self.counter: Counter = Counter()
         self.lifted: dict[tuple, str] = {}
@@ -201,6 +202,11 @@ class _Writer:
         self.inits.append(numpy_helper.from_array(np.asarray(arr), self.value(c)))
 
     def emit(self, c: int) -> None:
+        start = len(self.out_nodes)
+        self._emit(c)
+        self.origins += [self.nodes[c].id] * (len(self.out_nodes) - start)
+
+    def _emit(self, c: int) -> None:
         n = self.nodes[c]
         if c in self.folded:
             self.initializer(c, self.folded[c])
@@ -291,6 +297,12 @@ def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], tak
 def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -> onnx.ModelProto:
     """The ONNX model of the chosen e-nodes (``choice``: e-class -> e-node id for every needed
     class; None: the original graph), checked by onnx.checker (full check)."""
+    return export_graph(imported, choice)[0]
+
+
+def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -> tuple[onnx.ModelProto, list[int]]:
+    """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
+    Identity nodes that give an output its original name): what in-context profiling charges."""
     g = imported.egraph
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
     if choice is None:
@@ -317,6 +329,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     for name, c in zip([o for o, _ in imported.outputs], roots):
         if w.name[c] != name:
             w.out_nodes.append(helper.make_node("Identity", [w.name[c]], [name], name=name))
+            w.origins.append(-1)
         if info[c].shape is not None and info[c].dtype:
             outputs.append(helper.make_tensor_value_info(name, info[c].dtype, info[c].shape))
         else:
@@ -341,7 +354,7 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
             onnx.checker.check_model(model, full_check=True)
         except Exception as e:
             raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
-    return model
+    return model, w.origins
 
 
 def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:

@@ -52,6 +52,7 @@ from relsat.relations.egraph import EGraph
 from . import latency
 from .errors import RelsatError, error_line
 from .onnx_export import export_model
+from .candidates import Search
 from .onnx_import import check_ort_loadable, import_model, load_model
 from .options import DEFAULTS, Options
 from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
@@ -88,6 +89,7 @@ class Report(Mapping):
     enodes: int
     eclasses: int
     cost_model: str
+    cost_label: str  # what the costs are, honestly: "in context", "measured (one node each)", "analytic ..."
     provider: str
     threads: int
     profiled: int
@@ -96,6 +98,7 @@ class Report(Mapping):
     cost_before: float
     cost_after: float
     extraction: dict
+    candidates: list  # the original and every candidate graph: predicted and measured latency, status
     latency: dict | None
     extracted: dict  # the extracted graph, also when the input model was written instead
     written: str  # optimized | original
@@ -162,6 +165,8 @@ class _Pipeline:
         self.notices: list[str] = []
         self.phases: dict[str, float] = {}
         self.latency_report: dict | None = None  # set by the guard when it times the models
+        self.search: Search | None = None  # the in-context search, when it runs
+        self.fallbacks: list = []
 
     @contextmanager
     def phase(self, name: str):
@@ -187,13 +192,20 @@ class _Pipeline:
                 self.cost()
             with self.phase("extract"):
                 self.extract()
-            with self.phase("export"):
-                self.export()
-            complete = True
-            with self.phase("verify"):
-                self.verify()
-            if self.o.measure and self.written == "optimized":
-                self.guard()
+            if self.in_context():
+                with self.phase("context"):
+                    self.search_candidates()
+                complete = True
+                with self.phase("choose"):
+                    self.choose()
+            else:
+                with self.phase("export"):
+                    self.export()
+                complete = True
+                with self.phase("verify"):
+                    self.verify()
+                if self.o.measure and self.written == "optimized":
+                    self.guard()
             g.con.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?), ('cost_model', ?), ('provider', ?)",
                           [self.written, self.o.cost_model, self.o.provider])
             report = self.report()
@@ -258,6 +270,7 @@ class _Pipeline:
             except ProviderUnavailable as e:
                 raise RelsatError(f"--provider {o.provider}: {e}") from None
             p = self.profile_report
+            self.notices += p.notices
             if p.failed:
                 why = "are not in the cost table" if self.cache_only else "could not be timed alone"
                 self.notices.append(f"{p.failed} of {p.signatures} operator signatures {why}; "
@@ -277,6 +290,54 @@ class _Pipeline:
         cost_of = dict(zip(self.node_ids.tolist(), self.problem.node_cost.tolist()))
         self.original_cost = sum(cost_of.get(n, 0.0) for n in set(self.orig.values()))
 
+    def in_context(self) -> bool:
+        """Whether costs are refined in context and the final choice measured (``relsat.driver.candidates``):
+        with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the provider."""
+        o = self.o
+        return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not self.cache_only
+                and (o.provider == "cpu" or "CUDAExecutionProvider" in ort.get_available_providers()))
+
+    def search_candidates(self) -> None:
+        o = self.o
+        self.status("profiling whole graphs in context ...")
+        specs = [(n, shape, runtime.np_dtype(dt)) for n, dt, shape in self.imported.inputs]
+        feeds = runtime.random_feeds(specs, rng=np.random.default_rng(0), masks_ones=True)
+        self.search = Search(self.imported, self.problem, self.node_ids, feeds, o.provider, o.threads, self.cache,
+                             o.ilp_time_limit, o.mip_gap)
+        first = {int(c): int(self.node_ids[i]) for c, i in self.best.choice.items()}
+        self.search.run(self.orig, first, rounds=o.context_rounds, candidates=o.candidates)
+        for c in self.search.candidates:
+            if c.model is None:
+                self.fallbacks.append({"candidate": c.label, "reason": c.status})
+        _store_costs(self.g, self.node_ids, self.search.costs(), np.isfinite(self.search.ctx))
+
+    def choose(self) -> None:
+        o, s = self.o, self.search
+        picked, check, self.latency_report = s.choose(self.model, input_shapes=o.input_shapes,
+                                                      threshold=o.guard_threshold, status=self.status)
+        choice = picked.choice if picked is not None else self.orig
+        _extraction_table(self.g, choice, self.orig)
+        self.used = picked
+        self.label = picked.label if picked is not None else "original"
+        self.written = "optimized" if picked is not None else "original"
+        self.optimized = picked.model if picked is not None else self.model
+        self.original_cost = s.predicted(self.orig) - s.call_overhead_ms
+        self.cost_after = s.predicted(choice) - s.call_overhead_ms
+        self.check = check or VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
+        self.extracted = _op_counts(self.optimized if picked is not None else
+                                    min(s.usable(), key=lambda c: c.measured_ms, default=s.original).model
+                                    or self.model)
+        if picked is None:
+            timed = [c for c in s.usable() if c.measured_ms is not None]
+            if not timed:
+                self.notices.append("no candidate graph differs from the original: the input model is written unchanged")
+            else:
+                best = min(timed, key=lambda c: c.measured_ms)
+                self.notices.append(
+                    f"no candidate graph is faster beyond noise (fastest: {best.label}, {best.measured_ms:.3f} ms vs "
+                    f"{s.original.measured_ms:.3f} ms, threshold {o.guard_threshold:.0%}): the input model is written "
+                    "unchanged")
+
     def export(self) -> None:
         self.label, self.used, choice, optimized, self.fallbacks = _export_first_usable(
             self.imported, [(self.best.method, self.best), ("greedy", self.greedy)], self.node_ids, self.orig,
@@ -284,8 +345,8 @@ class _Pipeline:
         _extraction_table(self.g, choice, self.orig)
         self.written = "original" if choice == self.orig else "optimized"
         self.optimized, self.session = optimized if optimized is not None else (self.model, None)
-        self.extracted = {"nodes": len(self.optimized.graph.node),
-                          "ops": dict(sorted(Counter(n.op_type for n in self.optimized.graph.node).items()))}
+        self.extracted = _op_counts(self.optimized)
+        self.cost_after = self.used.cost if self.used is not None else self.original_cost
 
     def verify(self) -> None:
         if self.written == "optimized":
@@ -318,6 +379,16 @@ class _Pipeline:
                                     f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}, threshold "
                                     f"{res.threshold:.0%}): the input model is written unchanged")
 
+    def cost_label(self) -> str:
+        p = self.profile_report
+        if self.o.cost_model == "analytic":
+            return "analytic"
+        if p is not None and p.all_fallback:
+            return "analytic (no operator could be timed or found in the cost table)"
+        if self.search is not None:
+            return "in context"
+        return "measured, one node each" + (" (from the cost table)" if self.cache_only else "")
+
     def report(self) -> Report:
         o, sat, p, best = self.o, self.sat, self.profile_report, self.best
         counts = self.g.counts()
@@ -329,8 +400,8 @@ class _Pipeline:
             rules_applied=dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
             enodes=counts["enodes"], eclasses=counts["eclasses"], cost_model=o.cost_model, provider=o.provider,
             threads=o.threads, profiled=p.measured if p else 0, cached=p.cached if p else 0,
-            profile=p.as_dict() if p else None, cost_before=self.original_cost,
-            cost_after=self.used.cost if self.used is not None else self.original_cost,
+            profile=p.as_dict() if p else None, cost_before=self.original_cost, cost_after=self.cost_after,
+            cost_label=self.cost_label(), candidates=self.search.report() if self.search is not None else [],
             extraction={"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
                         "gap": best.gap, "seconds": best.seconds, "greedy_cost": self.greedy.cost,
                         "mip_gap": o.mip_gap, "time_limit": o.ilp_time_limit, "used": self.label,
@@ -386,6 +457,23 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices):
         return label, res, choice, (candidate, session), fallbacks
     notices.append("no extracted graph could be used: the input model is written unchanged")
     return "original", None, orig, None, fallbacks
+
+
+def _op_counts(model: onnx.ModelProto) -> dict:
+    return {"nodes": len(model.graph.node), "ops": dict(sorted(Counter(n.op_type for n in model.graph.node).items()))}
+
+
+def _store_costs(g: EGraph, node_ids: np.ndarray, ms: np.ndarray, in_context: np.ndarray) -> None:
+    """The refined costs into ``costs``: ``ms`` what extraction used, ``alone_ms`` the one-node cost before,
+    ``source`` 'context' for e-nodes priced inside a profiled whole graph."""
+    g.con.execute("ALTER TABLE costs ADD COLUMN IF NOT EXISTS alone_ms DOUBLE")
+    g.con.register("_refined", {"node": node_ids, "ms": ms, "ctx": in_context})
+    try:
+        g.con.execute("UPDATE costs SET alone_ms = costs.ms, ms = r.ms, "
+                      "source = CASE WHEN r.ctx THEN 'context' ELSE costs.source END "
+                      "FROM _refined r WHERE costs.node = r.node")
+    finally:
+        g.con.unregister("_refined")
 
 
 def _extraction_table(g: EGraph, choice: dict[int, int], orig: dict[int, int]) -> None:

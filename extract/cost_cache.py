@@ -238,6 +238,15 @@ class CostCache:
             "SELECT provider, threads, ort_version, count(*), count(DISTINCT op_type), max(measured_at) "
             "FROM costs GROUP BY ALL ORDER BY ALL").fetchall())
 
+    def rows(self, keys: list[str]) -> dict[str, tuple[float, dict]]:
+        """Cached ``(ms, signature)`` for those of ``keys`` that are present (one query)."""
+        if not keys:
+            return {}
+        rows = self._run(lambda con: con.execute(
+            "SELECT key, ms, signature FROM costs WHERE key IN (SELECT unnest(?::VARCHAR[]))", [list(keys)]
+        ).fetchall())
+        return {k: (ms, json.loads(sig)) for k, ms, sig in rows}
+
     def versions(self, providers: list[str], threads: int) -> list[str]:
         """The onnxruntime versions of the rows of ``providers`` at ``threads``, the most recently
         measured first (one query)."""

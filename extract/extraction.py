@@ -17,6 +17,8 @@ The DAG cost of a choice is the sum of the costs of its chosen nodes, each count
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -373,6 +375,30 @@ def _start(d: _Dense, mdl: _Model, choice: dict[int, int]) -> np.ndarray:
     return start
 
 
+_quiet = False
+
+
+def _highs() -> highspy.Highs:
+    """A HiGHS instance with its output off; the first one made in a process prints a banner on the
+    standard output, which is sent to /dev/null (the CLI's output is a report)."""
+    global _quiet
+    if _quiet:
+        h = highspy.Highs()
+    else:
+        sys.stdout.flush()
+        saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 1)
+            h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(null)
+        _quiet = True
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def _relative_gap(cost: float, bound: float | None) -> float | None:
     if bound is None:
         return None
@@ -380,7 +406,7 @@ def _relative_gap(cost: float, bound: float | None) -> float | None:
 
 
 def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap: float = 1e-4,
-                warm_start: Extraction | None = None, threads: int = 1) -> Extraction:
+                warm_start: Extraction | None = None, threads: int = 1, exclude=()) -> Extraction | None:
     """Minimum DAG-cost extraction as a 0/1 program solved by HiGHS.
 
     Variables: x_n in {0,1} per node, and t_c in [0,1] per class in a cyclic strongly
@@ -397,6 +423,10 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
     HiGHS's thread count; HiGHS fixes it per process at the first solve, so later calls
     with another value keep the first one. Raises ValueError if a root class has no
     acyclic extraction or the warm start is invalid.
+
+    ``exclude``: no-good cuts, each an array of node indices that the choice must not contain all
+    of (``sum x_n <= |S| - 1``), to find a next-best choice unlike earlier ones. A warm start that
+    contains one is not used; with cuts the result is None when no choice is found in time.
     """
     t0 = time.perf_counter()
     d = _dense(problem)
@@ -414,9 +444,18 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
     if not len(d.roots):
         return finish(warm_start, "optimal", 0.0)
     mdl = _model(d, _prune(d, val))
+    cuts = [np.unique(np.asarray(c, dtype=np.int64)) for c in exclude]
+    cuts = [c for c in cuts if len(c) and np.all(mdl.col[c] >= 0)]  # a pruned node is never chosen anyway
+    start_nodes = np.fromiter(warm_start.choice.values(), np.int64, len(warm_start.choice))
+    usable_start = not any(np.isin(c, start_nodes).all() for c in cuts)
+    if cuts:
+        mdl.row_len = np.concatenate([mdl.row_len, [len(c) for c in cuts]])
+        mdl.a_index = np.concatenate([mdl.a_index, *(mdl.col[c] for c in cuts)])
+        mdl.a_value = np.concatenate([mdl.a_value, np.ones(sum(len(c) for c in cuts))])
+        mdl.row_lo = np.concatenate([mdl.row_lo, np.full(len(cuts), -np.inf)])
+        mdl.row_hi = np.concatenate([mdl.row_hi, [len(c) - 1.0 for c in cuts]])
     nx, ncol = len(mdl.nodes), len(mdl.nodes) + len(mdl.tcls)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _highs()
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("time_limit", max(1e-3, time_limit - (time.perf_counter() - t0)))
@@ -426,7 +465,8 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
                 mdl.row_lo, mdl.row_hi, (np.cumsum(mdl.row_len) - mdl.row_len).astype(np.int32),
                 mdl.a_index.astype(np.int32), mdl.a_value,
                 (np.arange(ncol) < nx).astype(np.int32))  # x integer, t continuous
-    h.setSolution(ncol, np.arange(ncol, dtype=np.int32), _start(d, mdl, warm_start.choice))
+    if usable_start:
+        h.setSolution(ncol, np.arange(ncol, dtype=np.int32), _start(d, mdl, warm_start.choice))
     h.run()
 
     info, model_status = h.getInfo(), h.getModelStatus()
@@ -441,9 +481,9 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
         if np.all(np.isfinite(sval[d.roots])):
             ext = _extraction(d, schoice, _reached(d, schoice), method="ilp", status=status,
                               bound=bound, gap=None, seconds=0.0)
-            if ext.cost <= warm_start.cost:
+            if ext.cost <= warm_start.cost or not usable_start:
                 return finish(ext, status, bound)
-    return finish(warm_start, "warm_start_kept", bound)
+    return finish(warm_start, "warm_start_kept", bound) if usable_start else None
 
 
 # ----------------------------------------------------------------------------- checks

@@ -1,0 +1,220 @@
+"""The measured final choice: costs refined in context, a few candidate graphs, the fastest as measured.
+
+Owns :class:`Search`, which the optimize pipeline runs after one-node costs and the first
+extraction when it may time models (``measure``, measured costs, a provider ONNX Runtime runs
+here):
+
+1. **In context.** The original graph (as the e-graph holds it) is exported and profiled as a whole
+   (:mod:`relsat.extract.context`); its e-nodes take their in-context costs. Every other e-node keeps
+   its one-node cost times the ratio of in-context to one-node cost over all e-nodes priced in
+   context so far, so that both kinds of cost are in one currency.
+2. **Rounds.** The first extraction (one-node costs) is exported and profiled; then, up to
+   ``rounds`` times, the ILP extracts the cheapest graph under the refined costs; a graph profiled
+   before means the costs have settled, a new one is exported and profiled in turn. Each distinct
+   graph is a candidate.
+3. **More candidates.** Until there are ``candidates`` of them, the ILP is solved again with no-good
+   cuts against every graph seen (each must drop at least one of the rewritten e-nodes of every
+   earlier one, and one of the original's). These are exported, not profiled: their predicted cost
+   is what the refined costs say.
+4. **Choice** (:meth:`Search.choose`): the input model and every candidate are timed as whole models,
+   interleaved (:func:`relsat.driver.latency.time_models`), and the candidates are verified fastest
+   first; the fastest that verifies is written when it beats the input model by more than the guard
+   threshold, else the input model is.
+
+A graph's predicted latency is the sum of its e-nodes' costs plus the call overhead of
+``session.run``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from relsat.extract.context import profile_graph
+from relsat.extract.extraction import ExtractionProblem, ilp_extract
+from relsat.relations import runtime
+
+from .errors import error_line
+from .latency import GuardResult, Latency, time_models
+from .onnx_export import export_graph
+from .verify import VerifyResult, verify
+
+
+@dataclass
+class Candidate:
+    """One graph the search considered (``as_dict()`` is its row of the report)."""
+
+    label: str  # original | one-node | round N | next-best N
+    choice: dict[int, int]  # e-class -> e-node id
+    predicted_ms: float  # predicted latency when it was chosen (before it was profiled or timed)
+    model: onnx.ModelProto | None = None
+    profiled_ms: float | None = None  # its whole-graph latency in the profiling session
+    measured_ms: float | None = None  # median in the final interleaved timing (the guard's metric)
+    wall_ms: float | None = None
+    timing: Latency | None = None
+    status: str = "candidate"  # candidate | timed | written | slower | not verified: ... | cannot export: ...
+    nodes: int = 0
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "predicted_ms": self.predicted_ms, "profiled_ms": self.profiled_ms,
+                "measured_ms": self.measured_ms, "wall_ms": self.wall_ms, "status": self.status, "nodes": self.nodes}
+
+
+@dataclass
+class Search:
+    """The refined costs of one e-graph and the candidates found with them (module docstring)."""
+
+    imported: object  # ImportResult
+    problem: ExtractionProblem
+    node_ids: np.ndarray  # e-node id of each problem index (sorted)
+    feeds: dict
+    provider: str
+    threads: int
+    cache: object  # CostCache or None
+    ilp_time_limit: float
+    mip_gap: float
+    ctx: np.ndarray = field(init=False)  # in-context cost per problem index (NaN: not profiled)
+    candidates: list = field(default_factory=list)
+    original: Candidate | None = None
+    call_overhead_ms: float = 0.0
+    profiles: int = 0  # graphs profiled now
+    profiles_cached: int = 0
+    notices: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
+        self.ctx = np.full(len(self.alone), np.nan)
+
+    # ------------------------------------------------------------------ costs
+    def costs(self) -> np.ndarray:
+        """Per problem index: in-context cost where profiled, else the scaled one-node cost."""
+        seen = np.isfinite(self.ctx)
+        base = self.alone[seen].sum()
+        scale = self.ctx[seen].sum() / base if seen.any() and base > 0 else 1.0
+        return np.where(seen, self.ctx, self.alone * scale)
+
+    def index(self, choice: dict[int, int]) -> np.ndarray:
+        return np.searchsorted(self.node_ids, np.fromiter(set(choice.values()), np.int64))
+
+    def predicted(self, choice: dict[int, int]) -> float:
+        return float(self.costs()[self.index(choice)].sum()) + self.call_overhead_ms
+
+    def _problem(self) -> ExtractionProblem:
+        p = self.problem
+        return ExtractionProblem(p.node_class, self.costs(), p.child_ptr, p.child_class, p.roots)
+
+    # ------------------------------------------------------------------ graphs
+    def _export(self, cand: Candidate) -> list[int] | None:
+        try:
+            cand.model, origins = export_graph(self.imported, cand.choice)
+            runtime.session(cand.model)  # loadable with ONNX Runtime's optimizations on
+        except Exception as e:  # never fail a valid model: this candidate is dropped
+            cand.status, cand.model = f"cannot export: {error_line(e)}", None
+            return None
+        cand.nodes = len(cand.model.graph.node)
+        return origins
+
+    def profile(self, cand: Candidate) -> Candidate:
+        """Export ``cand`` and price its e-nodes in context."""
+        origins = self._export(cand)
+        if origins is None:
+            return cand
+        origins = np.asarray(origins, dtype=np.int64)
+        idx = np.where(origins >= 0, np.searchsorted(self.node_ids, np.maximum(origins, 0)), -1)
+        weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
+        prof = profile_graph(cand.model, self.feeds, weights, provider=self.provider, threads=self.threads,
+                             cache=self.cache)
+        self.call_overhead_ms = prof.call_overhead_ms
+        self.profiles_cached += prof.cached
+        self.profiles += not prof.cached
+        keep = idx >= 0
+        total = np.bincount(idx[keep], weights=prof.node_ms[keep], minlength=len(self.ctx))
+        self.ctx[np.unique(idx[keep])] = total[np.unique(idx[keep])]
+        # nodes of the choice that wrote no ONNX node (weights, inputs, folded constants) cost nothing here
+        chosen = self.index(cand.choice)
+        self.ctx[chosen[~np.isfinite(self.ctx[chosen])]] = 0.0
+        cand.profiled_ms = prof.latency_ms
+        return cand
+
+    def _cut(self, choice: dict[int, int]) -> np.ndarray:
+        nodes = self.index(choice)
+        orig = self.index(self.original.choice)
+        changed = np.setdiff1d(nodes, orig)
+        return changed if len(changed) else nodes
+
+    def run(self, original: dict[int, int], first: dict[int, int], *, rounds: int, candidates: int) -> None:
+        """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction."""
+        self.original = self.profile(Candidate("original", original, float("nan"), status="input"))
+        self.original.predicted_ms = self.predicted(original)
+        seen = [original]
+
+        def add(label: str, choice: dict[int, int], profile: bool) -> None:
+            seen.append(choice)
+            cand = Candidate(label, choice, self.predicted(choice))
+            self.profile(cand) if profile else self._export(cand)
+            self.candidates.append(cand)
+
+        if first != original:
+            add("one-node", first, True)
+        for r in range(rounds):
+            ext = ilp_extract(self._problem(), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap)
+            choice = {int(c): int(self.node_ids[i]) for c, i in ext.choice.items()}
+            if choice in seen:
+                break
+            add(f"round {r + 1}", choice, True)
+        while len(self.usable()) < candidates:
+            ext = ilp_extract(self._problem(), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap,
+                              exclude=[self._cut(c) for c in seen])
+            if ext is None:
+                break
+            choice = {int(c): int(self.node_ids[i]) for c, i in ext.choice.items()}
+            if choice in seen:
+                break
+            add(f"next-best {len(self.candidates) + 1}", choice, False)
+
+    def usable(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.model is not None]
+
+    # ------------------------------------------------------------------ choice
+    def choose(self, input_model: onnx.ModelProto, *, input_shapes, threshold: float,
+               status=lambda text: None) -> tuple[Candidate | None, VerifyResult | None, dict | None]:
+        """Step 4: time the input model and the usable candidates interleaved, verify fastest first.
+        Returns the candidate to write (None: the input model), its verification, and the guard's
+        report (the input model against the written or, if none, the fastest candidate)."""
+        cands = self.usable()
+        if not cands:
+            return None, None, None
+        status(f"timing the input model and {len(cands)} candidate graph(s) ...")
+        res = time_models([input_model] + [c.model for c in cands], threads=self.threads, provider=self.provider,
+                          input_shapes=input_shapes)
+        metric = "cpu" if self.threads == 1 and self.provider == "cpu" else "wall"
+
+        def value(t: Latency) -> float:
+            return t.cpu_ms if metric == "cpu" else t.median_ms
+
+        self.original.timing, self.original.measured_ms, self.original.wall_ms = res[0], value(res[0]), res[0].median_ms
+        for c, t in zip(cands, res[1:]):
+            c.timing, c.measured_ms, c.wall_ms, c.status = t, value(t), t.median_ms, "timed"
+        picked, check = None, None
+        for c in sorted(cands, key=lambda c: c.measured_ms):
+            if not c.measured_ms < self.original.measured_ms * (1.0 - threshold):
+                c.status = "slower" if c.measured_ms >= self.original.measured_ms else "not faster beyond noise"
+                continue
+            if picked is None:
+                status(f"verifying the {c.label} graph ...")
+                result = verify(input_model, c.model, input_shapes=input_shapes)
+                if result.ok:
+                    picked, check, c.status = c, result, "written"
+                else:
+                    c.status = f"not verified: {result.message}"
+        best = picked or min(cands, key=lambda c: c.measured_ms)
+        a, b = self.original.timing, best.timing
+        guard = GuardResult(a, b, a.median_ms / b.median_ms, a.cpu_ms / b.cpu_ms, metric, picked is not None,
+                            threshold, self.threads, self.provider)
+        return picked, check, guard.as_dict()
+
+    def report(self) -> list[dict]:
+        """The original and every candidate, with predicted and measured latencies."""
+        return [c.as_dict() for c in [self.original, *self.candidates] if c is not None]

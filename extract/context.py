@@ -1,0 +1,222 @@
+"""In-context costs: what each node of a whole graph costs as ONNX Runtime actually runs it.
+
+One-node timings (:mod:`relsat.extract.measured`) cannot see what ONNX Runtime does to a whole
+graph at level ALL: a BatchNormalization and a Relu folded into their Conv cost nothing there, a
+MatMul + Add runs as one FusedGemm, NCHWc reorders appear, and a graph of many small kernels pays
+the executor's per-kernel cost. This module prices the nodes of a whole exported graph as they run:
+
+1. :func:`profile_graph` runs the graph in two ONNX Runtime sessions of the timing kind (level ALL,
+   the user's provider and threads): one with ONNX Runtime's profiler, whose per-kernel durations
+   (median over the runs) say where the time goes, and one without, whose median latency (by the
+   clock of :func:`relsat.extract.profile.timer`) is what the graph costs, since the profiler
+   itself slows small kernels down. Both are stored in the cost cache under a key that says what was
+   timed: the graph's bytes, provider, threads, clock and ONNX Runtime version.
+2. :func:`attribute` charges every kernel to the graph nodes it came from. The profiler names each
+   kernel after a source node: ``fused NAME/MatMulAddFusion``, ``NAME/MatmulTransposeFusion/``, or
+   after the value a fused Conv writes (``VALUE_nchwc``); the nodes are renamed ``RELSATN<i>_`` for
+   profiling so that a node is found in any such name. Kernels ONNX Runtime made up itself
+   (``ReorderInput``, ``Gelu``, ``gemm_input_reshape``) go to the nearest named kernel in
+   execution order (the next one for a reorder of inputs, else the one before). A node no kernel
+   names was fused into a neighbour: a named node takes the unnamed producers it reaches backwards
+   (a Conv and a BatchNormalization fused under their Relu's name), the rest join the group of
+   their first producer (an Add fused into the MatMul before it) or, with none, of a consumer.
+   Every group's kernel time is split among its members in proportion to their one-node costs, so
+   each member of a fused Conv + BatchNormalization + Relu is charged its share. A group that no
+   kernel names costs zero.
+3. The kernel times are scaled so that the nodes' costs add up to the measured latency less the
+   call overhead of ``session.run`` (calibrated once per cache): the prediction of a profiled graph
+   is its measured latency, and the overhead between kernels is charged to kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from relsat.relations import runtime
+
+from .cost_cache import CostCache, CostRow
+from .profile import ProviderUnavailable, _backend, _median_ms, calibrated_call_overhead_ms, timer
+
+GRAPH_OP = "__graph__"  # op_type of a whole-graph profile in the cost cache
+BUDGET_S = 0.6  # about this long of timed runs per session, for fast graphs
+MIN_RUNS, MAX_RUNS = 5, 200
+MIN_WEIGHT = 1e-6  # a member of a fused group with no one-node cost still gets a sliver
+_TOKEN = re.compile(r"RELSATN(\d+)_")
+_SUFFIXES = ("_kernel_time", "_nchwc")
+
+
+@dataclass
+class GraphProfile:
+    """One whole graph as it runs: ``node_ms[i]`` is what node ``i`` of the model costs in it."""
+
+    node_ms: np.ndarray
+    latency_ms: float  # median latency of the whole graph (call overhead included)
+    kernels_ms: float  # sum of the profiler's per-kernel medians
+    call_overhead_ms: float
+    kernels: int  # kernels that ran
+    unnamed: int  # kernels charged to a neighbour because they name no node
+    key: str
+    cached: bool
+    seconds: float
+
+
+def _renamed(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for i, node in enumerate(copy.graph.node):
+        node.name = f"RELSATN{i}_"
+    return copy
+
+
+def graph_key(model: onnx.ModelProto, backend: str, threads: int) -> str:
+    """sha256 of what a graph profile depends on: the graph (nodes renamed as profiled), provider,
+    threads, clock and ONNX Runtime version."""
+    h = hashlib.sha256(json.dumps(["graph", backend, threads, timer(backend, threads).__name__,
+                                   ort.__version__]).encode())
+    h.update(_renamed(model).SerializeToString(deterministic=True))
+    return h.hexdigest()
+
+
+def _kernel_medians(trace: list[dict]) -> dict[str, float]:
+    """Median ms per kernel name, in order of first execution."""
+    durations: dict[str, list[float]] = {}
+    for e in trace:
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
+            durations.setdefault(e["name"], []).append(float(e["dur"]) / 1e3)
+    return {name: float(np.median(d)) for name, d in durations.items()}
+
+
+def _source(name: str, producer: dict[str, int]) -> int | None:
+    """The node a kernel is named after (module docstring), or None."""
+    m = _TOKEN.search(name)
+    if m:
+        return int(m.group(1))
+    base = name[len("fused "):] if name.startswith("fused ") else name
+    for part in (base, base.split("/")[0]):
+        for suffix in _SUFFIXES:
+            part = part[:-len(suffix)] if part.endswith(suffix) else part
+        if part in producer:
+            return producer[part]
+    return None
+
+
+def attribute(model: onnx.ModelProto, kernel_ms: dict[str, float], weights) -> tuple[np.ndarray, int]:
+    """Per node of ``model`` (nodes named ``RELSATN<i>_``), its share of the kernel times (module
+    docstring, step 2), and how many kernels named no node. ``kernel_ms`` is in execution order;
+    ``weights`` are the nodes' one-node costs. The shares add up to the kernels' total."""
+    nodes = list(model.graph.node)
+    n = len(nodes)
+    producer = {o: i for i, node in enumerate(nodes) for o in node.output if o}
+    names = list(kernel_ms)
+    src = [_source(k, producer) for k in names]
+    named = [j for j, s in enumerate(src) if s is not None]
+    sources = set(src) - {None}
+    kernel_time = np.zeros(n)
+    for j, name in enumerate(names):
+        s = src[j]
+        if s is None and named:  # a kernel ONNX Runtime made up: its nearest named neighbour
+            after = [k for k in named if k > j]
+            before = [k for k in named if k < j]
+            pick = after[0] if after and ("Input" in name or "input" in name or not before) else before[-1]
+            s = src[pick]
+        if s is not None:
+            kernel_time[s] += kernel_ms[name]
+    group = np.full(n, -1, dtype=np.int64)
+    for s in sorted(sources):  # a named node and the unnamed producers it absorbed
+        stack = [s]
+        group[s] = s
+        while stack:
+            for v in nodes[stack.pop()].input:
+                p = producer.get(v)
+                if p is not None and group[p] < 0 and p not in sources:
+                    group[p] = s
+                    stack.append(p)
+    consumers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for v in node.input:
+            consumers.setdefault(v, []).append(i)
+    for i, node in enumerate(nodes):  # the rest: fused into a producer (nodes are in topological order)
+        if group[i] < 0:
+            p = next((producer[v] for v in node.input if v in producer and group[producer[v]] >= 0), None)
+            if p is not None:
+                group[i] = group[p]
+    for i in reversed(range(n)):  # ... or, with none, into a consumer
+        if group[i] < 0:
+            c = next((c for o in nodes[i].output for c in consumers.get(o, []) if group[c] >= 0), None)
+            group[i] = group[c] if c is not None else i
+    roots = group
+    w = np.maximum(np.nan_to_num(np.asarray(weights, dtype=np.float64), nan=0.0), MIN_WEIGHT)
+    group_time = np.bincount(roots, weights=kernel_time, minlength=n)
+    group_weight = np.bincount(roots, weights=w, minlength=n)
+    return group_time[roots] * w / group_weight[roots], sum(s is None for s in src)
+
+
+def _session(model: onnx.ModelProto, backend: str, threads: int, profile_dir: str | None):
+    opts = runtime.session_options(threads=threads)
+    if profile_dir is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = os.path.join(profile_dir, "profile")
+    return runtime.session(model, provider="cuda" if backend == "cuda" else "cpu", threads=threads, options=opts)
+
+
+def _runs(run, clock, budget_s: float) -> tuple[float, int]:
+    """Median ms of a whole graph: warm-up, then about ``budget_s`` of runs (MIN_RUNS..MAX_RUNS)."""
+    t = time.perf_counter()
+    run()
+    run()
+    per = max((time.perf_counter() - t) / 2, 1e-6)
+    n = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / per)))
+    return _median_ms(run, 1, n, clock=clock)
+
+
+def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, provider: str = "cpu",
+                  threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S) -> GraphProfile:
+    """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
+    ``weights`` its nodes' one-node costs (how a fused group's time is shared). From the cache when
+    this graph was profiled before with these settings. Raises ProviderUnavailable when the provider
+    cannot run whole graphs here through ONNX Runtime."""
+    t0 = time.perf_counter()
+    backend = _backend(provider)
+    if backend == "cuda-torch":
+        raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
+    key = graph_key(model, backend, threads)
+    overhead = calibrated_call_overhead_ms(provider, threads, cache)
+    hit = cache.rows([key]).get(key) if cache is not None else None
+    renamed = _renamed(model)
+    if hit is not None:
+        latency, sig = hit
+        kernels = {k: float(v) for k, v in sig["kernels"]}
+        cached = True
+    else:
+        clock = timer(backend, threads)
+        fetch = [o.name for o in model.graph.output]
+        plain = _session(renamed, backend, threads, None)
+        latency, runs = _runs(lambda: plain.run(fetch, feeds), clock, budget_s)
+        del plain
+        with tempfile.TemporaryDirectory() as tmp:
+            prof = _session(renamed, backend, threads, tmp)
+            _runs(lambda: prof.run(fetch, feeds), clock, budget_s / 2)
+            trace_file = prof.end_profiling()
+            with open(trace_file) as f:
+                kernels = _kernel_medians(json.load(f))
+            del prof
+        cached = False
+        if cache is not None:
+            cache.store([CostRow(key, backend, threads, GRAPH_OP,
+                                 {"nodes": len(model.graph.node), "kernels": list(kernels.items())},
+                                 latency, runs, ort.__version__)])
+    shares, unnamed = attribute(renamed, kernels, weights)
+    total = float(shares.sum())
+    scale = max(latency - overhead, 0.0) / total if total > 0 else 0.0
+    return GraphProfile(shares * scale, float(latency), total, overhead, len(kernels), unnamed, key, cached,
+                        time.perf_counter() - t0)

@@ -1,0 +1,152 @@
+"""In-context costs and the measured final choice (relsat.extract.context, relsat.driver.candidates):
+kernel time attributed to the e-nodes it came from, no-good cuts, and a choice made by measurement
+(real ONNX Runtime sessions with its profiler, real DuckDB e-graphs, real HiGHS)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.driver.candidates import Candidate, Search
+from relsat.driver.onnx_export import export_graph
+from relsat.driver.onnx_import import import_model
+from relsat.driver.optimize import optimize
+from relsat.extract.analytic import problem_from
+from relsat.extract.context import attribute, profile_graph
+from relsat.extract.cost_cache import CostCache
+from relsat.extract.extraction import ExtractionProblem, greedy_extract, ilp_extract
+from relsat.extract.measured import measured_costs
+from relsat.extract.original import original_choice
+from relsat.relations.egraph import EGraph
+
+F = TensorProto.FLOAT
+
+
+def conv_bn_relu(channels=16, size=32):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) * 0.1, "W"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "scale"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "bias"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "mean"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, channels).astype(np.float32), "var")]
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "cbr", [helper.make_tensor_value_info("x", F, [1, channels, size, size])],
+                              [helper.make_tensor_value_info("y", F, [1, channels, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_fused_kernel_is_shared_among_its_source_nodes():
+    """ONNX Runtime runs Conv + BatchNormalization + Relu as one kernel: each source gets a share in
+    proportion to its one-node cost, and the shares add up to the kernel's time."""
+    model = conv_bn_relu()
+    for i, node in enumerate(model.graph.node):
+        node.name = f"RELSATN{i}_"
+    # the kernel named after the Relu's output value, as ONNX Runtime's NCHWc Conv is; and an
+    # output reorder that names no node
+    shares, unnamed = attribute(model, {"y_nchwc_kernel_time": 0.3, "ReorderOutput_kernel_time": 0.1},
+                                [2.0, 1.0, 1.0])
+    assert unnamed == 1
+    assert shares == pytest.approx([0.2, 0.1, 0.1])
+    # a kernel named after its first node (fused MatMul + Add style) takes the nodes after it
+    shares, _ = attribute(model, {"fused RELSATN0_/ConvBnRelu_kernel_time": 0.4}, [1.0, 1.0, 2.0])
+    assert shares == pytest.approx([0.1, 0.1, 0.2])
+
+
+def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
+    """The whole graph under ONNX Runtime's profiler: fewer kernels ran than the graph has nodes (the
+    fusion happened), every one of the three e-nodes is charged a share, and their costs add up to
+    the measured latency less the call overhead; a second profile comes from the cost cache."""
+    model = conv_bn_relu()
+    g = EGraph()
+    imported = import_model(model, egraph=g)
+    measured_costs(g, imported.opset_imports, threads=1, cache=CostCache(tmp_path / "c.duckdb"))
+    roots = [c for _, c in imported.outputs]
+    problem, node_ids = problem_from(g, roots)
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    cache = CostCache(tmp_path / "c.duckdb")
+    s = Search(imported, problem, node_ids, feeds, "cpu", 1, cache, 10.0, 1e-4)
+    orig = original_choice(g, roots)
+    cand = s.profile(Candidate("original", orig, float("nan")))
+    exported, origins = export_graph(imported, orig)
+    assert [n.op_type for n in exported.graph.node] == ["Conv", "BatchNormalization", "Relu"]
+    idx = np.searchsorted(node_ids, origins)
+    ctx = s.ctx[idx]
+    assert np.all(np.isfinite(ctx)) and np.all(ctx > 0)
+    assert ctx.sum() == pytest.approx(cand.profiled_ms - s.call_overhead_ms, rel=1e-9)
+    weights = problem.node_cost[idx]
+    assert ctx / ctx.sum() == pytest.approx(weights / weights.sum(), rel=1e-6)  # one fused group
+    again = profile_graph(exported, feeds, weights, threads=1, cache=cache)
+    assert again.cached and again.kernels - again.unnamed == 1  # one kernel named after a node: the fused one
+    assert again.latency_ms == pytest.approx(cand.profiled_ms)
+
+
+def test_no_good_cuts_find_the_next_best_choice():
+    # class 0 (root) has nodes 0 (cost 1) and 1 (cost 2) and 2 (cost 3)
+    p = ExtractionProblem(np.array([0, 0, 0]), np.array([1.0, 2.0, 3.0]), np.zeros(4, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.array([0]))
+    best = ilp_extract(p)
+    assert best.choice == {0: 0}
+    second = ilp_extract(p, exclude=[np.array([0])])
+    assert second.choice == {0: 1}
+    assert ilp_extract(p, exclude=[np.array([0]), np.array([1])]).choice == {0: 2}
+    assert ilp_extract(p, exclude=[np.array([0]), np.array([1]), np.array([2])]) is None
+    assert greedy_extract(p).choice == {0: 0}
+
+
+def _matmul_model(widths: int, n: int = 384) -> onnx.ModelProto:
+    """y = x @ w, computed as the first n columns of x @ [w, w2, ...] with ``widths`` blocks (more work
+    for more blocks; the weights are inputs, so nothing is folded away)."""
+    every = ["w", "w2", "w3"]  # every model declares the same inputs
+    names = every[:widths]
+    nodes = []
+    if widths == 1:
+        nodes.append(helper.make_node("MatMul", ["x", "w"], ["y"]))
+    else:
+        nodes += [helper.make_node("Concat", names, ["wc"], axis=1),
+                  helper.make_node("MatMul", ["x", "wc"], ["m"]),
+                  helper.make_node("Slice", ["m", "starts", "ends", "axes"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.int64), k)
+             for k, v in (("starts", [0]), ("ends", [n]), ("axes", [1]))] if widths > 1 else []
+    inputs = [helper.make_tensor_value_info(k, F, [n, n]) for k in ["x"] + every]
+    graph = helper.make_graph(nodes, "mm", inputs, [helper.make_tensor_value_info("y", F, [n, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_the_measured_fastest_candidate_is_written_not_the_predicted_cheapest():
+    """Two candidates: the one predicted cheapest does three times the input model's matrix work
+    instead of half of it. Timing them finds it out: the other one is written, verified."""
+    original = _matmul_model(2)
+    cheap_looking = Candidate("predicted cheapest", {}, predicted_ms=0.1, model=_matmul_model(3))
+    fast = Candidate("fast", {}, predicted_ms=50.0, model=_matmul_model(1))
+    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, "cpu", 1, None, 10.0, 1e-4)
+    s.original = Candidate("original", {}, float("nan"), model=original)
+    s.candidates = [cheap_looking, fast]
+    picked, check, guard = s.choose(original, input_shapes=None, threshold=0.03)
+    assert picked is fast and check.ok
+    assert fast.status == "written" and cheap_looking.status == "slower"
+    assert min(s.candidates, key=lambda c: c.predicted_ms) is cheap_looking
+    assert fast.measured_ms < s.original.measured_ms < cheap_looking.measured_ms
+    assert guard["kept"] == "optimized" and guard["optimized_ms"] == pytest.approx(fast.wall_ms)
+    assert [r["label"] for r in s.report()] == ["original", "predicted cheapest", "fast"]
+
+
+def test_optimize_reports_every_candidate_and_costs_in_context(tmp_path):
+    """End to end: the report lists the original and the candidates with predicted and measured
+    latencies, the costs table marks in-context costs, and the written model is the input or a
+    candidate that was timed faster."""
+    model = conv_bn_relu()
+    res = optimize(model, threads=1, keep_egraph=True, cost_cache=tmp_path / "c.duckdb")
+    rep = res.report
+    assert rep["cost_label"] == "in context"
+    assert rep["candidates"][0]["label"] == "original" and rep["candidates"][0]["predicted_ms"] > 0
+    assert set(rep["phases_s"]) >= {"context", "choose"}
+    sources = dict(res.egraph.sql("SELECT source, count(*) FROM costs GROUP BY source"))
+    assert sources.get("context", 0) >= 3
+    for c in rep["candidates"][1:]:
+        assert c["status"] in ("written", "timed", "slower", "not faster beyond noise") or \
+            c["status"].startswith("cannot export")
+    assert (rep["written"] == "optimized") == any(c["status"] == "written" for c in rep["candidates"])
