@@ -221,7 +221,10 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
     in an order that rotates from block to block (the sessions created first in a process run a few
     percent slower here, whatever the model, so every model takes every place once), warms them
     up, then runs rounds in which every model runs once, the starting model rotating from round to
-    round. The number of rounds gives about ``budget_s`` of runs per model (at least ``min_runs``);
+    round; a model faster than ``relsat.driver.latency.COLD_S`` runs once untimed before each timed
+    run, so that every timed run finds its weights in the caches as a model serving requests back to
+    back does (run by run, each model's weights were evicted by the others', a penalty that differs
+    between graphs: see relsat.driver.latency). The number of rounds gives about ``budget_s`` of runs per model (at least ``min_runs``);
     run k of every model belongs to round k (for paired ratios).
 
     Returns the wall-clock seconds and the CPU seconds of the calling thread per run: with one
@@ -229,7 +232,7 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
     own work, without the time other processes held the core."""
     import gc
 
-    from relsat.driver.latency import session
+    from relsat.driver.latency import COLD_S, session
 
     k = len(models)
     blocks = blocks or k
@@ -243,6 +246,7 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
     wall: list[list[float]] = [[] for _ in range(k)]
     cpu: list[list[float]] = [[] for _ in range(k)]
     n = per_block = None
+    cold = False
     for blk in range(blocks):
         order = [(blk + j) % k for j in range(k)]
         made = {i: session(models[i], threads=threads) for i in order}
@@ -259,9 +263,12 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
             per_run = max(float(np.median(w[1:])) for w in warm)
             n = int(min(max_runs, max(min_runs, math.ceil(budget_s / max(per_run, 1e-6)))))
             per_block = math.ceil(n / blocks)
+            cold = per_run < COLD_S
         for r in range(per_block):
             for j in range(k):
                 i = (r + j) % k
+                if cold:  # warm the caches the other models' runs evicted, untimed
+                    once(*runs[i])
                 w, c = once(*runs[i])
                 wall[i].append(w)
                 cpu[i].append(c)
