@@ -184,10 +184,9 @@ def markdown(results: list[dict], args) -> str:
 def predicted_latency(rep: dict) -> tuple[float, float] | None:
     """The cost model's whole-model latency of the original and of the written graph: the sum of the
     final e-node costs plus the call overhead (in-context search only)."""
-    cands = rep.get("candidates") or []
-    if not cands:
+    if not rep.get("candidates"):
         return None
-    overhead = cands[0]["predicted_ms"] - rep["cost_before"]
+    overhead = (rep.get("profile") or {}).get("call_overhead_ms", 0.0)
     written = rep["cost_after"] if rep["written"] == "optimized" else rep["cost_before"]
     return rep["cost_before"] + overhead, written + overhead
 

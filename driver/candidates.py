@@ -106,10 +106,11 @@ class Search:
         return ExtractionProblem(p.node_class, self.costs(), p.child_ptr, p.child_class, p.roots)
 
     # ------------------------------------------------------------------ graphs
-    def _export(self, cand: Candidate) -> list[int] | None:
+    def _export(self, cand: Candidate, *, load: bool = True) -> list[int] | None:
         try:
             cand.model, origins = export_graph(self.imported, cand.choice)
-            runtime.session(cand.model)  # loadable with ONNX Runtime's optimizations on
+            if load:  # loadable with ONNX Runtime's optimizations on (profiling loads it anyway)
+                runtime.session(cand.model)
         except Exception as e:  # never fail a valid model: this candidate is dropped
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
@@ -118,14 +119,18 @@ class Search:
 
     def profile(self, cand: Candidate) -> Candidate:
         """Export ``cand`` and price its e-nodes in context."""
-        origins = self._export(cand)
+        origins = self._export(cand, load=False)
         if origins is None:
             return cand
         origins = np.asarray(origins, dtype=np.int64)
         idx = np.where(origins >= 0, np.searchsorted(self.node_ids, np.maximum(origins, 0)), -1)
         weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
-        prof = profile_graph(cand.model, self.feeds, weights, provider=self.provider, threads=self.threads,
-                             cache=self.cache)
+        try:
+            prof = profile_graph(cand.model, self.feeds, weights, provider=self.provider, threads=self.threads,
+                                 cache=self.cache)
+        except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
+            cand.status, cand.model = f"cannot run: {error_line(e)}", None
+            return cand
         self.call_overhead_ms = prof.call_overhead_ms
         self.profiles_cached += prof.cached
         self.profiles += not prof.cached
