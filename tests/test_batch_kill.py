@@ -13,7 +13,6 @@ import sys
 import time
 
 import duckdb
-import onnx
 import pytest
 
 from relsat.benchmarks import zoo

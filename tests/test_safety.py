@@ -5,7 +5,6 @@ path or rule, no traceback, and the files that were there before unchanged.
 """
 
 import json
-import os
 from pathlib import Path
 
 import duckdb
