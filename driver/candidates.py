@@ -33,11 +33,11 @@ import numpy as np
 import onnx
 
 from relsat.extract.context import profile_graph
-from relsat.extract.extraction import ExtractionProblem, ilp_extract
+from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 
 from .errors import error_line
-from .latency import GuardResult, Latency, time_models
+from .latency import Latency, judge, judged_ms, time_models
 from .onnx_export import export_graph
 from .verify import VerifyResult, verify
 
@@ -79,9 +79,6 @@ class Search:
     candidates: list = field(default_factory=list)
     original: Candidate | None = None
     call_overhead_ms: float = 0.0
-    profiles: int = 0  # graphs profiled now
-    profiles_cached: int = 0
-    notices: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
@@ -94,6 +91,10 @@ class Search:
         base = self.alone[seen].sum()
         scale = self.ctx[seen].sum() / base if seen.any() and base > 0 else 1.0
         return np.where(seen, self.ctx, self.alone * scale)
+
+    def ids(self, ext) -> dict[int, int]:
+        """An extraction's choice as e-class -> e-node id."""
+        return {int(c): int(self.node_ids[i]) for c, i in ext.choice.items()}
 
     def index(self, choice: dict[int, int]) -> np.ndarray:
         return np.searchsorted(self.node_ids, np.fromiter(set(choice.values()), np.int64))
@@ -132,8 +133,6 @@ class Search:
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
         self.call_overhead_ms = prof.call_overhead_ms
-        self.profiles_cached += prof.cached
-        self.profiles += not prof.cached
         keep = idx >= 0
         total = np.bincount(idx[keep], weights=prof.node_ms[keep], minlength=len(self.ctx))
         self.ctx[np.unique(idx[keep])] = total[np.unique(idx[keep])]
@@ -149,8 +148,9 @@ class Search:
         changed = np.setdiff1d(nodes, orig)
         return changed if len(changed) else nodes
 
-    def run(self, original: dict[int, int], first: dict[int, int], *, rounds: int, candidates: int) -> None:
+    def run(self, original: dict[int, int], first: Extraction, *, rounds: int, candidates: int) -> None:
         """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction."""
+        first = self.ids(first)
         self.original = self.profile(Candidate("original", original, float("nan"), status="input"))
         self.original.predicted_ms = self.predicted(original)
         seen = [original]
@@ -158,14 +158,16 @@ class Search:
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
             cand = Candidate(label, choice, self.predicted(choice))
-            self.profile(cand) if profile else self._export(cand)
+            if profile:
+                self.profile(cand)
+            else:
+                self._export(cand)
             self.candidates.append(cand)
 
         if first != original:
             add("one-node", first, True)
         for r in range(rounds):
-            ext = ilp_extract(self._problem(), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap)
-            choice = {int(c): int(self.node_ids[i]) for c, i in ext.choice.items()}
+            choice = self.ids(ilp_extract(self._problem(), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap))
             if choice in seen:
                 break
             add(f"round {r + 1}", choice, True)
@@ -174,7 +176,7 @@ class Search:
                               exclude=[self._cut(c) for c in seen])
             if ext is None:
                 break
-            choice = {int(c): int(self.node_ids[i]) for c, i in ext.choice.items()}
+            choice = self.ids(ext)
             if choice in seen:
                 break
             add(f"next-best {len(self.candidates) + 1}", choice, False)
@@ -194,31 +196,33 @@ class Search:
         status(f"timing the input model and {len(cands)} candidate graph(s) ...")
         res = time_models([input_model] + [c.model for c in cands], threads=self.threads, provider=self.provider,
                           input_shapes=input_shapes)
-        metric = "cpu" if self.threads == 1 and self.provider == "cpu" else "wall"
-
-        def value(t: Latency) -> float:
-            return t.cpu_ms if metric == "cpu" else t.median_ms
-
-        self.original.timing, self.original.measured_ms, self.original.wall_ms = res[0], value(res[0]), res[0].median_ms
+        orig = self.original
+        orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.provider), \
+            res[0].median_ms
         for c, t in zip(cands, res[1:]):
-            c.timing, c.measured_ms, c.wall_ms, c.status = t, value(t), t.median_ms, "timed"
+            c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.provider), t.median_ms, \
+                "timed"
         picked, check = None, None
         for c in sorted(cands, key=lambda c: c.measured_ms):
-            if not c.measured_ms < self.original.measured_ms * (1.0 - threshold):
-                c.status = "slower" if c.measured_ms >= self.original.measured_ms else "not faster beyond noise"
-                continue
-            if picked is None:
+            if not judge(orig.timing, c.timing, threads=self.threads, provider=self.provider,
+                         threshold=threshold).keep_optimized:
+                c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
+            elif picked is None:
                 status(f"verifying the {c.label} graph ...")
                 result = verify(input_model, c.model, input_shapes=input_shapes)
                 if result.ok:
                     picked, check, c.status = c, result, "written"
                 else:
                     c.status = f"not verified: {result.message}"
-        best = picked or min(cands, key=lambda c: c.measured_ms)
-        a, b = self.original.timing, best.timing
-        guard = GuardResult(a, b, a.median_ms / b.median_ms, a.cpu_ms / b.cpu_ms, metric, picked is not None,
-                            threshold, self.threads, self.provider)
+        best = picked or self.fastest()
+        guard = judge(orig.timing, best.timing, threads=self.threads, provider=self.provider, threshold=threshold)
+        guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
         return picked, check, guard.as_dict()
+
+    def fastest(self) -> Candidate | None:
+        """The usable candidate measured fastest (None before :meth:`choose`, or without candidates)."""
+        timed = [c for c in self.usable() if c.measured_ms is not None]
+        return min(timed, key=lambda c: c.measured_ms, default=None)
 
     def report(self) -> list[dict]:
         """The original and every candidate, with predicted and measured latencies."""

@@ -158,11 +158,26 @@ def guard(original, optimized, *, threads: int = 1, provider: str = "cpu", input
     (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring)."""
     orig, opt = time_models([original, optimized], threads=threads, provider=provider,
                             input_shapes=input_shapes, budget_s=budget_s)
-    metric = "cpu" if threads == 1 and provider == "cpu" else "wall"
-    a, b = (orig.cpu_ms, opt.cpu_ms) if metric == "cpu" else (orig.median_ms, opt.median_ms)
-    keep = b < a * (1.0 - threshold)
+    return judge(orig, opt, threads=threads, provider=provider, threshold=threshold)
+
+
+def metric(threads: int, provider: str) -> str:
+    """What the guard compares: the calling thread's CPU time with one CPU thread, else the wall clock."""
+    return "cpu" if threads == 1 and provider == "cpu" else "wall"
+
+
+def judged_ms(t: Latency, threads: int, provider: str) -> float:
+    """The figure of ``t`` the guard compares (see :func:`metric`)."""
+    return t.cpu_ms if metric(threads, provider) == "cpu" else t.median_ms
+
+
+def judge(orig: Latency, opt: Latency, *, threads: int, provider: str,
+          threshold: float = GUARD_THRESHOLD) -> GuardResult:
+    """The guard's decision on two timings: keep ``opt`` only if it is faster than ``orig`` beyond
+    ``threshold``."""
+    keep = judged_ms(opt, threads, provider) < judged_ms(orig, threads, provider) * (1.0 - threshold)
     return GuardResult(orig, opt, _ratio(orig.median_ms, opt.median_ms), _ratio(orig.cpu_ms, opt.cpu_ms),
-                       metric, keep, threshold, threads, provider)
+                       metric(threads, provider), keep, threshold, threads, provider)
 
 
 def _ratio(a: float, b: float) -> float:

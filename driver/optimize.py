@@ -141,6 +141,11 @@ def _cuda_here(provider: str) -> bool:
     return provider != "cuda" or "cuda" in available_providers()
 
 
+def _ort_times(provider: str) -> bool:
+    """Whether ONNX Runtime can run (and so time) whole models on ``provider`` here."""
+    return provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
              on_round=None, on_status=None, cost_cache=None, **overrides) -> OptimizeResult:
     """Optimize one model (module docstring). ``options``: an ``Options`` (default ``DEFAULTS``),
@@ -295,7 +300,7 @@ class _Pipeline:
         with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the provider."""
         o = self.o
         return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not self.cache_only
-                and (o.provider == "cpu" or "CUDAExecutionProvider" in ort.get_available_providers()))
+                and _ort_times(o.provider))
 
     def search_candidates(self) -> None:
         o = self.o
@@ -304,8 +309,7 @@ class _Pipeline:
         feeds = runtime.random_feeds(specs, rng=np.random.default_rng(0), masks_ones=True)
         self.search = Search(self.imported, self.problem, self.node_ids, feeds, o.provider, o.threads, self.cache,
                              o.ilp_time_limit, o.mip_gap)
-        first = {int(c): int(self.node_ids[i]) for c, i in self.best.choice.items()}
-        self.search.run(self.orig, first, rounds=o.context_rounds, candidates=o.candidates)
+        self.search.run(self.orig, self.best, rounds=o.context_rounds, candidates=o.candidates)
         for c in self.search.candidates:
             if c.model is None:
                 self.fallbacks.append({"candidate": c.label, "reason": c.status})
@@ -317,26 +321,22 @@ class _Pipeline:
                                                       threshold=o.guard_threshold, status=self.status)
         choice = picked.choice if picked is not None else self.orig
         _extraction_table(self.g, choice, self.orig)
-        self.used = picked
         self.label = picked.label if picked is not None else "original"
         self.written = "optimized" if picked is not None else "original"
         self.optimized = picked.model if picked is not None else self.model
         self.original_cost = s.predicted(self.orig) - s.call_overhead_ms
         self.cost_after = s.predicted(choice) - s.call_overhead_ms
         self.check = check or VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
-        self.extracted = _op_counts(self.optimized if picked is not None else
-                                    min(s.usable(), key=lambda c: c.measured_ms, default=s.original).model
-                                    or self.model)
-        if picked is None:
-            timed = [c for c in s.usable() if c.measured_ms is not None]
-            if not timed:
-                self.notices.append("no candidate graph differs from the original: the input model is written unchanged")
-            else:
-                best = min(timed, key=lambda c: c.measured_ms)
-                self.notices.append(
-                    f"no candidate graph is faster beyond noise (fastest: {best.label}, {best.measured_ms:.3f} ms vs "
-                    f"{s.original.measured_ms:.3f} ms, threshold {o.guard_threshold:.0%}): the input model is written "
-                    "unchanged")
+        fastest = s.fastest()
+        shown = picked or fastest  # the extracted graph, also when the input model is written
+        self.extracted = _op_counts(shown.model if shown is not None else self.model)
+        if fastest is None:
+            self.notices.append("no candidate graph differs from the original: the input model is written unchanged")
+        elif picked is None:
+            self.notices.append(
+                f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {fastest.measured_ms:.3f} ms vs "
+                f"{s.original.measured_ms:.3f} ms, threshold {o.guard_threshold:.0%}): the input model is written "
+                "unchanged")
 
     def export(self) -> None:
         self.label, self.used, choice, optimized, self.fallbacks = _export_first_usable(
@@ -362,7 +362,7 @@ class _Pipeline:
 
     def guard(self) -> None:
         o = self.o
-        if o.provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        if not _ort_times(o.provider):
             self.notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time "
                                 "whole models")
             return
