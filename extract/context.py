@@ -78,12 +78,18 @@ def _renamed(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def graph_key(model: onnx.ModelProto, backend: str, threads: int) -> str:
-    """sha256 of what a graph profile depends on: the graph (nodes renamed as profiled), provider,
-    threads, clock and ONNX Runtime version."""
+def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, backend: str, threads: int) -> str:
+    """sha256 of what a graph profile depends on: the graph as profiled (``blob``, its bytes; part by part
+    for a model too large for one protobuf buffer), provider, threads, clock and ONNX Runtime version."""
     h = hashlib.sha256(json.dumps(["graph", backend, threads, timer(backend, threads).__name__,
                                    ort.__version__]).encode())
-    h.update(_renamed(model).SerializeToString(deterministic=True))
+    if blob is not None:
+        h.update(blob)
+        return h.hexdigest()
+    g = renamed.graph
+    for part in (*renamed.opset_import, *g.input, *g.output, *g.node, *g.initializer):
+        data = part.SerializeToString(deterministic=True)
+        h.update(len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
@@ -161,7 +167,7 @@ def attribute(model: onnx.ModelProto, kernel_ms: dict[str, float], weights) -> t
     return group_time[roots] * w / group_weight[roots], sum(s is None for s in src)
 
 
-def _session(model: onnx.ModelProto, backend: str, threads: int, profile_dir: str | None):
+def _session(model: onnx.ModelProto | bytes, backend: str, threads: int, profile_dir: str | None):
     opts = runtime.session_options(threads=threads)
     if profile_dir is not None:
         opts.enable_profiling = True
@@ -189,10 +195,11 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
     backend = _backend(provider)
     if backend == "cuda-torch":
         raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
-    key = graph_key(model, backend, threads)
+    renamed = _renamed(model)
+    blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
+    key = _graph_key(renamed, blob, backend, threads)
     overhead = calibrated_call_overhead_ms(provider, threads, cache)
     hit = cache.rows([key]).get(key) if cache is not None else None
-    renamed = _renamed(model)
     if hit is not None:
         latency, sig = hit
         kernels = {k: float(v) for k, v in sig["kernels"]}
@@ -200,11 +207,11 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
     else:
         clock = timer(backend, threads)
         fetch = [o.name for o in model.graph.output]
-        plain = _session(renamed, backend, threads, None)
+        plain = _session(renamed if blob is None else blob, backend, threads, None)
         latency, runs = _runs(lambda: plain.run(fetch, feeds), clock, budget_s)
         del plain
         with tempfile.TemporaryDirectory() as tmp:
-            prof = _session(renamed, backend, threads, tmp)
+            prof = _session(renamed if blob is None else blob, backend, threads, tmp)
             _runs(lambda: prof.run(fetch, feeds), clock, budget_s / 2)
             trace_file = prof.end_profiling()
             with open(trace_file) as f:
