@@ -20,6 +20,7 @@ from relsat.driver import batch as B
 from relsat.driver import outputs
 from relsat.driver.options import Options
 from relsat.driver.verify import verify
+from test_batch import leftovers, table  # the results table and stray files, read as test_batch reads them
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
 
@@ -31,17 +32,6 @@ MODELS = ("bert", "squeezenet", "vgg19")  # the quickest of the small zoo
 
 def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def table(outdir):
-    with duckdb.connect(str(outdir / "results.duckdb"), read_only=True) as con:
-        cur = con.execute("SELECT * FROM results ORDER BY model")
-        cols = [d[0] for d in cur.description]
-        return {r[0]: dict(zip(cols, r)) for r in cur.fetchall()}
-
-
-def leftovers(outdir):
-    return sorted(p.name for p in outdir.iterdir() if p.name.startswith(".") and p.name != ".batch.lock")
 
 
 def proc_stat(pid):
