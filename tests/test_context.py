@@ -150,3 +150,25 @@ def test_optimize_reports_every_candidate_and_costs_in_context(tmp_path):
         assert c["status"] in ("written", "timed", "slower", "not faster beyond noise") or \
             c["status"].startswith("cannot export")
     assert (rep["written"] == "optimized") == any(c["status"] == "written" for c in rep["candidates"])
+
+
+def test_enodes_shared_by_profiled_graphs_keep_every_graph_at_its_measured_latency():
+    """Graph A = e-nodes {0, 1} ran in 10 ms, graph B = {1, 2} in 6 ms; e-node 1 was charged 4 in A and 2
+    in B. Taking either share alone breaks the other graph's sum; the reconciled costs keep both."""
+    p = ExtractionProblem(np.arange(4), np.ones(4), np.zeros(5, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                          np.array([0]))
+    s = Search(None, p, np.arange(4), {}, "cpu", 1, None, 10.0, 1e-4)
+    for nodes, shares, target in (([0, 1], [6.0, 4.0], 10.0), ([1, 2], [2.0, 3.0], 6.0)):
+        s._shares[nodes] += shares
+        s._seen[nodes] += 1
+        s._graphs.append((np.array(nodes), target))
+    s._reconcile()
+    assert s.ctx[[0, 1]].sum() == pytest.approx(10.0) and s.ctx[[1, 2]].sum() == pytest.approx(6.0)
+    assert np.all(s.ctx[:3] >= 0) and np.isnan(s.ctx[3])
+    # a single profile is left as it was charged
+    s = Search(None, p, np.arange(4), {}, "cpu", 1, None, 10.0, 1e-4)
+    s._shares[[0, 1]] += [6.0, 4.0]
+    s._seen[[0, 1]] += 1
+    s._graphs.append((np.array([0, 1]), 10.0))
+    s._reconcile()
+    assert s.ctx[[0, 1]] == pytest.approx([6.0, 4.0])
