@@ -38,6 +38,7 @@ from relsat.extract.context import profile_graph
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 
+from . import feeds
 from .errors import error_line
 from .latency import Latency, judge, judged_ms, time_models
 from .onnx_export import export_graph
@@ -212,7 +213,7 @@ class Search:
         return [c for c in self.candidates if c.model is not None]
 
     # ------------------------------------------------------------------ choice
-    def choose(self, input_model: onnx.ModelProto, *, input_shapes, threshold: float,
+    def choose(self, input_model: onnx.ModelProto, *, bindings, threshold: float, input_sets=(),
                status=lambda text: None) -> tuple[Candidate | None, VerifyResult | None, dict | None]:
         """Step 4: time the input model and the usable candidates interleaved, verify fastest first.
         Returns the candidate to write (None: the input model), its verification, and the guard's
@@ -221,8 +222,9 @@ class Search:
         if not cands:
             return None, None, None
         status(f"timing the input model and {len(cands)} candidate graph(s) ...")
+        shapes = bindings[0]  # timed at the costed binding
         res = time_models([input_model] + [c.model for c in cands], threads=self.threads, provider=self.provider,
-                          input_shapes=input_shapes)
+                          input_shapes=shapes, roles=feeds.input_roles(input_model, shapes))
         orig = self.original
         orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.provider), \
             res[0].median_ms
@@ -236,7 +238,7 @@ class Search:
                 c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
             elif picked is None:
                 status(f"verifying the {c.label} graph ...")
-                result = verify(input_model, c.model, input_shapes=input_shapes)
+                result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
                 if result.ok:
                     picked, check, c.status = c, result, "written"
                 else:

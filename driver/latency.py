@@ -94,7 +94,8 @@ def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.In
 
 
 def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
-                budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0) -> list[Latency]:
+                budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0,
+                roles: dict | None = None) -> list[Latency]:
     """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved.
 
     The runs are made in two blocks with fresh sessions, created in the given order and then in
@@ -113,7 +114,7 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
             raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
         sessions = [made[k] for k in range(len(models))]
         if feeds is None:  # the same inputs for both blocks
-            feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes)
+            feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes, roles=roles)
         runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
         _timed_block(runs, times, cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
     out = []
@@ -153,11 +154,12 @@ def _timed_block(runs, times, cpu, budget_s: float, min_runs: int) -> None:
 
 
 def guard(original, optimized, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
-          threshold: float = GUARD_THRESHOLD, budget_s: float = BUDGET_S) -> GuardResult:
+          threshold: float = GUARD_THRESHOLD, budget_s: float = BUDGET_S, roles: dict | None = None) -> GuardResult:
     """Time both models interleaved; keep the optimized one only if it is faster beyond ``threshold``
-    (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring)."""
+    (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring).
+    ``roles``: what the integer inputs must hold (``relsat.driver.feeds.input_roles``)."""
     orig, opt = time_models([original, optimized], threads=threads, provider=provider,
-                            input_shapes=input_shapes, budget_s=budget_s)
+                            input_shapes=input_shapes, budget_s=budget_s, roles=roles)
     return judge(orig, opt, threads=threads, provider=provider, threshold=threshold)
 
 

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 
 from relsat.extract.original import original_choice
 from relsat.relations.catalog import BY_TYPE, OPS
+from relsat.relations.dims import is_sym
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import (FormError, catalog_nodes, opaque_node, opaque_outputs, outer_names,
                                         subgraphs, walk_graphs)
@@ -119,7 +120,8 @@ def _topo(roots, nodes: dict[int, _Node], stop=frozenset()) -> list[int]:
 
 
 def _numel(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+    """Elements of a shape (a dynamic dim counts as 1: constant classes have static shapes)."""
+    return int(np.prod([1 if is_sym(d) else d for d in shape], dtype=np.int64)) if shape is not None else 0
 
 
 def _fold_roots(roots, nodes, info) -> list[int]:
@@ -284,7 +286,8 @@ def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], tak
         w = _Writer(imported, nodes, info, {}, taken, {})
         for c in _topo(fold, nodes):
             w.emit(c)
-        outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, info[c].shape) for c in fold]
+        outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, imported.symbols.onnx_dims(info[c].shape))
+                   for c in fold]
         model = helper.make_model(
             helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
             opset_imports=w.opset_imports(), ir_version=min(imported.ir_version, MAX_IR_VERSION),
@@ -304,6 +307,7 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -
     """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
     Identity nodes that give an output its original name): what in-context profiling charges."""
     g = imported.egraph
+    dims = imported.symbols.onnx_dims  # dynamic dims written as the original's dim_params (or unnamed)
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
     if choice is None:
         choice = original_choice(g, roots)
@@ -331,10 +335,10 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -
             w.out_nodes.append(helper.make_node("Identity", [w.name[c]], [name], name=name))
             w.origins.append(-1)
         if info[c].shape is not None and info[c].dtype:
-            outputs.append(helper.make_tensor_value_info(name, info[c].dtype, info[c].shape))
+            outputs.append(helper.make_tensor_value_info(name, info[c].dtype, dims(info[c].shape)))
         else:
             outputs.append(imported.output_info[name])
-    inputs = [helper.make_tensor_value_info(n, dt, s) for n, dt, s in imported.inputs]
+    inputs = [helper.make_tensor_value_info(n, dt, dims(s)) for n, dt, s in imported.inputs]
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
     graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits)

@@ -25,9 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
+from relsat.relations.dims import Symbols, is_batch_like, is_sym
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
@@ -38,7 +40,7 @@ from relsat.relations.schema import key_columns, q
 from .errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
-_BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim"}
+UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
@@ -67,6 +69,9 @@ class ImportResult:
     functions: list = field(default_factory=list)  # model-local FunctionProtos (opaque nodes may call them)
     domain: str = ""
     model_version: int = 0
+    symbols: Symbols = field(default_factory=Symbols)  # the dynamic dims (relations/dims.py) and their bindings
+    upgraded: str | None = None  # the opset upgrade notice, when the model was below opset 7
+    types: dict = field(default_factory=dict)  # every value name -> (ONNX dtype, shape with symbols) from inference
 
 
 # ------------------------------------------------------------------ loading
@@ -132,17 +137,25 @@ def check_ort_loadable(model_or_path) -> None:
 
 
 # ----------------------------------------------------------- input shapes
-def _is_batch_dim(param: str, index: int) -> bool:
-    return (not param and index == 0) or param.lower() in _BATCH_NAMES
+def infer_concrete(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict:
+    """Every value's (dtype, shape) with the graph inputs at these concrete shapes (the importer's
+    inference; dims it cannot resolve stay symbols of a throwaway table)."""
+    try:
+        return _infer_types(model, shapes, Symbols())[0]
+    except Exception:
+        return {}
 
 
 def _fmt_dims(dims) -> str:
     return ",".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
 
 
-def _input_shapes(inputs, overrides: dict | None):
-    """Concrete shapes for the graph inputs, the notices about defaulted dims, and the inputs whose
-    declared shape was specialized."""
+def _input_shapes(inputs, overrides: dict | None, fix: bool, symbols: Symbols):
+    """The graph inputs' shapes for the e-graph, the notices, and the inputs whose declared shape was
+    specialized.  A dynamic dim becomes a symbol (``relations/dims.py``: its dim_param, or a made-up
+    anonymous one) unless ``fix``; ``overrides`` (``--input-shape``) bind the symbols at those sizes
+    for costs, or, with ``fix``, replace the declared shape (the old frozen behaviour: a dynamic
+    batch-like dim without an override is fixed to 1)."""
     names = [v.name for v in inputs]
     for name in overrides or {}:
         if name not in names:
@@ -154,37 +167,73 @@ def _input_shapes(inputs, overrides: dict | None):
             raise RelsatError(f"input '{v.name}': only tensor inputs are supported")
         tt = v.type.tensor_type
         declared = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else d.dim_param for d in tt.shape.dim]
-        if overrides and v.name in overrides:
-            dims = [int(d) for d in overrides[v.name]]
-            if tt.HasField("shape") and (len(dims) != len(declared) or any(
-                    isinstance(d, int) and d != w for d, w in zip(declared, dims))) or min(dims, default=0) < 0:
-                raise RelsatError(f"--input-shape {v.name}={_fmt_dims(dims)} does not fit the declared shape "
-                                  f"[{_fmt_dims(declared)}] of input '{v.name}'")
-        elif not tt.HasField("shape"):
+        given = [int(d) for d in overrides[v.name]] if overrides and v.name in overrides else None
+        if given is not None and (tt.HasField("shape") and (len(given) != len(declared) or any(
+                isinstance(d, int) and d != w for d, w in zip(declared, given))) or min(given, default=0) < 0):
+            raise RelsatError(f"--input-shape {v.name}={_fmt_dims(given)} does not fit the declared shape "
+                              f"[{_fmt_dims(declared)}] of input '{v.name}'")
+        if not tt.HasField("shape") and given is None:
             raise RelsatError(f"input '{v.name}' has no declared shape; set it with --input-shape {v.name}=D0,D1,...")
-        else:
-            dims = [d if isinstance(d, int) else 1 if _is_batch_dim(d, i) else f"D{i}" for i, d in enumerate(declared)]
-            unresolved = [f"dim {i} ({declared[i] or 'unnamed'})" for i, d in enumerate(dims) if isinstance(d, str)]
-            if unresolved:
-                raise RelsatError(f"input '{v.name}' has dynamic {', '.join(unresolved)}; set its shape with "
-                                  f"--input-shape {v.name}={','.join(map(str, dims))}")
-            notices += [f"input '{v.name}': dynamic dim {i} ({d or 'unnamed'}) set to 1 as a batch dim; choose "
-                        f"another size with --input-shape {v.name}=..."
-                        for i, d in enumerate(declared) if isinstance(d, str)]
-        if dims != declared:
-            specialized[v.name] = dims
+        if fix:
+            if given is not None:
+                dims = given
+            else:
+                dims = [d if isinstance(d, int) else 1 if is_batch_like(d, i, len(declared)) else d
+                        for i, d in enumerate(declared)]
+                unresolved = [f"dim {i} ({declared[i] or 'unnamed'})" for i, d in enumerate(dims) if not isinstance(d, int)]
+                if unresolved:
+                    raise RelsatError(f"input '{v.name}' has dynamic {', '.join(unresolved)}; with --fix-shapes set "
+                                      f"its shape with --input-shape {v.name}={_fmt_dims(dims)}")
+                notices += [f"input '{v.name}': dynamic dim {i} ({d or 'unnamed'}) fixed to 1 as a batch dim "
+                            f"(--fix-shapes)" for i, d in enumerate(declared) if isinstance(d, str)]
+            if dims != declared:
+                specialized[v.name] = dims
+            shapes[v.name] = dims
+            continue
+        if not tt.HasField("shape"):  # no declared shape: the override's sizes, all dynamic
+            declared = [""] * len(given)
+        dims = []
+        for i, d in enumerate(declared):
+            if isinstance(d, int):
+                dims.append(d)
+                continue
+            c = symbols.get(d or f"{v.name}_dim{i}", anonymous=not d, batch=is_batch_like(d, i, len(declared)))
+            if given is not None:
+                sym = symbols.by_code[c]
+                if sym.value is not None and sym.value != given[i]:
+                    raise RelsatError(f"--input-shape {v.name}={_fmt_dims(given)} binds dim {i} ({sym.name}) to "
+                                      f"{given[i]}, another input binds it to {sym.value}")
+                sym.value = given[i]
+            dims.append(c)
         shapes[v.name] = dims
     return shapes, notices, specialized
 
 
-def _types_of(graph: onnx.GraphProto) -> dict[str, tuple[int | None, list[int] | None]]:
+def _onnx_shape(dims, symbols: Symbols):
+    """Dims for ``make_tensor_value_info``: symbols by name (anonymous ones too, so that shape
+    inference carries them)."""
+    codes = symbols.by_code
+    return [codes[d].name if is_sym(d) else d for d in dims]
+
+
+def _types_of(graph: onnx.GraphProto, symbols: Symbols) -> dict[str, tuple[int | None, list[int] | None]]:
+    """ONNX dtype and shape of every value: a dim_param is its symbol, an unknown dim a fresh anonymous
+    symbol of that value and position; None when the rank is unknown."""
     types = {t.name: (t.data_type, list(t.dims)) for t in graph.initializer}
     for v in [*graph.input, *graph.output, *graph.value_info]:
         if v.type.HasField("tensor_type"):
             tt = v.type.tensor_type
-            known = tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim)
-            types[v.name] = (tt.elem_type or None, [d.dim_value for d in tt.shape.dim] if known else None)
+            shape = None
+            if tt.HasField("shape"):
+                shape = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
+                         else symbols.get(d.dim_param, batch=False) if d.dim_param
+                         else symbols.get(f"{v.name}:{i}", anonymous=True) for i, d in enumerate(tt.shape.dim)]
+            types[v.name] = (tt.elem_type or None, shape)
     return types
+
+
+def _concrete(shape) -> bool:
+    return shape is not None and not any(is_sym(d) for d in shape)
 
 
 def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
@@ -194,9 +243,9 @@ def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
     return np.array(shape[a.get("start", 0):a.get("end", len(shape))], dtype=np.int64)
 
 
-def _infer_types(model: onnx.ModelProto, shapes: dict):
-    """ONNX dtype and static shape (None when unknown) of every value, and the values that the
-    fixed input shapes make constant (``Shape`` and small shape arithmetic on it).
+def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols):
+    """ONNX dtype and shape (dynamic dims as symbols; None when the rank is unknown) of every value,
+    and the values that the static dims make constant (``Shape`` and small shape arithmetic on it).
 
     ONNX shape inference (with data propagation) runs on a light copy of the model: the fixed input
     shapes, big initializers passed as inputs.  Shape/Size nodes of statically shaped values and
@@ -206,7 +255,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict):
     propagation does not (older opsets)."""
     g = model.graph
     listed = {v.name for v in g.input}
-    inputs = [helper.make_tensor_value_info(v.name, v.type.tensor_type.elem_type, shapes[v.name])
+    inputs = [helper.make_tensor_value_info(v.name, v.type.tensor_type.elem_type, _onnx_shape(shapes[v.name], symbols))
               if v.name in shapes else v for v in g.input]
     consts: dict[str, onnx.TensorProto] = {}
     for t in g.initializer:
@@ -233,14 +282,15 @@ def _infer_types(model: onnx.ModelProto, shapes: dict):
                               sparse_initializer=g.sparse_initializer),
             opset_imports=model.opset_import, ir_version=max(model.ir_version, 4),  # IR 3 ignores unlisted initializers
             functions=model.functions)
-        types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph)
+        types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph, symbols)
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
             out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)
-            if (n.domain not in ("", "ai.onnx") or n.op_type not in _SHAPE_OPS or not out_dtype or out_shape is None
-                    or np.prod(out_shape, dtype=np.int64) > _SMALL_TENSOR or n.output[0] in failed):
+            if (n.domain not in ("", "ai.onnx") or n.op_type not in _SHAPE_OPS or not out_dtype
+                    or not _concrete(out_shape) or np.prod(out_shape, dtype=np.int64) > _SMALL_TENSOR
+                    or n.output[0] in failed):
                 continue
-            if n.op_type in ("Shape", "Size") and types.get(n.input[0], (None, None))[1] is not None:
+            if n.op_type in ("Shape", "Size") and _concrete(types.get(n.input[0], (None, None))[1]):
                 shape_values[n.output[0]] = _shape_value(n, types[n.input[0]][1])
             elif n.op_type in ("Shape", "Size") or not all(i in known for i in n.input if i):
                 continue
@@ -551,9 +601,29 @@ class _Importer:
             self.cls = dict(zip(names, self.g.find([self.cls[n] for n in names]).tolist()))
 
 
+def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """A model below relsat's lowest default-domain opset, upgraded with ONNX's version converter
+    (to ``UPGRADE_OPSET``), and the notice saying so; other models unchanged (notice None).
+    RelsatError when the converter fails."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= MIN_OPSET:
+        return model, None
+    try:
+        up = onnx.version_converter.convert_version(model, UPGRADE_OPSET)
+        up.ir_version = max(model.ir_version, min(up.ir_version, 10))
+        onnx.checker.check_model(up)
+    except Exception as e:
+        raise RelsatError(f"model '{model.graph.name}': default-domain opset {opset} is below {MIN_OPSET} and ONNX's "
+                          f"version converter cannot upgrade it to {UPGRADE_OPSET}: {error_line(e)}") from None
+    return up, f"upgraded from opset {opset} to {UPGRADE_OPSET} with ONNX's version converter"
+
+
 def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] | None = None,
-                 egraph: EGraph | None = None) -> ImportResult:
-    """Translate a (checked) model into an e-graph, with every dynamic input dim fixed."""
+                 fix_shapes: bool = False, egraph: EGraph | None = None) -> ImportResult:
+    """Translate a (checked) model into an e-graph. Dynamic input dims stay symbols (``relations/dims.py``;
+    ``input_shapes`` binds them for costs) unless ``fix_shapes``, which freezes them to ``input_shapes``
+    (or 1 for a batch-like dim). A model below opset 7 is upgraded first (``upgrade_opset``)."""
+    model, upgraded = upgrade_opset(model)
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
     opset = opsets.get("")
     if opset is None or not MIN_OPSET <= opset <= MAX_OPSET:
@@ -562,14 +632,18 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     real_inputs = [v for v in graph.input if v.name not in init_names]
-    shapes, notices, specialized = _input_shapes(real_inputs, input_shapes)
+    g = egraph if egraph is not None else EGraph()
+    symbols = Symbols.from_egraph(g)
+    shapes, notices, specialized = _input_shapes(real_inputs, input_shapes, fix_shapes, symbols)
+    notices = ([upgraded] if upgraded else []) + notices
     try:
-        types, folded = _infer_types(model, shapes)
+        types, folded = _infer_types(model, shapes, symbols)
     except Exception as e:
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
     g = egraph if egraph is not None else EGraph()
     imp = _Importer(g, model, opset, types)
+    imp.symbols = symbols
     weights = [(t.name, numpy_helper.to_array(t), t.data_type) for t in graph.initializer]
     nodes, computed = [], Counter()
     for node in graph.node:
@@ -600,4 +674,5 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         node_count=len(graph.node), values=imp.cls,
         specialized=specialized,
         output_info={o.name: o for o in graph.output},
-        functions=list(model.functions), domain=model.domain, model_version=model.model_version)
+        functions=list(model.functions), domain=model.domain, model_version=model.model_version,
+        symbols=symbols, upgraded=upgraded, types=types)

@@ -49,7 +49,7 @@ from relsat.programs.parser import load_rules
 from relsat.relations import runtime
 from relsat.relations.egraph import EGraph
 
-from . import latency
+from . import bindings, feeds, latency
 from .errors import RelsatError, error_line
 from .onnx_export import export_model
 from .candidates import Search
@@ -90,6 +90,7 @@ class Report(Mapping):
     eclasses: int
     cost_model: str
     cost_label: str  # what the costs are, honestly: "in context", "measured (one node each)", "analytic ..."
+    binding: dict  # the input shapes costed and timed at, the second verification binding, symbol -> sizes
     provider: str
     threads: int
     profiled: int
@@ -190,7 +191,9 @@ class _Pipeline:
                 self.load(model_or_path)
                 dbfile = EGraphFile(self.db) if self.db is not None else None  # no folder made for a bad model
                 g = self.g = EGraph(dbfile.path if dbfile else None)
-                self.imported = import_model(self.model, input_shapes=self.o.input_shapes, egraph=g)
+                self.imported = import_model(self.model, input_shapes=self.o.input_shapes,
+                                             fix_shapes=self.o.fix_shapes, egraph=g)
+                self.bind()
             with self.phase("saturate"):
                 self.saturate()
             with self.phase("profile"):
@@ -257,6 +260,15 @@ class _Pipeline:
         else:
             self.model = load_model(model_or_path)  # checks that ONNX Runtime can load it too
 
+    def bind(self) -> None:
+        """The sizes the dynamic dims are costed, timed and verified at (``relsat.driver.bindings``), and the
+        user's verification input sets."""
+        self.binding = bindings.choose(self.model, self.imported)
+        if self.binding.second:
+            self.notices.append(f"dynamic dims kept in the written model; costed and timed at {self.binding.text}; "
+                                f"verified at that binding and at {self.binding.second_text}")
+        self.input_sets = feeds.load_input_sets(self.o.inputs, feeds.graph_inputs(self.model)) if self.o.inputs else []
+
     def saturate(self) -> None:
         o = self.o
         limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
@@ -305,9 +317,10 @@ class _Pipeline:
     def search_candidates(self) -> None:
         o = self.o
         self.status("profiling whole graphs in context ...")
-        specs = [(n, shape, runtime.np_dtype(dt)) for n, dt, shape in self.imported.inputs]
-        feeds = runtime.random_feeds(specs, rng=np.random.default_rng(0), masks_ones=True)
-        self.search = Search(self.imported, self.problem, self.node_ids, feeds, o.provider, o.threads, self.cache,
+        shapes = self.binding.costed
+        specs = [(n, shapes[n], runtime.np_dtype(dt)) for n, dt, _ in self.imported.inputs]
+        fed = feeds.draw(specs, feeds.input_roles(self.model, shapes), 0)
+        self.search = Search(self.imported, self.problem, self.node_ids, fed, o.provider, o.threads, self.cache,
                              o.ilp_time_limit, o.mip_gap)
         self.search.run(self.orig, self.best, rounds=o.context_rounds, candidates=o.candidates)
         for c in self.search.candidates:
@@ -317,7 +330,8 @@ class _Pipeline:
 
     def choose(self) -> None:
         o, s = self.o, self.search
-        picked, check, self.latency_report = s.choose(self.model, input_shapes=o.input_shapes,
+        picked, check, self.latency_report = s.choose(self.model, bindings=self.binding.all,
+                                                      input_sets=self.input_sets,
                                                       threshold=o.guard_threshold, status=self.status)
         choice = picked.choice if picked is not None else self.orig
         _extraction_table(self.g, choice, self.orig)
@@ -350,7 +364,7 @@ class _Pipeline:
 
     def verify(self) -> None:
         if self.written == "optimized":
-            self.check = verify(self.model, self.session, input_shapes=self.o.input_shapes)
+            self.check = verify(self.model, self.session, bindings=self.binding.all, input_sets=self.input_sets)
             self.session = None
         else:
             self.check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
@@ -369,7 +383,8 @@ class _Pipeline:
         with self.phase("latency"):
             self.status("timing the original and the optimized model ...")
             res = latency.guard(self.model, self.optimized, threads=o.threads, provider=o.provider,
-                                input_shapes=o.input_shapes, threshold=o.guard_threshold)
+                                input_shapes=self.binding.costed, threshold=o.guard_threshold,
+                                roles=feeds.input_roles(self.model, self.binding.costed))
             self.latency_report = res.as_dict()
             if not res.keep_optimized:
                 self.written, self.optimized = "original", self.model
@@ -402,6 +417,8 @@ class _Pipeline:
             threads=o.threads, profiled=p.measured if p else 0, cached=p.cached if p else 0,
             profile=p.as_dict() if p else None, cost_before=self.original_cost, cost_after=self.cost_after,
             cost_label=self.cost_label(), candidates=self.search.report() if self.search is not None else [],
+            binding={"costed": self.binding.costed, "second": self.binding.second, "symbols": self.binding.symbols,
+                     "fixed": self.o.fix_shapes},
             extraction={"method": best.method, "status": best.status, "objective": best.cost, "bound": best.bound,
                         "gap": best.gap, "seconds": best.seconds, "greedy_cost": self.greedy.cost,
                         "mip_gap": o.mip_gap, "time_limit": o.ilp_time_limit, "used": self.label,

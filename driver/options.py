@@ -36,7 +36,9 @@ class Options:
     """What ``optimize`` does with a model (paths to write and callbacks are not options)."""
 
     rules: tuple[str, ...] = ("default",)  # shipped set names or rule files
-    input_shapes: dict | None = field(default=None, hash=False)  # {input name: dims} for dynamic dims
+    input_shapes: dict | None = field(default=None, hash=False)  # {input name: dims}: the sizes costed at
+    fix_shapes: bool = False  # freeze the written model's dynamic dims to input_shapes (else they stay dynamic)
+    inputs: tuple[str, ...] = ()  # .npz files of verification inputs, one set each (beside the random draws)
     iter_limit: int = 10  # saturation rounds
     node_limit: int = 2000  # e-nodes
     time_limit: float = 60.0  # saturation seconds
@@ -56,6 +58,7 @@ class Options:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules or ()))
+        object.__setattr__(self, "inputs", tuple(str(p) for p in (self.inputs or ())))
         if self.costs is not None:
             object.__setattr__(self, "costs", str(self.costs))
         if self.input_shapes is not None:
@@ -93,6 +96,9 @@ class Options:
                 raise RelsatError(f"{flag} {value}: expected a whole number >= 0")
         if not self.time_limit > 0:
             raise RelsatError(f"--time-limit {self.time_limit}: expected seconds > 0")
+        for p in self.inputs:
+            if not Path(p).is_file():
+                raise RelsatError(f"--inputs {p}: no such file")
         if self.costs is not None and not Path(self.costs).is_file():
             raise RelsatError(f"--costs {self.costs}: no such cost table file")
         return self

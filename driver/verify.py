@@ -30,6 +30,7 @@ import onnx
 
 from relsat.relations import runtime
 
+from . import feeds
 from .errors import RelsatError, error_line  # noqa: F401  (error_line re-exported)
 
 INPUT_DRAWS = ((0, 1.0), (1, 1.0), (2, 10.0))  # (seed, scale of floating-point inputs)
@@ -60,10 +61,11 @@ class VerifyResult:
 
 
 def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
-                  scale: float = 1.0) -> dict[str, np.ndarray]:
-    """Seeded random feeds for the first session's inputs (``relations.runtime.random_feeds``:
-    floats ~ N(0, scale^2), small non-negative integers, attention masks all ones); a dynamic dim
-    takes the user's ``input_shapes``, else a concrete dim any other session declares, else 1."""
+                  scale: float = 1.0, roles: dict | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds for the first session's inputs (``relsat.driver.feeds.draw``: floats
+    ~ N(0, scale^2), integers in the range ``roles`` gives them (valid indices, shapes, split sizes;
+    ``feeds.input_roles``), else small non-negative ones, attention masks all ones); a dynamic dim
+    takes ``input_shapes``, else a concrete dim any other session declares, else 1."""
     declared = [{i.name: i.shape for i in s.get_inputs()} for s in sessions]
     specs = []
     for inp in sessions[0].get_inputs():
@@ -75,7 +77,23 @@ def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
                 known = [d[inp.name][k] for d in declared if len(d.get(inp.name) or ()) > k]
                 shape.append(next((n for n in known if isinstance(n, int)), 1))
         specs.append((inp.name, shape, runtime.np_dtype(inp.type)))
-    return runtime.random_feeds(specs, rng=np.random.default_rng(seed), scale=scale, masks_ones=True)
+    if roles is None:
+        return runtime.random_feeds(specs, rng=np.random.default_rng(seed), scale=scale, masks_ones=True)
+    return feeds.draw(specs, roles, seed, scale=scale)
+
+
+def _model_of(original):
+    """The original as a ModelProto (for the roles of its integer inputs), or None."""
+    if isinstance(original, onnx.ModelProto):
+        return original
+    try:
+        return onnx.load_model(str(original), load_external_data=False)
+    except Exception:
+        return None
+
+
+def _fmt_binding(shapes: dict | None) -> str:
+    return " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in (shapes or {}).items())
 
 
 def _eps(dtype: np.dtype) -> float:
@@ -147,10 +165,25 @@ def compare_output(ref, got, *, rtol: float = RTOL, atol: float = ATOL, noise=No
 
 
 def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
-           input_shapes: dict[str, list[int]] | None = None, draws=INPUT_DRAWS) -> VerifyResult:
+           input_shapes: dict[str, list[int]] | None = None, draws=INPUT_DRAWS, bindings=None,
+           input_sets=()) -> VerifyResult:
     """Run ``original`` and ``optimized`` (models or paths; ``optimized`` may also be an ONNX Runtime
     session already made for it) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
-    of ``draws``) and compare every output of the original, element by element (module docstring)."""
+    of ``draws`` at every binding of ``bindings``, a list of input shapes dicts, default
+    ``[input_shapes]``) and on the user's ``input_sets`` (feeds dicts), and compare every output of
+    the original, element by element (module docstring)."""
+    bindings = list(bindings or [input_shapes])
+    source = _model_of(original)
+    cases = []  # (label, feeds maker)
+    for b in bindings:
+        roles = feeds.input_roles(source, b) if source is not None else None
+        at = f" at {_fmt_binding(b)}" if len(bindings) > 1 else ""
+        for seed, scale in draws:
+            cases.append((f"(seed {seed}, scale {scale:g}){at}",
+                          lambda sessions, b=b, seed=seed, scale=scale, roles=roles: random_inputs(
+                              sessions, seed=seed, input_shapes=b, scale=scale, roles=roles)))
+    for k, given in enumerate(input_sets):
+        cases.append((f"(the user's input set {k + 1})", lambda sessions, given=given: dict(given)))
     label = str(original) if not isinstance(original, onnx.ModelProto) else "the original model"
     try:
         ref_sess = runtime.session(original)
@@ -169,14 +202,15 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         return VerifyResult(False, float("inf"), float("inf"), {},
                             f"the optimized model has no output {missing[0]!r}")
     checks: dict[str, OutputCheck] = {}
-    for d, (seed, scale) in enumerate(draws):
-        feeds = random_inputs([ref_sess, opt_sess], seed=seed, input_shapes=input_shapes, scale=scale)
+    for d, (what, make) in enumerate(cases):
+        fed = make([ref_sess, opt_sess])
         try:
-            ref = ref_sess.run(None, feeds)
-            plain = plain_sess.run(None, feeds)
+            ref = ref_sess.run(None, fed)
+            plain = plain_sess.run(None, fed)
         except Exception as e:
-            raise RelsatError(f"{label}: ONNX Runtime cannot run the model: {error_line(e)}") from None
-        opt_feeds = {i.name: feeds[i.name] for i in opt_sess.get_inputs() if i.name in feeds}
+            raise RelsatError(f"{label}: ONNX Runtime cannot run the model on input draw {what}: "
+                              f"{error_line(e)}") from None
+        opt_feeds = {i.name: fed[i.name] for i in opt_sess.get_inputs() if i.name in fed}
         try:
             got = dict(zip(opt_names, opt_sess.run(None, opt_feeds)))
         except Exception as e:
@@ -195,9 +229,9 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
     bad = [(n, c) for n, c in checks.items() if not c.ok]
     if bad:
         name, c = bad[0]
-        seed, scale = draws[c.draw]
-        msg = f"output {name!r}, input draw {c.draw + 1} of {len(draws)} (seed {seed}, scale {scale:g}): {c.problem}"
+        msg = f"output {name!r}, input draw {c.draw + 1} of {len(cases)} {cases[c.draw][0]}: {c.problem}"
     else:
-        msg = (f"{len(checks)} outputs match element by element on {len(draws)} input draws "
+        where = f" at {len(bindings)} bindings of the dynamic dims" if len(bindings) > 1 else ""
+        msg = (f"{len(checks)} outputs match element by element on {len(cases)} input draws{where} "
                f"(max abs err {abs_err:.3g}, max rel err {rel_err:.3g})")
     return VerifyResult(not bad, abs_err, rel_err, checks, msg, d + 1)

@@ -39,8 +39,9 @@ def analytic_costs(g: EGraph) -> None:
         bytes_in = [f"list_sum(list_transform(s_{i.column}, lambda s: prod(s)))" if i.variadic
                     else f"coalesce(prod(s_{i.column}), 0)" for i in op.inputs]
         src = (f"SELECT n.id AS rid, n.*, o.shape AS s_out, o.tuple_shapes AS ts_out, o.is_const AS const_out "
-               f"FROM {op.table} n JOIN eclass o ON o.id = n.out")
-        rows = rule_select(op, src, given=[a.name for a in op.attrs], carry=("s_out", "ts_out", "const_out"), exprs={
+               f"FROM {op.table} n JOIN eclass_bound o ON o.id = n.out")
+        rows = rule_select(op, src, given=[a.name for a in op.attrs], carry=("s_out", "ts_out", "const_out"),
+                           analyses="eclass_bound", exprs={
             "flops": op.flops, "bytes": f"{' + '.join(bytes_in) or '0'}", "out_elems":
             "coalesce(prod(s_out), list_sum(list_transform(ts_out, lambda s: prod(s))), 0)"})
         g.con.execute(
@@ -50,7 +51,7 @@ def analytic_costs(g: EGraph) -> None:
     if "op_opaque" in g.live:
         g.con.execute(
             f"{_INSERT} (SELECT n.id, p.op_type, CASE WHEN o.is_const THEN 0 ELSE {LAUNCH_MS} + "
-            f"coalesce(list_sum(list_transform(p.output_shapes, lambda s: prod(s))), 0) * {ELEM_BYTES} / {BYTES_PER_MS}"
+            f"coalesce(list_sum(list_transform(p.output_shapes, lambda s: prod(bind(s)))), 0) * {ELEM_BYTES} / {BYTES_PER_MS}"
             f" END AS ms, 'analytic' FROM op_opaque n JOIN opaque_nodes p USING (proto) JOIN eclass o ON o.id = n.out)")
     for leaf in ("op_input", "op_weight", "op_constant"):
         g.con.execute(f"{_INSERT} (SELECT id, '{leaf[3:]}', 0.0 AS ms, 'leaf' FROM {leaf})")

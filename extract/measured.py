@@ -86,7 +86,8 @@ def _signature_sql(op) -> str:
     else:
         kids = "[" + ", ".join(f"n.{q(c)}" for c in op.child_columns) + "]"
     attrs = [q(a.name) for a in op.attrs]
-    return _grouped(f"SELECT n.id, {kids} AS kids{''.join(', n.' + a for a in attrs)} FROM {op.table} n "
+    cols = [f"bind(n.{q(a.name)}) AS {q(a.name)}" if a.dims else f"n.{q(a.name)}" for a in op.attrs]
+    return _grouped(f"SELECT n.id, {kids} AS kids{''.join(', ' + c for c in cols)} FROM {op.table} n "
                     "JOIN eclass o ON o.id = n.out WHERE NOT coalesce(o.is_const, false)", attrs)
 
 
@@ -95,7 +96,7 @@ def _grouped(base: str, extra: list[str]) -> str:
     return f"""
         WITH b AS ({base}),
         k AS (SELECT b.id, list(e.shape ORDER BY u.pos) AS shapes, list(e.dtype ORDER BY u.pos) AS dtypes
-              FROM b, unnest(b.kids) WITH ORDINALITY AS u(c, pos) LEFT JOIN eclass e ON e.id = u.c
+              FROM b, unnest(b.kids) WITH ORDINALITY AS u(c, pos) LEFT JOIN eclass_bound e ON e.id = u.c
               GROUP BY b.id)
         SELECT min(b.id) AS rep, arg_min(b.kids, b.id) AS kids, k.shapes, k.dtypes{extra_cols},
                list(b.id) AS ids

@@ -115,18 +115,22 @@ class _Lhs:
         return self.analysis[var]
 
 
-def _expr(e, lhs: _Lhs, lets: dict[str, str]) -> str:
+def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
+    """SQL for an expression. A dim is a number only when it is not a symbol (``cdim``: NULL for a
+    dynamic dim, so arithmetic and orderings on it prove nothing); ``raw``: the dim as stored, for an
+    equality between dims, where equal symbols are equal."""
     if isinstance(e, Lit):
         return literal(e.value)
     if isinstance(e, Var):
         return lets.get(e.name) or lhs.binds[e.name]
     if isinstance(e, Dim):
         idx = e.index + 1 if e.index >= 0 else e.index
-        return f"{lhs.eclass(e.var.name)}.shape[{idx}]"
+        d = f"{lhs.eclass(e.var.name)}.shape[{idx}]"
+        return d if raw else f"cdim({d})"
     if isinstance(e, Rank):
         return f"len({lhs.eclass(e.var.name)}.shape)"
     if isinstance(e, Numel):
-        return f"prod({lhs.eclass(e.var.name)}.shape)"
+        return f"cprod({lhs.eclass(e.var.name)}.shape)"
     if isinstance(e, ShapeOf):
         return f"{lhs.eclass(e.var.name)}.shape"
     if isinstance(e, BinOp):
@@ -149,7 +153,8 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
         return {"const": f"{alias}.is_const", "not-const": f"NOT {alias}.is_const",
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]
     op = "<>" if c.op == "!=" else c.op
-    return f"({_expr(c.left, lhs, lets)}) {op} ({_expr(c.right, lhs, lets)})"
+    raw = op == "="  # equal symbols prove equal dims; nothing proves a symbol unequal to another dim
+    return f"({_expr(c.left, lhs, lets, raw)}) {op} ({_expr(c.right, lhs, lets, raw)})"
 
 
 def compile_rule(rule: Rule) -> Compiled:
@@ -165,6 +170,7 @@ def compile_rule(rule: Rule) -> Compiled:
     for let in rule.lets:
         lets[let.var.name] = f"({_expr(let.expr, lhs, lets)})"
     conds = [_condition(c, lhs, lets) for c in rule.conditions]
+    conds += [f"{v} IS NOT NULL" for v in lets.values()]  # a let over a dynamic dim is no number
     cols = [f"{e} AS {q('v_' + v)}" for v, e in lhs.binds.items()]
     cols += [f"{e} AS {q('v_' + v)}" for v, e in lets.items()]
     cols += [f"{r} AS root{i}" for i, r in enumerate(roots)]

@@ -16,7 +16,7 @@ attributes (``Input.lifted``): they import as attributes when constant and
 export back as initializers for opsets that want an input.
 
 SQL expressions see these names: ``s_<child>`` / ``d_<child>`` (shape as
-BIGINT[] and ONNX dtype of a child; for a variadic child ``s_<child>`` is a
+BIGINT[], dynamic dims as symbol codes (relations/dims.py), and ONNX dtype of a child; for a variadic child ``s_<child>`` is a
 list of shapes), ``s_out`` (the node's own shape, in cost rules), and the
 attribute columns (quoted, e.g. ``"group"``).  A shape rule yields NULL when the
 node is invalid; such nodes are never inserted.
@@ -36,6 +36,7 @@ class Attr:
     name: str
     kind: str  # int | ints | float | floats | string
     default: object = REQUIRED
+    dims: bool = False  # holds dims, which may be symbols (Reshape's shape): bound for costs, spelled at export
 
     @property
     def sql_type(self) -> str:
@@ -121,8 +122,20 @@ class OpDef:
 # SQL macros used by the shape and cost rules (created with the schema).
 SQL_MACROS = """
 CREATE OR REPLACE MACRO prod(l) AS coalesce(list_aggregate(l, 'product'), 1)::BIGINT;
+CREATE OR REPLACE MACRO is_sym(d) AS d <= -1099511627776;
+CREATE OR REPLACE MACRO cdim(d) AS CASE WHEN NOT is_sym(d) THEN d END;
+CREATE OR REPLACE MACRO has_sym(l) AS coalesce(list_bool_or(list_transform(l, lambda d: is_sym(d))), false);
+CREATE OR REPLACE MACRO cprod(l) AS CASE WHEN NOT has_sym(l) THEN prod(l) END;
+CREATE OR REPLACE MACRO sym_part(l) AS list_sort(list_filter(l, lambda d: is_sym(d)));
+CREATE OR REPLACE MACRO sprod(l) AS CASE WHEN NOT has_sym(l) THEN prod(l)
+    WHEN len(sym_part(l)) = 1 AND prod(list_filter(l, lambda d: NOT is_sym(d))::BIGINT[]) = 1 THEN sym_part(l)[1] END;
+CREATE OR REPLACE MACRO same_numel(a, b) AS prod(list_filter(a, lambda d: NOT is_sym(d))::BIGINT[])
+    = prod(list_filter(b, lambda d: NOT is_sym(d))::BIGINT[]) AND sym_part(a) = sym_part(b);
 CREATE OR REPLACE MACRO valid_shape(l) AS CASE WHEN l IS NOT NULL AND list_count(l) = len(l)
-    AND list_bool_and(list_transform(l, lambda d: d >= 0)) IS NOT false THEN l END;
+    AND list_bool_and(list_transform(l, lambda d: d >= 0 OR is_sym(d))) IS NOT false THEN l END;
+CREATE OR REPLACE MACRO sym_add(d, a) AS CASE WHEN NOT is_sym(d) THEN d + a WHEN a = 0 THEN d END;
+CREATE OR REPLACE MACRO reshape_ok(t, x) AS len(list_filter(list_transform(t, lambda d, i: is_sym(d)
+    AND NOT (i <= len(x) AND x[i] = d)), lambda f: f)) <= 1 AND NOT (list_contains(t, 0) AND has_sym(t));
 CREATE OR REPLACE MACRO bdim(a, n, i) AS CASE WHEN i >= n - len(a) THEN a[i - n + len(a) + 1] ELSE 1 END;
 CREATE OR REPLACE MACRO bcast(a, b) AS CASE WHEN a = b THEN a ELSE valid_shape(list_transform(range(greatest(len(a), len(b))), lambda i:
     CASE WHEN bdim(a, greatest(len(a), len(b)), i) = bdim(b, greatest(len(a), len(b)), i)
@@ -134,7 +147,7 @@ CREATE OR REPLACE MACRO matmul_shape(a, b) AS CASE
     WHEN len(a) = 1 THEN CASE WHEN a[1] = b[-2] THEN b[1:len(b) - 2] || [b[-1]] END
     WHEN len(b) = 1 THEN CASE WHEN a[-1] = b[1] THEN a[1:len(a) - 1] END
     WHEN a[-1] = b[-2] THEN bcast(a[1:len(a) - 2], b[1:len(b) - 2]) || [a[-2], b[-1]] END;
-CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN ceil_mode = 0
+CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN is_sym(i) THEN NULL WHEN ceil_mode = 0
     THEN floor((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
     ELSE ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
          - CASE WHEN ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT * s >= i + p0 THEN 1 ELSE 0 END END;
@@ -147,8 +160,11 @@ CREATE OR REPLACE MACRO concat_shape(shapes, axis) AS CASE
         AND list_bool_and(list_transform(range(len(s)), lambda j: j = axis OR s[j + 1] = shapes[1][j + 1])) IS NOT false))
      AND axis >= 0 AND axis < len(shapes[1])
     THEN list_transform(range(len(shapes[1])), lambda i:
-        CASE WHEN i = axis THEN list_sum(list_transform(shapes, lambda s: s[axis + 1])) ELSE shapes[1][i + 1] END) END;
-CREATE OR REPLACE MACRO slice_dim(d, st, en, sp) AS greatest(0, ceil((least(greatest(en, -1), d) - least(st, d)) / sp))::BIGINT;
+        CASE WHEN i <> axis THEN shapes[1][i + 1] WHEN NOT has_sym(list_transform(shapes, lambda s: s[axis + 1]))
+             THEN list_sum(list_transform(shapes, lambda s: s[axis + 1])) END) END;
+CREATE OR REPLACE MACRO slice_dim(d, st, en, sp) AS CASE WHEN NOT is_sym(d)
+    THEN greatest(0, ceil((least(greatest(en, -1), d) - least(st, d)) / sp))::BIGINT
+    WHEN st = 0 AND sp = 1 AND en = 9223372036854775807 THEN d END;
 """
 
 _X = (Input("X"),)
@@ -320,9 +336,9 @@ OPS: tuple[OpDef, ...] = (
     OpDef(
         "Reshape",
         (Input("data"),),
-        (Attr("shape", "ints"),),
-        shape="CASE WHEN prod(shape) = prod(s_data) AND list_bool_and(list_transform(shape, lambda d: d >= 0)) "
-        "IS NOT false THEN shape END",
+        (Attr("shape", "ints", dims=True),),
+        shape="CASE WHEN same_numel(shape, s_data) AND reshape_ok(shape, s_data) "
+        "AND list_bool_and(list_transform(shape, lambda d: d >= 0 OR is_sym(d))) IS NOT false THEN shape END",
         lifted=(Lifted(1, "shape", 5),),
         flops="0",
         draw="reshaping",
@@ -331,7 +347,7 @@ OPS: tuple[OpDef, ...] = (
         "Flatten",
         (Input("input"),),
         (Attr("axis", "int", 1),),
-        shape="CASE WHEN axis >= 0 AND axis <= len(s_input) THEN [prod(s_input[1:axis]), prod(s_input[axis + 1:])] END",
+        shape="CASE WHEN axis >= 0 AND axis <= len(s_input) THEN valid_shape([sprod(s_input[1:axis]), sprod(s_input[axis + 1:])]) END",
         canon=(("axis", "norm_axis(axis, len(s_input))"),),
         flops="0",
         draw="reshaping",
@@ -361,7 +377,7 @@ OPS: tuple[OpDef, ...] = (
         (Input("data"),),
         (Attr("mode", "string", "constant"), Attr("pads", "ints"), Attr("value", "float", 0.0)),
         shape="CASE WHEN len(pads) = 2 * len(s_data) THEN valid_shape(list_transform(range(len(s_data)), "
-        "lambda i: s_data[i + 1] + pads[i + 1] + pads[i + 1 + len(s_data)])) END",
+        "lambda i: sym_add(s_data[i + 1], pads[i + 1] + pads[i + 1 + len(s_data)]))) END",
         lifted=(Lifted(1, "pads", 11), Lifted(2, "value", 11, 1)),
         flops="prod(s_out)",
         draw="reshaping",

@@ -30,10 +30,12 @@ import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from .catalog import BY_TYPE, REQUIRED, OpDef
+from .dims import infer_dim, is_sym, spell_reshape
 
 ATTR_TYPES = {"int": AttributeProto.INT, "ints": AttributeProto.INTS, "float": AttributeProto.FLOAT,
               "floats": AttributeProto.FLOATS, "string": AttributeProto.STRING}
 INT64_MIN = -(2 ** 63)
+INT64_MAX = 2 ** 63 - 1
 
 
 class FormError(ValueError):
@@ -156,8 +158,13 @@ def _slice(values, opset, shape, schema_attrs):
 
 
 def _reshape(values, opset, shape, schema_attrs):
-    """A 0 in the target shape is a real 0 (imported shapes are resolved)."""
-    return [helper.make_attribute("allowzero", 1)] if 0 in values["shape"] and "allowzero" in schema_attrs else []
+    """A 0 in the target shape is a real 0 (imported shapes are resolved); a symbol is written as 0
+    (copied from the data) or -1 (inferred) by ``dims.spell_reshape``."""
+    spelled = spell_reshape(values["shape"], shape)
+    if spelled is None:
+        raise FormError(f"cannot write Reshape to {values['shape']} over dynamic dims of {shape}")
+    values["shape"], zero = spelled
+    return [helper.make_attribute("allowzero", 1)] if zero and "allowzero" in schema_attrs else []
 
 
 def _softmax(values, opset, shape, schema_attrs):
@@ -276,6 +283,8 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def _window(ctx, node, attrs, data, shapes) -> bool:
     x = shapes[0]
     sp = len(x) - 2
+    if any(is_sym(d) for d in x[2:]):
+        return False  # window arithmetic over a dynamic spatial dim proves no output size
     k = attrs.get("kernel_shape") or (list(shapes[1][2:]) if node.op_type == "Conv" and len(shapes) > 1 else None)
     if sp < 1 or not k or len(k) != sp:
         return False
@@ -315,6 +324,8 @@ def _split(ctx, node, attrs, data, shapes) -> bool:
     if not 0 <= axis < len(x):
         return False
     d, k, num = x[axis], len(node.output), attrs.pop("num_outputs", None)
+    if is_sym(d):
+        return False
     split = attrs.get("split")
     if split is None and num:
         chunk = -(-d // num)
@@ -340,6 +351,11 @@ def _slice(ctx, node, attrs, data, shapes) -> bool:
         if not 0 <= a < len(x) or st == 0 or a in rows:
             return False
         d = x[a]
+        if is_sym(d):  # a dynamic dim: only the whole of it, [0, end)
+            if s != 0 or st != 1 or e < 2 ** 31 - 1:
+                return False
+            rows[a] = (0, INT64_MAX, 1)
+            continue
         s, e = norm_axis(s, d), norm_axis(e, d)
         rows[a] = (_clamp(s, 0, d), _clamp(e, 0, d), st) if st > 0 else (_clamp(s, 0, d - 1), _clamp(e, -1, d - 1), st)
     axes = sorted(rows)
@@ -360,12 +376,12 @@ def _reshape(ctx, node, attrs, data, shapes) -> bool:
         return False
     out = [x[i] if t == 0 and not zero and i < len(x) else t for i, t in enumerate(target)]
     if out.count(-1) == 1:
-        rest = int(np.prod([t for t in out if t != -1], dtype=np.int64))
-        if rest == 0 or int(np.prod(x, dtype=np.int64)) % rest:
+        d = infer_dim(x, [t for t in out if t != -1])
+        if d is None:
             return False
-        out[out.index(-1)] = int(np.prod(x, dtype=np.int64)) // rest
+        out[out.index(-1)] = d
     attrs["shape"] = out
-    return min(out, default=0) >= 0 and not (0 in out and not zero)
+    return all(t >= 0 or is_sym(t) for t in out) and not (0 in out and not zero)
 
 
 def _squeeze(ctx, node, attrs, data, shapes) -> bool:

@@ -43,12 +43,15 @@ def _is_sourced_leaf(op: OpDef) -> bool:
 def rule_select(op: OpDef, source: str, *, given: Iterable[str], carry: Iterable[str] = (),
                 exprs: Mapping[str, str] | None = None, analyses: str = "eclass", check_canon: bool = False,
                 valid_only: bool = False) -> str:
+    if analyses not in ("eclass", "eclass_bound", "given"):
+        raise ValueError(f"analyses={analyses!r}")
     """A SELECT of (rid, the key columns with canonical attributes, o_shape, o_dtype, o_const,
     o_tshapes, o_tdtypes[, canon_ok], the ``carry`` columns[, the ``exprs``]) over ``source``.
 
     ``source`` is a SELECT or table with ``rid``, the op's child columns, the attribute columns
     named in ``given`` (others take their defaults) and, for Input/Weight leaves, ``shape`` and
-    ``dtype``.  ``analyses="eclass"`` joins each child's analyses from ``eclass``; ``"given"``
+    ``dtype``.  ``analyses="eclass"`` joins each child's analyses from ``eclass`` (``"eclass_bound"``:
+    with symbols replaced by their costed binding, for costs); ``"given"``
     reads them from the source's ``s_/d_/k_/ts_/td_`` columns (see ``given_source``).
     ``exprs`` maps output names to SQL over the same names as the catalog's rules (plus the
     carried columns); ``check_canon`` adds ``canon_ok``: whether the source's attributes are
@@ -64,11 +67,11 @@ def rule_select(op: OpDef, source: str, *, given: Iterable[str], carry: Iterable
             joins.append(
                 f"JOIN (SELECT u.rid, list(e.shape ORDER BY u.pos) AS s, list(e.dtype ORDER BY u.pos) AS d, "
                 f"bool_and(e.is_const) AS k FROM (SELECT rid, unnest({col}) AS cid, generate_subscripts({col}, 1) AS pos "
-                f"FROM ({source})) u JOIN eclass e ON e.id = u.cid GROUP BY u.rid) v_{c} ON v_{c}.rid = b.rid")
+                f"FROM ({source})) u JOIN {analyses} e ON e.id = u.cid GROUP BY u.rid) v_{c} ON v_{c}.rid = b.rid")
             cols += [f"v_{c}.s AS s_{c}", f"v_{c}.d AS d_{c}", f"v_{c}.k AS k_{c}"]
         else:
             alias = f"e_{c}"
-            joins.append(f"{'LEFT JOIN' if inp.optional else 'JOIN'} eclass {alias} ON {alias}.id = b.{col}")
+            joins.append(f"{'LEFT JOIN' if inp.optional else 'JOIN'} {analyses} {alias} ON {alias}.id = b.{col}")
             cols += [f"{alias}.shape AS s_{c}", f"{alias}.dtype AS d_{c}",
                      f"coalesce({alias}.is_const, b.{col} = -1) AS k_{c}",
                      f"{alias}.tuple_shapes AS ts_{c}", f"{alias}.tuple_dtypes AS td_{c}"]

@@ -12,6 +12,7 @@ side tables of weights and opaque nodes, and the user-facing views.
 from __future__ import annotations
 
 from .catalog import OPS, SQL_MACROS, OpDef
+from .dims import bind_macro
 
 
 def q(name: str) -> str:
@@ -66,6 +67,8 @@ CREATE TABLE IF NOT EXISTS eclass (id BIGINT NOT NULL, shape BIGINT[], dtype INT
 CREATE TABLE IF NOT EXISTS uf (id BIGINT NOT NULL, root BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (a BIGINT NOT NULL, b BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS symbols (code BIGINT PRIMARY KEY, name VARCHAR, anonymous BOOLEAN, batch BOOLEAN,
+    value BIGINT, second BIGINT);
 CREATE TABLE IF NOT EXISTS iterations (round INTEGER, enodes BIGINT, eclasses BIGINT, match_s DOUBLE,
     apply_s DOUBLE, rebuild_s DOUBLE, applied BIGINT, unions BIGINT, stop_reason VARCHAR);
 CREATE TABLE IF NOT EXISTS rule_stats (round INTEGER, rule VARCHAR, matches BIGINT, applied BIGINT,
@@ -107,8 +110,16 @@ FROM eclass e LEFT JOIN (SELECT eclass, count(*) AS size FROM enodes GROUP BY ec
 """
 
 
+# the analyses with every symbol replaced by its costed binding (what costs read)
+ECLASS_BOUND_VIEW = """
+CREATE OR REPLACE VIEW eclass_bound AS
+SELECT id, bind(shape) AS shape, dtype, is_const, list_transform(tuple_shapes, lambda s: bind(s)) AS tuple_shapes,
+    tuple_dtypes, ts FROM eclass
+"""
+
+
 def all_ddl() -> list[str]:
     stmts = [s for s in (SQL_MACROS + CORE_DDL).split(";\n") if s.strip()]
     stmts += [table_ddl(op) for op in OPS]
-    stmts += [enodes_view(), ECLASSES_VIEW]
+    stmts += [bind_macro(None), enodes_view(), ECLASSES_VIEW, ECLASS_BOUND_VIEW]
     return stmts

@@ -1,0 +1,172 @@
+"""Symbolic dimensions: how a dynamic dim (``batch``, ``sequence``, an unnamed one) lives in a shape.
+
+A shape is a list of BIGINTs everywhere in relsat (the ``eclass`` analysis, the catalog's SQL
+rules, ONNX import and export).  A dynamic dim is held in it as a *symbol code*: a number at or
+below ``SYM_BASE`` (-2**40), far from any real size and from the small negative numbers that
+invalid shape arithmetic produces.  The k-th symbol of an e-graph (k = 1, 2, ...) has code
+``SYM_BASE - k``; the ``symbols`` table of the e-graph names it (the model's ``dim_param``, or a
+made-up name for an unnamed dynamic dim, ``anonymous``) and holds the value it is *bound* to for
+costs and timing (the representative shape) and a second value used in verification.
+
+What the catalog's shape rules may do with a symbol (SQL macros in ``catalog.SQL_MACROS``):
+equal symbols are equal dims (``=`` compares codes); a symbol is never provably 1, 0 or equal to
+a number; arithmetic that involves a symbol gives NULL (the node is not derived) except where the
+result is the symbol itself (``x * 1``, ``x + 0``, a full slice, the product of one symbol) or a
+product compared as a whole (Reshape: same concrete factor and the same multiset of symbols).
+So a rule whose condition needs a concrete size fires only when the shapes prove it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SYM_BASE = -(1 << 40)  # symbol k has code SYM_BASE - k
+BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim", "batches", "num_batches"}
+BATCH_VALUE = 1  # a batch-like symbol is costed at 1 ...
+BATCH_SECOND = 3  # ... and verified again at 3
+OTHER_VALUES = (128, 64, 256, 512, 32, 224)  # other symbols: the first of these at which the model runs,
+# costed there and verified again at the next one that runs (the same one when no other runs)
+
+
+def is_sym(d) -> bool:
+    return d is not None and int(d) <= SYM_BASE
+
+
+def code(k: int) -> int:
+    """The code of the k-th symbol (k >= 1)."""
+    return SYM_BASE - k
+
+
+def is_batch_like(name: str, index: int, rank: int) -> bool:
+    """A dynamic dim costed as a batch: named like one, or the leading dim of a tensor of rank 2 or more."""
+    return name.lower() in BATCH_NAMES or (index == 0 and rank >= 2)
+
+
+@dataclass
+class Symbol:
+    code: int
+    name: str  # the dim_param it is written with (anonymous: a made-up one, written as an unnamed dim)
+    anonymous: bool = False
+    batch: bool = False  # batch-like (costed at BATCH_VALUE)
+    value: int | None = None  # the costed binding
+    second: int | None = None  # the second verification binding
+
+
+@dataclass
+class Symbols:
+    """The symbols of one model, by name (a dim_param names one symbol wherever it appears)."""
+
+    by_name: dict[str, Symbol] = field(default_factory=dict)
+
+    def get(self, name: str, *, anonymous: bool = False, batch: bool = False) -> int:
+        s = self.by_name.get(name)
+        if s is None:
+            s = self.by_name[name] = Symbol(code(len(self.by_name) + 1), name, anonymous, batch)
+        s.batch = s.batch or batch
+        return s.code
+
+    @classmethod
+    def from_egraph(cls, g) -> "Symbols":
+        """The symbols an e-graph already holds (its ``symbols`` table)."""
+        out = cls()
+        for c, name, anon, batch, value, second in g.sql(
+                "SELECT code, name, anonymous, batch, value, second FROM symbols ORDER BY code DESC"):
+            out.by_name[name] = Symbol(int(c), name, bool(anon), bool(batch), value, second)
+        return out
+
+    def store(self, g) -> None:
+        """Write the symbols into the e-graph's ``symbols`` table and its ``bind`` macro."""
+        g.con.execute("DELETE FROM symbols")
+        if self.by_name:
+            g.con.executemany("INSERT INTO symbols VALUES (?, ?, ?, ?, ?, ?)", [
+                [s.code, s.name, s.anonymous, s.batch, s.value, s.second] for s in self.by_name.values()])
+        g.con.execute(bind_macro(self))
+
+    @property
+    def by_code(self) -> dict[int, Symbol]:
+        return {s.code: s for s in self.by_name.values()}
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+    def bind(self, shape, which: str = "value"):
+        """``shape`` with every symbol replaced by its binding (``which``: "value" or "second"); None stays
+        None; a symbol without a binding becomes 1."""
+        if shape is None:
+            return None
+        codes = self.by_code
+        return [int(getattr(codes[d], which) or 1) if is_sym(d) and d in codes else (1 if is_sym(d) else int(d))
+                for d in shape]
+
+    def onnx_dims(self, shape):
+        """``shape`` for ``helper.make_tensor_value_info``: symbols as their dim_param names, anonymous
+        ones as None (an unnamed dim)."""
+        if shape is None:
+            return None
+        codes = self.by_code
+        out = []
+        for d in shape:
+            if is_sym(d):
+                s = codes.get(d)
+                out.append(None if s is None or s.anonymous else s.name)
+            else:
+                out.append(int(d))
+        return out
+
+    def describe(self, which: str = "value") -> str:
+        """``batch=1, sequence=128`` (the named symbols and their binding)."""
+        return ", ".join(f"{s.name}={getattr(s, which)}" for s in self.by_name.values())
+
+    def sql_map(self, which: str = "value") -> str:
+        """A DuckDB MAP literal code -> binding (for the ``bind`` macro)."""
+        items = [f"{s.code}: {int(getattr(s, which) or 1)}" for s in self.by_name.values()]
+        return "MAP {" + ", ".join(items) + "}" if items else "MAP {}::MAP(BIGINT, BIGINT)"
+
+
+def bind_macro(symbols: Symbols | None) -> str:
+    """The ``bind(shape)`` macro: symbol codes replaced by the costed binding (identity without symbols)."""
+    if not symbols:
+        return "CREATE OR REPLACE MACRO bind(l) AS l"
+    return (f"CREATE OR REPLACE MACRO bind(l) AS CASE WHEN l IS NULL THEN NULL ELSE list_transform(l, lambda d: "
+            f"CASE WHEN d > {SYM_BASE} THEN d ELSE coalesce(({symbols.sql_map()})[d], 1) END) END")
+
+
+def spell_reshape(target, data_shape) -> tuple[list[int], bool] | None:
+    """Reshape's target with symbols written as ONNX can read it: a symbol at the position where the
+    data has the same symbol as 0 (copy), one other symbol as -1 (inferred). Returns (target, allowzero)
+    or None when it cannot be written (two symbols to infer, or a real 0 beside a symbol)."""
+    if not any(is_sym(d) for d in target):
+        return list(target), 0 in target
+    if 0 in target:
+        return None
+    data = list(data_shape or [])
+    out = [0 if is_sym(d) and i < len(data) and data[i] == d else d for i, d in enumerate(target)]
+    rest = [i for i, d in enumerate(out) if is_sym(d)]
+    if len(rest) > 1:
+        return None
+    for i in rest:
+        out[i] = -1
+    return out, False
+
+
+def infer_dim(data_shape, others) -> int | None:
+    """The dim Reshape's -1 stands for: the data's element count over the other target dims', where
+    symbols cancel only against equal symbols; None when it is no single dim or number."""
+    syms = sorted(d for d in data_shape if is_sym(d))
+    for d in others:
+        if is_sym(d):
+            if d not in syms:
+                return None
+            syms.remove(d)
+    num = 1
+    for d in data_shape:
+        num *= 1 if is_sym(d) else int(d)
+    den = 1
+    for d in others:
+        den *= 1 if is_sym(d) else int(d)
+    if den == 0 or num % den:
+        return None
+    q = num // den
+    if not syms:
+        return q
+    return syms[0] if len(syms) == 1 and q == 1 else None
