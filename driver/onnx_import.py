@@ -588,8 +588,10 @@ class _Importer:
                     if pos not in forced:
                         forced.add(pos)
                         node = nodes[pos]
-                        self.notices.append(f"node '{node.name}' ({node.op_type}): relsat's shape rule disagrees "
-                                            f"with ONNX shape inference; kept opaque")
+                        dynamic = any(is_sym(d) for n in [*node.input, *node.output] for d in (self.shape(n) or ()))
+                        why = ("relsat's shape rules cannot prove its output shape over dynamic dims" if dynamic
+                               else "relsat's shape rule disagrees with ONNX shape inference")
+                        self.notices.append(f"node '{node.name}' ({node.op_type}): {why}; kept opaque")
         self.cls = {name: real_id(classes, c) for name, c in self.cls.items()}
         if self.merge:  # the e-graph held nodes before: hash-cons the new rows against them
             for op in OPS:

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver import onnx_import
+from relsat.driver import bindings, onnx_import
 from relsat.driver.errors import RelsatError
 from relsat.driver.onnx_export import export_model
 from relsat.driver.outputs import save_model_atomic
@@ -66,12 +66,13 @@ def make(nodes, inputs, outputs, inits=None, opset=17, ir=10, inits_as_inputs=Fa
     return model
 
 
-def roundtrip(model, *, input_shapes=None, rtol=1e-3):
-    imported = import_model(model, input_shapes=input_shapes)
+def roundtrip(model, *, input_shapes=None, rtol=1e-3, fix_shapes=False):
+    imported = import_model(model, input_shapes=input_shapes, fix_shapes=fix_shapes)
+    binding = bindings.choose(model, imported)
     out = export_model(imported, None)
     onnx.checker.check_model(out, full_check=True)
     onnx.shape_inference.infer_shapes(out, strict_mode=True)
-    result = verify(model, out, input_shapes=input_shapes, rtol=rtol)
+    result = verify(model, out, bindings=binding.all, rtol=rtol)
     assert result.ok, result.message
     assert len(out.graph.node) <= len(model.graph.node)
     assert out.ir_version == min(model.ir_version, 10)
@@ -196,21 +197,28 @@ def test_the_table_covers_every_catalog_op():
 
 
 # ----------------------------------------------------------- graph features
-def test_dynamic_batch_dim_becomes_one():
+def test_dynamic_batch_dim_is_fixed_only_when_asked():
     model = make([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": ["batch", 4]}, ["y"], {"w": w(4, 2)})
-    imported, out = roundtrip(model)
+    imported, out = roundtrip(model, fix_shapes=True)
     assert imported.inputs == [("x", F, [1, 4])]
     assert any("'x'" in n and "batch" in n for n in imported.notices)
     assert json.loads({p.key: p.value for p in out.metadata_props}["relsat.specialized_input_shapes"]) == {"x": [1, 4]}
     assert [d.dim_value for d in out.graph.input[0].type.tensor_type.shape.dim] == [1, 4]
+    imported, out = roundtrip(model)  # by default the dim stays dynamic, by its name
+    assert not imported.specialized
+    assert [d.dim_param or d.dim_value for d in out.graph.input[0].type.tensor_type.shape.dim] == ["batch", 4]
+    assert [d.dim_param or d.dim_value for d in out.graph.output[0].type.tensor_type.shape.dim] == ["batch", 2]
 
 
 def test_input_shape_override_and_unnamed_first_dim():
     model = make([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": [None, "seq"]}, ["y"])
-    imported, _ = roundtrip(model, input_shapes={"x": [2, 5]})
+    imported, _ = roundtrip(model, input_shapes={"x": [2, 5]}, fix_shapes=True)
     assert imported.inputs == [("x", F, [2, 5])]
     model = make([helper.make_node("Relu", ["x"], ["y"])], {"x": [None, 3]}, ["y"])
-    assert import_model(model).inputs == [("x", F, [1, 3])]
+    assert import_model(model, fix_shapes=True).inputs == [("x", F, [1, 3])]
+    _, out = roundtrip(model)  # an unnamed dynamic dim is written unnamed
+    d0 = out.graph.input[0].type.tensor_type.shape.dim[0]
+    assert not d0.HasField("dim_value") and not d0.dim_param
 
 
 def test_opaque_nodes_with_attributes_subgraph_and_several_outputs():
@@ -257,10 +265,16 @@ def test_shape_computations_are_resolved_for_the_fixed_shapes():
              helper.make_node("Reshape", ["x", "target"], ["y"])]
     model = make(nodes, {"x": ["batch", 3, 4]}, [helper.make_tensor_value_info("y", F, ["batch", 12])],
                  {"zero": np.int64(0), "minus1": i64(-1)}, opset=12)
-    imported, out = roundtrip(model)
+    imported, out = roundtrip(model, fix_shapes=True)
     assert opaque_count(imported) == 0
     assert [n.op_type for n in out.graph.node] == ["Reshape"]
     assert any("Shape" in n and "fixed input shapes" in n for n in imported.notices)
+    # dynamic: the shape arithmetic stays, but the Reshape it feeds is read from the inferred [batch, 12]
+    # as a constant Reshape that copies the batch dim (0), and the arithmetic is left unused
+    imported, out = roundtrip(model)
+    assert [n.op_type for n in out.graph.node] == ["Reshape"]
+    assert numpy_helper.to_array(out.graph.initializer[0]).tolist() == [0, 12]
+    assert session(out).run(None, {"x": np.ones((3, 3, 4), np.float32)})[0].shape == (3, 12)
 
 
 def test_export_after_a_union_uses_the_smallest_node():
@@ -441,8 +455,8 @@ def test_ir3_model_lists_initializers_as_inputs():
 def test_shape_rule_disagreement_keeps_the_node_opaque(monkeypatch):
     infer = onnx_import._infer_types
 
-    def wrong(model, shapes):
-        types, folded = infer(model, shapes)
+    def wrong(model, shapes, symbols):
+        types, folded = infer(model, shapes, symbols)
         types["h"] = (F, [6])  # pretend ONNX inferred another shape for the Transpose
         return types, folded
 

@@ -1,0 +1,255 @@
+"""Dynamic dims (issue 11): symbols through the catalog's shape rules, rule conditions that only fire
+when the shapes prove them, models written with their dynamic dims and verified at two bindings,
+old opsets upgraded, integer inputs that are shapes or indices, string tensors."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.driver import bindings
+from relsat.driver.errors import RelsatError
+from relsat.driver.onnx_export import export_model
+from relsat.driver.onnx_import import import_model
+from relsat.driver.optimize import optimize
+from relsat.driver.runner import Limits, Runner
+from relsat.programs.parser import parse_rules
+from relsat.programs.verify import _shape_rule
+from relsat.relations.catalog import BY_TYPE
+from relsat.relations.dims import code, spell_reshape
+from relsat.relations.runtime import session
+
+F = TensorProto.FLOAT
+B, S, T = code(1), code(2), code(3)  # three symbols: batch, sequence, another
+INT64_MAX = 2 ** 63 - 1
+
+# op, children's shapes, attributes (defaults filled in), the output shape (None: not provable)
+SHAPES = [
+    ("Relu", [[B, S, 8]], {}, [B, S, 8]),
+    ("Add", [[B, S, 8], [8]], {}, [B, S, 8]),
+    ("Add", [[B, 1, 8], [1, S, 8]], {}, [B, S, 8]),
+    ("Add", [[B, 8], [S, 8]], {}, None),  # batch and sequence may differ
+    ("Add", [[B, 8], [B, 8]], {}, [B, 8]),
+    ("MatMul", [[B, S, 8], [8, 4]], {}, [B, S, 4]),
+    ("MatMul", [[B, S, 8], [B, 8, S]], {}, [B, S, S]),
+    ("MatMul", [[B, S, 8], [S, 4]], {}, None),  # 8 is not S
+    ("Transpose", [[B, S, 8]], {"perm": [1, 0, 2]}, [S, B, 8]),
+    ("Softmax", [[B, S, S]], {"axis": 2}, [B, S, S]),
+    ("Reshape", [[B, S, 768]], {"shape": [B, S, 12, 64]}, [B, S, 12, 64]),
+    ("Reshape", [[B, S, 768]], {"shape": [B, S, 12, 32]}, None),  # other element count
+    ("Reshape", [[B, S, 8]], {"shape": [S, B, 8]}, None),  # right count, but two dims to infer at export
+    ("Reshape", [[B, S, 8]], {"shape": [B, 8, S]}, [B, 8, S]),  # B copied, S inferred
+    ("Reshape", [[B, S, 8]], {"shape": [B, T, 8]}, None),  # T is not S
+    ("Flatten", [[B, 3, 4, 4]], {"axis": 1}, [B, 48]),
+    ("Flatten", [[B, S, 4]], {"axis": 2}, None),  # B * S is no single dim
+    ("Concat", [[[B, 2], [B, 3]]], {"axis": 1}, [B, 5]),
+    ("Concat", [[[B, 2], [B, 3]]], {"axis": 0}, None),  # B + B
+    ("Concat", [[[B, 2], [S, 2]]], {"axis": 1}, None),
+    ("Split", [[B, 6]], {"axis": 1, "split": [2, 4]}, [[B, 2], [B, 4]]),
+    ("Split", [[S, 6]], {"axis": 0, "split": [2, 4]}, None),
+    ("Slice", [[B, S, 8]], {"starts": [0], "ends": [INT64_MAX], "axes": [1], "steps": [1]}, [B, S, 8]),
+    ("Slice", [[B, S, 8]], {"starts": [1], "ends": [INT64_MAX], "axes": [1], "steps": [1]}, None),
+    ("Slice", [[B, S, 8]], {"starts": [2], "ends": [6], "axes": [2], "steps": [1]}, [B, S, 4]),
+    ("Squeeze", [[B, 1, 8]], {"axes": [1]}, [B, 8]),
+    ("Squeeze", [[B, 1, 8]], {"axes": [0]}, None),  # B is not provably 1
+    ("Unsqueeze", [[B, 8]], {"axes": [1]}, [B, 1, 8]),
+    ("Pad", [[B, 3, 8]], {"mode": "constant", "pads": [0, 0, 1, 0, 0, 1], "value": 0.0}, [B, 3, 10]),
+    ("Pad", [[B, 3, 8]], {"mode": "constant", "pads": [1, 0, 0, 0, 0, 0], "value": 0.0}, None),
+    ("Conv", [[B, 3, 8, 8], [4, 3, 3, 3], None],
+     {"group": 1, "kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}, [B, 4, 8, 8]),
+    ("Conv", [[B, 3, S, 8], [4, 3, 3, 3], None],
+     {"group": 1, "kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}, None),
+    ("GlobalAveragePool", [[B, 4, S, T]], {}, [B, 4, 1, 1]),
+    ("Gemm", [[B, 8], [8, 4], [4]], {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, [B, 4]),
+    ("LayerNormalization", [[B, S, 8], [8], [8]], {"axis": 2, "epsilon": 1e-5, "stash_type": 1}, [B, S, 8]),
+]
+
+
+@pytest.mark.parametrize("op, kids, attrs, want", SHAPES, ids=[f"{c[0]}-{i}" for i, c in enumerate(SHAPES)])
+def test_symbolic_shapes_through_the_catalog(op, kids, attrs, want):
+    entry = BY_TYPE[op]
+    full = {a.name: attrs.get(a.name, a.default) for a in entry.attrs}
+    shape, _ = _shape_rule(entry, [tuple(k) if k and not isinstance(k[0], list) else k for k in kids], full)
+    as_lists = (lambda v: None if v is None else [as_lists(x) for x in v] if isinstance(v, (list, tuple)) else v)
+    assert as_lists(shape) == want
+
+
+def test_reshape_targets_are_spelled_with_copies_and_one_inferred_dim():
+    assert spell_reshape([B, S, 12, 64], [B, S, 768]) == ([0, 0, 12, 64], False)
+    assert spell_reshape([B, 8, S], [B, S, 8]) == ([0, 8, -1], False)
+    assert spell_reshape([S, B, 8], [B, S, 8]) is None
+    assert spell_reshape([2, 0, 3], [2, 0, 3]) == ([2, 0, 3], True)
+
+
+# ------------------------------------------------------------------ rule conditions
+def model(inputs, nodes, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, F, None) for n in outputs], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+RULES = """
+swap-same-rows: (Mul ?a ?b) => (Mul ?b ?a) if (= (dim ?a 0) (dim ?b 0))
+swap-other-rows: (Sub ?a ?b) => (Add ?a (Sub ?b ?b)) if (!= (dim ?a 0) (dim ?b 0))
+swap-big: (Div ?a ?b) => (Div ?a ?b) if (> (dim ?a 0) 4)
+"""
+
+
+def saturate(m):
+    imported = import_model(m)
+    Runner(imported.egraph, parse_rules(RULES).rules, Limits(3)).run()
+    return {op: n for op, n in imported.egraph.sql("SELECT op, count(*) FROM enodes GROUP BY op")}
+
+
+def test_a_rule_fires_only_on_dims_the_shapes_prove_equal():
+    mul = [helper.make_node("Mul", ["a", "b"], ["y"])]
+    # [B, 1] * [S]: rows B and S, not provably equal: no swap
+    assert saturate(model([("a", ["batch", 1]), ("b", ["seq"])], mul, ["y"]))["Mul"] == 1
+    # the same symbol: equal, the rule fires
+    assert saturate(model([("a", ["batch", 1]), ("b", ["batch"])], mul, ["y"]))["Mul"] == 2
+    # concrete and equal: fires; a symbol against a number: no
+    assert saturate(model([("a", [5, 1]), ("b", [5])], mul, ["y"]))["Mul"] == 2
+    assert saturate(model([("a", ["batch", 1]), ("b", [5])], mul, ["y"]))["Mul"] == 1
+
+
+def test_unequal_symbols_prove_no_inequality_and_no_size():
+    sub = [helper.make_node("Sub", ["a", "b"], ["y"])]
+    assert "Add" not in saturate(model([("a", ["batch", 1]), ("b", ["seq"])], sub, ["y"]))
+    assert "Add" in saturate(model([("a", [3, 1]), ("b", [5])], sub, ["y"]))
+    div = [helper.make_node("Div", ["a", "b"], ["y"])]
+    assert saturate(model([("a", ["batch", 1]), ("b", [1])], div, ["y"]))["Div"] == 1
+
+
+# ------------------------------------------------------------------ whole models
+def conv_bn(batch="batch"):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (4, 3, 3, 3)), ("scale", (4,)), ("bias", (4,)), ("mean", (4,)))]
+    inits.append(numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "var"))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    return model([("x", [batch, 3, 8, 8])], nodes, ["y"], inits)
+
+
+def dims(v):
+    return [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in v.type.tensor_type.shape.dim]
+
+
+def test_a_dynamic_batch_model_is_written_dynamic_and_runs_at_batch_1_and_3():
+    m = conv_bn()
+    r = optimize(m, cost_model="analytic", measure=False)
+    out = r.model
+    assert r.report["written"] == "optimized" and "BatchNormalization" not in r.report["extracted"]["ops"]
+    assert dims(out.graph.input[0]) == ["batch", 3, 8, 8] and dims(out.graph.output[0]) == ["batch", 4, 8, 8]
+    assert r.report["binding"]["symbols"] == {"batch": [1, 3]}
+    assert "2 bindings" in r.report["verification"]["message"]
+    ref, got = session(m), session(out)
+    for n in (1, 3, 5):  # 5: a size neither costed nor verified at
+        x = np.random.default_rng(n).standard_normal((n, 3, 8, 8)).astype(np.float32)
+        np.testing.assert_allclose(got.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_fix_shapes_freezes_the_written_model():
+    r = optimize(conv_bn(), cost_model="analytic", measure=False, fix_shapes=True, input_shapes={"x": [2, 3, 8, 8]})
+    assert dims(r.model.graph.input[0]) == [2, 3, 8, 8]
+
+
+def test_a_transformer_like_reshape_keeps_batch_and_sequence():
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    shp = numpy_helper.from_array(np.array([0, 0, 4, 4], np.int64), "shp")
+    back = numpy_helper.from_array(np.array([0, 0, 16], np.int64), "back")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "shp"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3]),
+             helper.make_node("Softmax", ["t"], ["s"], axis=-1),
+             helper.make_node("Transpose", ["s"], ["u"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["u", "back"], ["y"])]
+    m = model([("x", ["batch", "sequence", 16])], nodes, ["y"], [w, shp, back])
+    imported = import_model(m)
+    assert not any("opaque" in n for n in imported.notices)
+    binding = bindings.choose(m, imported)
+    assert binding.costed == {"x": [1, 128, 16]} and binding.second == {"x": [3, 64, 16]}
+    out = export_model(imported)
+    assert dims(out.graph.output[0]) == ["batch", "sequence", 16]
+    x = np.random.default_rng(2).standard_normal((2, 7, 16)).astype(np.float32)
+    np.testing.assert_allclose(session(out).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0], rtol=1e-5)
+
+
+def test_a_model_that_fails_at_the_second_binding_is_not_written():
+    # the original runs at every size; a wrong model that only works at the costed one fails verification
+    from relsat.driver.verify import verify
+
+    m = conv_bn()
+    imported = import_model(m)
+    binding = bindings.choose(m, imported)
+    frozen = optimize(m, cost_model="analytic", measure=False, fix_shapes=True).model  # batch frozen to 1
+    assert verify(m, frozen, bindings=[binding.costed]).ok
+    result = verify(m, frozen, bindings=binding.all)
+    assert not result.ok and "cannot run the optimized model" in result.message
+
+
+def test_an_opset_6_model_is_upgraded_and_optimized():
+    # ops ONNX Runtime still runs at opset 6 (an old PyTorch export's Conv, Relu, MaxPool, Flatten, MatMul)
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    fc = numpy_helper.from_array(rng.standard_normal((64, 5)).astype(np.float32), "fc")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Relu", ["r"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    graph = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("x", F, [2, 3, 8, 8]),
+                                             helper.make_tensor_value_info("w", F, [4, 3, 3, 3]),
+                                             helper.make_tensor_value_info("fc", F, [64, 5])],
+                              [helper.make_tensor_value_info("y", F, [2, 5])], [w, fc])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)], ir_version=3)
+    onnx.checker.check_model(m)
+    r = optimize(m, cost_model="analytic", measure=False)
+    assert any("upgraded from opset 6" in n for n in r.report["notices"])
+    assert r.report["verification"]["ok"]
+    out = export_model(import_model(m))  # the graph relsat writes for it: at the upgraded opset
+    assert {o.version for o in out.opset_import if o.domain == ""} == {13}
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(session(r.model).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_an_expand_whose_shape_is_an_integer_graph_input():
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "expand", [helper.make_tensor_value_info("x", F, [3, 1]),
+                                                helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    r = optimize(m)  # measured costs, in-context profiling, timing and verification all feed the shape input
+    assert r.report["verification"]["ok"]
+
+
+def test_user_input_sets_are_verified(tmp_path):
+    m = conv_bn()
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", x=x)
+    r = optimize(m, cost_model="analytic", measure=False, inputs=(str(tmp_path / "a.npz"),))
+    assert "user's input set" not in r.report["verification"]["message"] and r.report["verification"]["ok"]
+    assert r.report["verification"]["draws"] == 7  # 3 draws at each of 2 bindings, and the user's set
+    np.savez(tmp_path / "bad.npz", x=x.astype(np.float64))
+    with pytest.raises(RelsatError, match="bad.npz"):
+        optimize(m, cost_model="analytic", measure=False, inputs=(str(tmp_path / "bad.npz"),))
+
+
+def test_a_string_tensor_model_passes_its_string_nodes_through():
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("StringNormalizer", ["s"], ["y"], case_change_action="UPPER", locale="C"),
+             helper.make_node("MatMul", ["f", "w"], ["h"]), helper.make_node("Relu", ["h"], ["z"])]
+    graph = helper.make_graph(nodes, "strings", [helper.make_tensor_value_info("s", TensorProto.STRING, [3]),
+                                                 helper.make_tensor_value_info("f", F, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [3]),
+                               helper.make_tensor_value_info("z", F, ["n", 4])], [w])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    r = optimize(m)
+    assert r.report["verification"]["ok"]
+    assert any("StringNormalizer" in n for n in r.report["notices"])
+    out = session(r.model).run(None, {"s": np.array(["ab", "Cd", "e"], dtype=object),
+                                      "f": np.ones((2, 4), np.float32)})
+    assert list(out[0]) == ["AB", "CD", "E"]
