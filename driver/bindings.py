@@ -35,8 +35,6 @@ from .onnx_import import infer_concrete
 class Binding:
     costed: dict[str, list[int]]  # graph input -> its dims at the costed binding
     second: dict[str, list[int]] | None  # ... at the second verification binding (None: no dynamic dims)
-    text: str = ""  # "batch=1, sequence=128"
-    second_text: str = ""
     symbols: dict = field(default_factory=dict)  # symbol name -> [costed, second], for the report
 
     @property
@@ -70,7 +68,6 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
         return Binding(costed, None)
     by_code = symbols.by_code
     inputs = [by_code[c] for c in sorted(in_codes, reverse=True)]
-    given = {s.name for s in inputs if s.value is not None}
     for s in inputs:
         if s.batch and s.value is None:
             s.value = BATCH_VALUE
@@ -114,12 +111,8 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
                 s.second = s.value
     _bind_derived(model, imported, symbols, in_codes)
     symbols.store(imported.egraph)
-    names = inputs
-    return Binding(
-        _shapes(imported, symbols, "value"), _shapes(imported, symbols, "second"),
-        ", ".join(f"{s.name}={s.value}" + (" (given)" if s.name in given else "") for s in names),
-        ", ".join(f"{s.name}={s.second}" for s in names),
-        {s.name: [s.value, s.second] for s in names})
+    return Binding(_shapes(imported, symbols, "value"), _shapes(imported, symbols, "second"),
+                   {s.name: [s.value, s.second] for s in inputs})
 
 
 def _bind_derived(model, imported, symbols: Symbols, in_codes: set[int]) -> None:

@@ -38,7 +38,10 @@ err = Console(stderr=True)
 # --threads, whose default shares the cores among its workers).
 D = DEFAULTS
 RULES = typer.Option(list(D.rules), "--rules", help="rule set name or .rules file (repeatable)")
-INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,... for dynamic dims")
+INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,...: the sizes dynamic dims are costed and timed "
+                           "at (the written model keeps them dynamic unless --fix-shapes)")
+FIX_SHAPES = typer.Option(D.fix_shapes, "--fix-shapes", help="freeze dynamic dims in the written model (to "
+                          "--input-shape, or 1 for a batch dim)")
 ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
 NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
 TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation time limit, seconds")
@@ -56,10 +59,11 @@ CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extrac
                               "in-context costs")
 
 
-def _options(*, rules, input_shape, iter_limit, node_limit, time_limit, extractor, cost_model, provider, threads,
-             costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds) -> Options:
+def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
+             threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, inputs=()) -> Options:
     """The shared flags as an ``Options`` (checked)."""
-    return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, iter_limit=iter_limit,
+    return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, fix_shapes=fix_shapes,
+                   inputs=tuple(str(p) for p in inputs), iter_limit=iter_limit,
                    node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                    provider=provider, threads=threads, costs=None if costs is None else str(costs),
                    measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
@@ -89,6 +93,9 @@ def optimize(
     db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
     rules: List[str] = RULES,
     input_shape: List[str] = INPUT_SHAPE,
+    fix_shapes: bool = FIX_SHAPES,
+    inputs: List[Path] = typer.Option([], "--inputs", help=".npz file of verification inputs, one set per file "
+                                      "(repeatable), checked beside the random draws"),
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
@@ -115,10 +122,10 @@ def optimize(
                       others=[("-o", output), ("--db", db)], protected=protected_paths(None, costs))
         with err.status("optimizing ...") as status:
             options = _options(
-                rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
-                time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
-                threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit,
-                candidates=candidates, context_rounds=context_rounds)
+                rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit,
+                node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
+                provider=provider, threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap,
+                ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
@@ -168,6 +175,12 @@ def _summary(rep: dict) -> None:
     v = rep["verification"]
     t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e} "
               f"({v.get('draws', 0)} input draws)" if v.get("draws") else v["message"])
+    b = rep.get("binding") or {}
+    if b.get("symbols"):
+        t.add_row("dynamic dims", "kept; costed and timed at " + ", ".join(f"{k}={v[0]}" for k, v in b["symbols"].items())
+                  + "; verified also at " + ", ".join(f"{k}={v[1]}" for k, v in b["symbols"].items()))
+    elif b.get("fixed"):
+        t.add_row("shapes", "fixed (--fix-shapes): " + "; ".join(f"{k} {v}" for k, v in b["costed"].items()))
     t.add_row("time", ", ".join(f"{k} {s:.2f}s" for k, s in rep["phases_s"].items()))
     for n in rep["notices"]:
         t.add_row("notice", n)
@@ -385,6 +398,7 @@ def batch(
     force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
     rules: List[str] = RULES,
     input_shape: List[str] = INPUT_SHAPE,
+    fix_shapes: bool = FIX_SHAPES,
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
@@ -405,7 +419,7 @@ def batch(
 
     try:
         options = _options(
-            rules=rules, input_shape=input_shape, iter_limit=iter_limit, node_limit=node_limit,
+            rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit, node_limit=node_limit,
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
             mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds)

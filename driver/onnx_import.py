@@ -659,7 +659,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         else:
             nodes.append(node)
     if computed:
-        notices.append("computed at import from constants and the fixed input shapes: " + ", ".join(
+        notices.append("computed at import from constants and static shapes: " + ", ".join(
             f"{op} x{n}" if n > 1 else op for op, n in computed.most_common()))
     imp.add_weights(weights)
     inputs = [(v.name, v.type.tensor_type.elem_type, shapes[v.name]) for v in real_inputs]

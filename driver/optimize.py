@@ -264,9 +264,6 @@ class _Pipeline:
         """The sizes the dynamic dims are costed, timed and verified at (``relsat.driver.bindings``), and the
         user's verification input sets."""
         self.binding = bindings.choose(self.model, self.imported)
-        if self.binding.second:
-            self.notices.append(f"dynamic dims kept in the written model; costed and timed at {self.binding.text}; "
-                                f"verified at that binding and at {self.binding.second_text}")
         self.input_sets = feeds.load_input_sets(self.o.inputs, feeds.graph_inputs(self.model)) if self.o.inputs else []
 
     def saturate(self) -> None:

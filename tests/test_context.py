@@ -125,7 +125,7 @@ def test_the_measured_fastest_candidate_is_written_not_the_predicted_cheapest():
     s = Search(None, p, np.zeros(0, dtype=np.int64), {}, "cpu", 1, None, 10.0, 1e-4)
     s.original = Candidate("original", {}, float("nan"), model=original)
     s.candidates = [cheap_looking, fast]
-    picked, check, guard = s.choose(original, input_shapes=None, threshold=0.03)
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     assert picked is fast and check.ok
     assert fast.status == "written" and cheap_looking.status == "slower"
     assert min(s.candidates, key=lambda c: c.predicted_ms) is cheap_looking
