@@ -1,7 +1,8 @@
 """ONNX import: from a model file to e-graph rows.
 
-Owns reading and checking a model file (``load_model``, ``check_ort_loadable``),
-specializing dynamic input dims, and reading the graph into rows of the e-graph
+Owns reading and checking a model file (``load_model``, ``check_ort_loadable``), upgrading
+a model below opset 7 (``upgrade_opset``), the graph inputs' dynamic dims as symbols
+(``relations/dims.py``; frozen only with ``fix_shapes``), and reading the graph into rows of the e-graph
 (``import_model`` -> ``ImportResult``): float32 scalars (initializers and
 Constant nodes) become Constant(value_float) leaves, other initializers and
 Constant values deduplicated Weight leaves, graph inputs Input leaves, and each
