@@ -18,7 +18,9 @@ of the graph.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -217,9 +219,10 @@ def _onnx_shape(dims, symbols: Symbols):
     return [codes[d].name if is_sym(d) else d for d in dims]
 
 
-def _types_of(graph: onnx.GraphProto, symbols: Symbols) -> dict[str, tuple[int | None, list[int] | None]]:
-    """ONNX dtype and shape of every value: a dim_param is its symbol, an unknown dim a fresh anonymous
-    symbol of that value and position; None when the rank is unknown."""
+def _types_of(graph: onnx.GraphProto, symbols: Symbols, prefix: str = "") -> dict[str, tuple[int | None, list[int] | None]]:
+    """ONNX dtype and shape of every value: a dim_param is its symbol, an unknown dim (or one ONNX's
+    inference named ``unk__N``) a fresh anonymous symbol of that value and position; None when the rank
+    is unknown. ``prefix``: for the fresh names of another inference's unknown dims."""
     types = {t.name: (t.data_type, list(t.dims)) for t in graph.initializer}
     for v in [*graph.input, *graph.output, *graph.value_info]:
         if v.type.HasField("tensor_type"):
@@ -227,9 +230,42 @@ def _types_of(graph: onnx.GraphProto, symbols: Symbols) -> dict[str, tuple[int |
             shape = None
             if tt.HasField("shape"):
                 shape = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
-                         else symbols.get(d.dim_param, batch=False) if d.dim_param
-                         else symbols.get(f"{v.name}:{i}", anonymous=True) for i, d in enumerate(tt.shape.dim)]
+                         else symbols.get(d.dim_param, batch=False) if d.dim_param and not d.dim_param.startswith("unk__")
+                         else symbols.get(f"{prefix}{v.name}:{i}", anonymous=True) for i, d in enumerate(tt.shape.dim)]
             types[v.name] = (tt.elem_type or None, shape)
+    return types
+
+
+def _inferred(model: onnx.ModelProto, symbols: Symbols) -> dict:
+    """``_types_of`` the model with every value's type inferred. ONNX's shape inference (with data
+    propagation) first; where it leaves a dim unknown (or names it ``unk__N``), ONNX Runtime's symbolic
+    shape inference fills it in when it runs: it carries dim_params through shape arithmetic (a
+    Reshape to Concat(Shape(x)[0], Shape(x)[1], 12, 64) is [batch, sequence, 12, 64]) and names
+    derived dims by their expression."""
+    types = _types_of(onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph, symbols)
+    gaps = {n for n, (_, s) in types.items() if s is None or any(is_sym(d) and symbols.by_code[d].anonymous
+                                                                   for d in s)}
+    if not gaps:
+        return types
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            out = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:
+        out = None
+    if out is None:
+        return types
+    ort_types = _types_of(out.graph, symbols, prefix="ort:")
+    for name in gaps:
+        mine, theirs = types.get(name, (None, None)), ort_types.get(name)
+        if theirs is None or theirs[1] is None:
+            continue
+        if mine[1] is None or len(mine[1]) != len(theirs[1]):
+            types[name] = (mine[0] or theirs[0], theirs[1]) if mine[1] is None else mine
+            continue
+        types[name] = (mine[0] or theirs[0], [t if is_sym(m) and symbols.by_code[m].anonymous else m
+                                              for m, t in zip(mine[1], theirs[1])])
     return types
 
 
@@ -283,7 +319,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols):
                               sparse_initializer=g.sparse_initializer),
             opset_imports=model.opset_import, ir_version=max(model.ir_version, 4),  # IR 3 ignores unlisted initializers
             functions=model.functions)
-        types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph, symbols)
+        types = _inferred(light, symbols)
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
             out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)

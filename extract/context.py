@@ -78,11 +78,14 @@ def _renamed(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, backend: str, threads: int) -> str:
+def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, backend: str, threads: int, shapes=None) -> str:
     """sha256 of what a graph profile depends on: the graph as profiled (``blob``, its bytes; part by part
-    for a model too large for one protobuf buffer), provider, threads, clock and ONNX Runtime version."""
-    h = hashlib.sha256(json.dumps(["graph", backend, threads, timer(backend, threads).__name__,
-                                   ort.__version__]).encode())
+    for a model too large for one protobuf buffer), the input shapes it ran at (a graph with dynamic dims
+    runs at any), provider, threads, clock and ONNX Runtime version."""
+    parts = ["graph", backend, threads, timer(backend, threads).__name__, ort.__version__]
+    if shapes:
+        parts.append(shapes)
+    h = hashlib.sha256(json.dumps(parts).encode())
     if blob is not None:
         h.update(blob)
         return h.hexdigest()
@@ -91,6 +94,11 @@ def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, backend: str, threa
         data = part.SerializeToString(deterministic=True)
         h.update(len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
+
+
+def _dynamic(model: onnx.ModelProto) -> bool:
+    """Whether a graph input has a dynamic dim (its profile then depends on the input shapes fed)."""
+    return any(not d.HasField("dim_value") for v in model.graph.input for d in v.type.tensor_type.shape.dim)
 
 
 def _kernel_medians(trace: list[dict]) -> dict[str, float]:
@@ -197,7 +205,8 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
     renamed = _renamed(model)
     blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-    key = _graph_key(renamed, blob, backend, threads)
+    key = _graph_key(renamed, blob, backend, threads,
+                     sorted((k, list(np.shape(v))) for k, v in feeds.items()) if _dynamic(model) else None)
     overhead = calibrated_call_overhead_ms(provider, threads, cache)
     hit = cache.rows([key]).get(key) if cache is not None else None
     if hit is not None:

@@ -253,3 +253,19 @@ def test_a_string_tensor_model_passes_its_string_nodes_through():
     out = session(r.model).run(None, {"s": np.array(["ab", "Cd", "e"], dtype=object),
                                       "f": np.ones((2, 4), np.float32)})
     assert list(out[0]) == ["AB", "CD", "E"]
+
+
+def test_a_dynamic_graph_profile_is_cached_per_input_shape(tmp_path):
+    from relsat.extract.context import profile_graph
+    from relsat.extract.cost_cache import CostCache
+
+    m = conv_bn()
+    cache = CostCache(tmp_path / "c.duckdb")
+    weights = np.ones(len(m.graph.node))
+    x1 = {"x": np.ones((1, 3, 8, 8), np.float32)}
+    x3 = {"x": np.ones((3, 3, 8, 8), np.float32)}
+    first = profile_graph(m, x1, weights, threads=1, cache=cache, budget_s=0.05)
+    assert not first.cached
+    assert profile_graph(m, x1, weights, threads=1, cache=cache, budget_s=0.05).cached
+    other = profile_graph(m, x3, weights, threads=1, cache=cache, budget_s=0.05)
+    assert not other.cached and other.key != first.key  # batch 3 is another measurement

@@ -268,7 +268,7 @@ def test_shape_computations_are_resolved_for_the_fixed_shapes():
     imported, out = roundtrip(model, fix_shapes=True)
     assert opaque_count(imported) == 0
     assert [n.op_type for n in out.graph.node] == ["Reshape"]
-    assert any("Shape" in n and "fixed input shapes" in n for n in imported.notices)
+    assert any("Shape" in n and "static shapes" in n for n in imported.notices)
     # dynamic: the shape arithmetic stays, but the Reshape it feeds is read from the inferred [batch, 12]
     # as a constant Reshape that copies the batch dim (0), and the arithmetic is left unused
     imported, out = roundtrip(model)
