@@ -2,7 +2,7 @@
 ``--input-shape``; every model keeps its dynamic dims.
 
     python -m relsat.benchmarks.bench_corpus [--models NAME ...] [--threads 1 2] [--budget 2]
-        [--out results.jsonl] [--no-peers]
+        [--out results.jsonl] [--no-peers] [--reexport] [--table]
 
 For each model:
 
@@ -17,10 +17,14 @@ For each model:
 - **latency** at the costed binding, at 1 thread and at all cores, original and relsat's model
   and, beside them, onnxsim's (``onnxsim.simplify``, defaults, dynamic dims kept) and, for the
   transformer models, ONNX Runtime's transformers optimizer
-  (``onnxruntime.transformers.optimizer.optimize_model``, the model type named per model, default
-  options): all timed together (``relsat.driver.latency.time_models``: fresh sessions, blocks of
+  (``onnxruntime.transformers.optimizer.optimize_model``, the model type, heads and hidden size
+  given per model, default options otherwise): all timed together (``relsat.driver.latency.time_models``: fresh sessions, blocks of
   back-to-back runs interleaved, medians), level ALL; each peer verified against the original
   first (one that fails is reported, not timed).
+
+``--reexport`` instead writes the extracted graph whatever its speed (analytic costs, no timing), so
+that a model with relsat's rewrites in it goes through verification at two bindings and the dims
+check even where the default run writes the input model unchanged.
 
 One JSON line per model is appended to ``--out`` as soon as it is done (a long run that stops
 keeps what it measured); ``--table`` prints the Markdown table of a results file.
@@ -45,8 +49,9 @@ from relsat.driver.verify import verify
 from relsat.relations import runtime
 
 THIRD = (96, 160, 48, 200)  # sizes tried for the non-batch dims of the third binding
-ORT_TYPES = {"bert_base": "bert", "distilbert": "bert", "gpt2": "gpt2", "vit_b16": "vit",
-             "whisper_tiny_encoder": "bert"}  # the transformers optimizer's model_type per model
+# the transformers optimizer's model_type, num_heads and hidden_size per model
+ORT_TYPES = {"bert_base": ("bert", 12, 768), "distilbert": ("bert", 12, 768), "gpt2": ("gpt2", 12, 768),
+             "vit_b16": ("vit", 12, 768), "whisper_tiny_encoder": ("bert", 6, 384)}
 
 
 def _dims(v) -> list:
@@ -120,7 +125,8 @@ def _peer(name: str, path: Path, tmp: Path) -> dict:
         try:
             from onnxruntime.transformers.optimizer import optimize_model
 
-            m = optimize_model(str(path), model_type=ORT_TYPES[name], num_heads=0, hidden_size=0)
+            kind, heads, hidden = ORT_TYPES[name]
+            m = optimize_model(str(path), model_type=kind, num_heads=heads, hidden_size=hidden)
             p = tmp / "ort_transformers.onnx"
             m.save_model_to_file(str(p))
             out["ort-transformers"] = p
@@ -182,6 +188,40 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool 
     return row
 
 
+def run_reexport(name: str) -> dict:
+    """The extracted graph written whatever its speed (analytic costs, no timing): a re-exported model with
+    relsat's rewrites in it, verified at the two bindings by ``optimize``; then its declared dims and a
+    run at the third binding, as for the default run (where the input model is often written unchanged)."""
+    path = corpus.build([name])[name]
+    original = onnx.load_model(str(path))
+    row: dict = {"model": name}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as td:
+        out_path = Path(td) / "relsat.onnx"
+        try:
+            res = optimize(str(path), output=str(out_path), cost_model="analytic", measure=False)
+        except Exception as e:
+            row["error"] = str(e).splitlines()[0][:300]
+            return row
+        rep = res.report
+        written = onnx.load_model(str(out_path))
+        row.update(seconds=round(time.perf_counter() - t0, 1), written=rep.written, nodes_out=rep.nodes_out,
+                   nodes_in=len(original.graph.node), verify_msg=rep.verification["message"],
+                   verify_err=rep.verification["max_abs_err"], binding=rep.binding["symbols"],
+                   rules_applied=rep.rules_applied)
+        row["dims_kept"], why = dims_kept(original, written)
+        if why:
+            row["dims_lost"] = why
+        third = third_binding(path, rep.binding)
+        row["third"] = third
+        if third is not None and rep.written == "optimized":
+            check = verify(str(path), str(out_path), bindings=[third])
+            row["third_ok"], row["third_err"] = check.ok, check.max_abs_err
+            if not check.ok:
+                row["third_msg"] = check.message
+    return row
+
+
 def _fmt(x, d=3):
     return "" if x is None else f"{x:.{d}f}" if isinstance(x, float) else str(x)
 
@@ -220,6 +260,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def reexport_table(rows: list[dict]) -> str:
+    lines = ["| model | nodes in -> out | written | rules applied | verification (2 bindings) | dims kept | "
+             "third binding | seconds |", "|---|---|---|---|---|---|---|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | FAILED: {r['error']} | | | | | |")
+            continue
+        rules = ", ".join(f"{k} x{v}" for k, v in list(r["rules_applied"].items())[:3] if v) or "none"
+        third = r.get("third")
+        t = ("not run (input written)" if r["written"] != "optimized" else
+             "no size ran" if third is None else
+             ("ok" if r.get("third_ok") else "FAILED") + " at " + " ".join(
+                 f"{k}={chr(215).join(map(str, v))}" for k, v in third.items()))
+        lines.append(f"| {r['model']} | {r['nodes_in']} -> {r['nodes_out']} | {r['written']} | {rules} | "
+                     f"max abs err {r['verify_err']:.2e} | {'yes' if r['dims_kept'] else 'NO: ' + r['dims_lost']} | "
+                     f"{t} | {r['seconds']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=None)
@@ -228,12 +287,23 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="corpus_results.jsonl")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
+    ap.add_argument("--reexport", action="store_true", help="instead: the extracted graph written whatever its "
+                    "speed (analytic costs, no timing), verified, its dims checked (``run_reexport``)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if a.table:
-        print(table([json.loads(x) for x in out.read_text().splitlines() if x.strip()]))
+        rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+        print(table(rows) if any("nodes_in" in r and "opaque" in r for r in rows) else reexport_table(rows))
         return
     names = a.models or [e.name for e in corpus.entries()]
+    if a.reexport:
+        for name in names:
+            row = run_reexport(name)
+            with out.open("a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+            print(json.dumps({k: row.get(k) for k in ("model", "written", "nodes_in", "nodes_out", "dims_kept",
+                                                       "third_ok", "verify_err", "seconds", "error")}), flush=True)
+        return
     threads = tuple(a.threads) if a.threads else (1, None)
     for name in names:
         t = time.perf_counter()

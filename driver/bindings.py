@@ -82,19 +82,22 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
             raise RelsatError(f"{model.graph.name or 'model'}: ONNX Runtime cannot load the model: "
                               f"{error_line(e)}") from None
     free = [s for s in others if s.value is None]
-    if free:
-        tried, last = [], ""
-        for v in OTHER_VALUES:
-            for s in free:
-                s.value = v
-            tried.append(v)
-            last = _runs(sess, model, _shapes(imported, symbols, "value"))
+    if free and (last := _bind_free(sess, model, imported, symbols, free)) is not None:
+        # an unnamed dim may be a batch met again (a state's [2, batch, 128]): each in turn as a batch dim
+        for s in [s for s in free if s.anonymous]:
+            s.batch, s.value, s.second = True, BATCH_VALUE, BATCH_SECOND
+            rest = [x for x in free if not x.batch]
+            last = _bind_free(sess, model, imported, symbols, rest) if rest else _runs(
+                sess, model, _shapes(imported, symbols, "value"))
             if last is None:
                 break
-        else:
-            names = ", ".join(s.name for s in free)
+            s.batch, s.value, s.second = False, None, None
+        others = [s for s in others if not s.batch]
+        if last is not None:
+            names = ", ".join(s.name for s in inputs if s.value is None or not s.batch)
             raise RelsatError(f"{model.graph.name or 'model'}: the model runs at none of the sizes tried for its "
-                              f"dynamic dims {names} ({', '.join(map(str, tried))}): {last}; set them with --input-shape")
+                              f"dynamic dims {names} ({', '.join(map(str, OTHER_VALUES))}): {last}; set them "
+                              f"with --input-shape")
     if others:
         costed_sizes = {s.value for s in others}
         for s in others:
@@ -113,6 +116,19 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
     symbols.store(imported.egraph)
     return Binding(_shapes(imported, symbols, "value"), _shapes(imported, symbols, "second"),
                    {s.name: [s.value, s.second] for s in inputs})
+
+
+def _bind_free(sess, model, imported, symbols: Symbols, free) -> str | None:
+    """Bind the ``free`` symbols to the first of OTHER_VALUES at which the original runs: None, else the
+    last error."""
+    last = ""
+    for v in OTHER_VALUES:
+        for s in free:
+            s.value = v
+        last = _runs(sess, model, _shapes(imported, symbols, "value"))
+        if last is None:
+            return None
+    return last
 
 
 def _bind_derived(model, imported, symbols: Symbols, in_codes: set[int]) -> None:

@@ -49,7 +49,7 @@ from .verify import VerifyResult, verify
 class Candidate:
     """One graph the search considered (``as_dict()`` is its row of the report)."""
 
-    label: str  # original | one-node | round N | next-best N
+    label: str  # original | original, simplified | one-node | round N | next-best N
     choice: dict[int, int]  # e-class -> e-node id
     predicted_ms: float  # predicted latency when it was chosen (before it was profiled or timed)
     model: onnx.ModelProto | None = None
@@ -176,12 +176,20 @@ class Search:
         changed = np.setdiff1d(nodes, orig)
         return changed if len(changed) else nodes
 
-    def run(self, original: dict[int, int], first: Extraction, *, rounds: int, candidates: int) -> None:
-        """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction."""
+    def run(self, original: dict[int, int], first: Extraction, *, rounds: int, candidates: int,
+            input_nodes: int | None = None) -> None:
+        """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction. ``input_nodes``:
+        the input model's node count; when the original choice exports to fewer nodes (a rewrite proved a
+        node equal to an older value, so the original e-classes already skip it; identical nodes shared;
+        constants folded), that graph is a candidate too."""
         first = self.ids(first)
         self.original = self.profile(Candidate("original", original, float("nan"), status="input"))
         self.original.predicted_ms = self.predicted(original)
         seen = [original]
+        o = self.original
+        if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
+            self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
+                                             nodes=o.nodes, profiled_ms=o.profiled_ms))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)

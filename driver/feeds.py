@@ -108,6 +108,18 @@ def positive(what, data=None, axis="axis", default_axis=-1):
     return role
 
 
+def compared(other):
+    """An integer compared for equality with a constant scalar (a sample rate, a mode flag): that constant,
+    so that the branch the model is built for runs (``dims.consts``: the small constants of the graph)."""
+    def role(node, dims):
+        c = getattr(dims, "consts", {}).get(node.input[other]) if other < len(node.input) else None
+        if c is None or np.size(c) != 1 or np.asarray(c).dtype.kind not in "iub":
+            return Role(why=f"{_who(node)}: compared with no constant")
+        v = int(np.asarray(c).reshape(-1)[0])
+        return Role(RANGE, v, v + 1, why=f"{_who(node)}: equal to the constant {v}")
+    return role
+
+
 def split(data=0, axis="axis", default_axis=0):
     """Split sizes of ``node.input[data]`` along ``axis``: they add up to its length."""
     def role(node, dims):
@@ -164,6 +176,8 @@ ROLE_TABLE = {
     ("Slice", 4): positive("steps"),
     ("Unsqueeze", 1): axes(None),
     ("Reshape", 1): reshape(),
+    ("Equal", 0): compared(1),
+    ("Equal", 1): compared(0),
     **{(op, 1): axes() for op in _REDUCE},  # opset 18 (ReduceSum: 13)
 }
 
@@ -221,7 +235,8 @@ def _shape_model(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
 
 
 def _dims_lookup(model: onnx.ModelProto, shapes: dict):
-    """dims(name): a value's dims (ints, None where unknown) or None when its rank is unknown."""
+    """dims(name): a value's dims (ints, None where unknown) or None when its rank is unknown; ``dims.consts``:
+    the graph's small constants (initializers and Constant nodes) by name."""
     table, copy = {}, _shape_model(model, shapes)
     infos = list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output)
     for data_prop in (True, False):
@@ -239,7 +254,18 @@ def _dims_lookup(model: onnx.ModelProto, shapes: dict):
         table[t.name] = list(t.dims)
     for name, dims in shapes.items():
         table[name] = [int(d) for d in dims]
-    return table.get
+
+    def lookup(name):
+        return table.get(name)
+
+    lookup.consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+                     if np.prod(t.dims, dtype=np.int64) <= 64}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            t = n.attribute[0].t
+            if np.prod(t.dims, dtype=np.int64) <= 64 and t.data_type != onnx.TensorProto.STRING:
+                lookup.consts[n.output[0]] = onnx.numpy_helper.to_array(t)
+    return lookup
 
 
 def _uses(value, consumers, dims, part=False, depth=0):

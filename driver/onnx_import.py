@@ -22,6 +22,8 @@ import contextlib
 import hashlib
 import io
 import json
+import signal
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from .errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
+SYMBOLIC_S = 5.0  # time limit of ONNX Runtime's symbolic shape inference at import
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
@@ -144,7 +147,7 @@ def infer_concrete(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict
     """Every value's (dtype, shape) with the graph inputs at these concrete shapes (the importer's
     inference; dims it cannot resolve stay symbols of a throwaway table)."""
     try:
-        return _infer_types(model, shapes, Symbols())[0]
+        return _infer_types(model, shapes, Symbols(), symbolic=False)[0]
     except Exception:
         return {}
 
@@ -236,24 +239,16 @@ def _types_of(graph: onnx.GraphProto, symbols: Symbols, prefix: str = "") -> dic
     return types
 
 
-def _inferred(model: onnx.ModelProto, symbols: Symbols) -> dict:
-    """``_types_of`` the model with every value's type inferred. ONNX's shape inference (with data
-    propagation) first; where it leaves a dim unknown (or names it ``unk__N``), ONNX Runtime's symbolic
-    shape inference fills it in when it runs: it carries dim_params through shape arithmetic (a
-    Reshape to Concat(Shape(x)[0], Shape(x)[1], 12, 64) is [batch, sequence, 12, 64]) and names
-    derived dims by their expression."""
-    types = _types_of(onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph, symbols)
+def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
+    """``types`` (ONNX's shape inference, with data propagation) with the dims it left unknown (or named
+    ``unk__N``) filled in from ONNX Runtime's symbolic shape inference where that runs: it carries
+    dim_params through shape arithmetic (a Reshape to Concat(Shape(x)[0], Shape(x)[1], 12, 64) is
+    [batch, sequence, 12, 64]) and names derived dims by their expression."""
     gaps = {n for n, (_, s) in types.items() if s is None or any(is_sym(d) and symbols.by_code[d].anonymous
                                                                    for d in s)}
     if not gaps:
         return types
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            out = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:
-        out = None
+    out = _symbolic(model)
     if out is None:
         return types
     ort_types = _types_of(out.graph, symbols, prefix="ort:")
@@ -269,6 +264,34 @@ def _inferred(model: onnx.ModelProto, symbols: Symbols) -> dict:
     return types
 
 
+class _TooLong(Exception):
+    pass
+
+
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """ONNX Runtime's symbolic shape inference of ``model``, or None when it fails or runs past
+    ``SYMBOLIC_S`` (its sympy arithmetic can explode: Faster R-CNN with a dynamic image size ran for
+    minutes). The time limit is a SIGALRM timer, so outside the main thread it is not run at all."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise _TooLong()
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, SYMBOLIC_S)
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except (Exception, _TooLong):
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _concrete(shape) -> bool:
     return shape is not None and not any(is_sym(d) for d in shape)
 
@@ -280,7 +303,7 @@ def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
     return np.array(shape[a.get("start", 0):a.get("end", len(shape))], dtype=np.int64)
 
 
-def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols):
+def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symbolic: bool = True):
     """ONNX dtype and shape (dynamic dims as symbols; None when the rank is unknown) of every value,
     and the values that the static dims make constant (``Shape`` and small shape arithmetic on it).
 
@@ -319,7 +342,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols):
                               sparse_initializer=g.sparse_initializer),
             opset_imports=model.opset_import, ir_version=max(model.ir_version, 4),  # IR 3 ignores unlisted initializers
             functions=model.functions)
-        types = _inferred(light, symbols)
+        types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph, symbols)
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
             out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)
@@ -334,7 +357,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols):
             ready.append(n)
             known.add(n.output[0])
         if not ready:
-            return types, folded
+            return (_fill_gaps(light, types, symbols) if symbolic else types), folded
         consts.update((k, numpy_helper.from_array(v, k)) for k, v in shape_values.items())
         folded.update(shape_values)
         rest = [n for n in ready if n.output[0] not in shape_values]

@@ -319,7 +319,8 @@ class _Pipeline:
         fed = feeds.draw(specs, feeds.input_roles(self.model, shapes), 0)
         self.search = Search(self.imported, self.problem, self.node_ids, fed, o.provider, o.threads, self.cache,
                              o.ilp_time_limit, o.mip_gap)
-        self.search.run(self.orig, self.best, rounds=o.context_rounds, candidates=o.candidates)
+        self.search.run(self.orig, self.best, rounds=o.context_rounds, candidates=o.candidates,
+                        input_nodes=len(self.model.graph.node))
         for c in self.search.candidates:
             if c.model is None:
                 self.fallbacks.append({"candidate": c.label, "reason": c.status})
@@ -352,9 +353,9 @@ class _Pipeline:
     def export(self) -> None:
         self.label, self.used, choice, optimized, self.fallbacks = _export_first_usable(
             self.imported, [(self.best.method, self.best), ("greedy", self.greedy)], self.node_ids, self.orig,
-            self.notices)
+            self.notices, len(self.model.graph.node))
         _extraction_table(self.g, choice, self.orig)
-        self.written = "original" if choice == self.orig else "optimized"
+        self.written = "optimized" if optimized is not None else "original"
         self.optimized, self.session = optimized if optimized is not None else (self.model, None)
         self.extracted = _op_counts(self.optimized)
         self.cost_after = self.used.cost if self.used is not None else self.original_cost
@@ -447,7 +448,7 @@ class _Pipeline:
         return g
 
 
-def _export_first_usable(imported, candidates, node_ids, orig, notices):
+def _export_first_usable(imported, candidates, node_ids, orig, notices, input_nodes=None):
     """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on),
     so that a valid model never makes ``optimize`` fail: ``(label, result, choice, model, fallbacks)``,
     ``model`` being (ModelProto, its ONNX Runtime session, reused by verification), or None when the
@@ -459,10 +460,10 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices):
         if choice in seen:
             continue
         seen.append(choice)
-        if choice == orig:
-            return label, res, choice, None, fallbacks
         try:
             candidate = export_model(imported, choice)
+            if choice == orig and (input_nodes is None or len(candidate.graph.node) >= input_nodes):
+                return label, res, choice, None, fallbacks  # the input model itself, unchanged
             session = runtime.session(candidate)  # loadable with ONNX Runtime's optimizations on
         except Exception as e:  # never fail a valid model: fall back to the next candidate
             fallbacks.append({"candidate": label, "reason": error_line(e)})

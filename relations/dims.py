@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 SYM_BASE = -(1 << 40)  # symbol k has code SYM_BASE - k
 BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim", "batches", "num_batches"}
 BATCH_VALUE = 1  # a batch-like symbol is costed at 1 ...
@@ -78,8 +80,19 @@ class Symbols:
         """Write the symbols into the e-graph's ``symbols`` table and its ``bind`` macro."""
         g.con.execute("DELETE FROM symbols")
         if self.by_name:
-            g.con.executemany("INSERT INTO symbols VALUES (?, ?, ?, ?, ?, ?)", [
-                [s.code, s.name, s.anonymous, s.batch, s.value, s.second] for s in self.by_name.values()])
+            rows = list(self.by_name.values())
+            g.con.register("_symbols", {
+                "code": np.array([s.code for s in rows], dtype=np.int64),
+                "name": np.array([s.name for s in rows], dtype=object),
+                "anonymous": np.array([s.anonymous for s in rows], dtype=bool),
+                "batch": np.array([s.batch for s in rows], dtype=bool),
+                "value": np.array([-1 if s.value is None else s.value for s in rows], dtype=np.int64),
+                "second": np.array([-1 if s.second is None else s.second for s in rows], dtype=np.int64)})
+            try:
+                g.con.execute("INSERT INTO symbols SELECT code, name, anonymous, batch, nullif(value, -1), "
+                              "nullif(second, -1) FROM _symbols")
+            finally:
+                g.con.unregister("_symbols")
         g.con.execute(bind_macro(self))
 
     @property
