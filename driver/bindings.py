@@ -10,7 +10,8 @@ binds every symbol twice:
   model runs (all of them the same size, so that dims that must agree do);
 - the **second** binding, for verification only: batch-like dims 3, the others the next of those
   sizes at which the original runs (the costed size again when no other runs), so that a written
-  model that only works at one shape is not written.
+  model that only works at one shape is not written. When the original itself does not run there,
+  batch 2; when not there either, there is no second binding (the report's ``second`` is null).
 
 Dims that inference derives inside the graph (an unnamed dim of a Reshape's output, ...) are bound
 from ONNX shape inference run at each binding.  The symbols and their bindings are stored in the
@@ -74,13 +75,11 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
         if s.batch:
             s.second = BATCH_SECOND if s.value != BATCH_SECOND else BATCH_VALUE
     others = [s for s in inputs if not s.batch]
-    sess = None
-    if others:
-        try:
-            sess = runtime.session(model, optimize=False)
-        except Exception as e:
-            raise RelsatError(f"{model.graph.name or 'model'}: ONNX Runtime cannot load the model: "
-                              f"{error_line(e)}") from None
+    try:
+        sess = runtime.session(model, optimize=False)
+    except Exception as e:
+        raise RelsatError(f"{model.graph.name or 'model'}: ONNX Runtime cannot load the model: "
+                          f"{error_line(e)}") from None
     free = [s for s in others if s.value is None]
     if free and (last := _bind_free(sess, model, imported, symbols, free)) is not None:
         # an unnamed dim may be a batch met again (a state's [2, batch, 128]): each in turn as a batch dim
@@ -112,10 +111,18 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
         else:
             for s in others:
                 s.second = s.value
+    if _runs(sess, model, _shapes(imported, symbols, "second")) is not None:
+        # a model whose batch is not free after all: batch 2, else no second binding
+        batches = [s for s in inputs if s.batch and s.value != 2]
+        for s in batches:
+            s.second = 2
+        if not batches or _runs(sess, model, _shapes(imported, symbols, "second")) is not None:
+            for s in inputs:
+                s.second = s.value
     _bind_derived(model, imported, symbols, in_codes)
     symbols.store(imported.egraph)
-    return Binding(_shapes(imported, symbols, "value"), _shapes(imported, symbols, "second"),
-                   {s.name: [s.value, s.second] for s in inputs})
+    costed, second = _shapes(imported, symbols, "value"), _shapes(imported, symbols, "second")
+    return Binding(costed, second if second != costed else None, {s.name: [s.value, s.second] for s in inputs})
 
 
 def _bind_free(sess, model, imported, symbols: Symbols, free) -> str | None:

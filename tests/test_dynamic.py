@@ -269,3 +269,13 @@ def test_a_dynamic_graph_profile_is_cached_per_input_shape(tmp_path):
     assert profile_graph(m, x1, weights, threads=1, cache=cache, budget_s=0.05).cached
     other = profile_graph(m, x3, weights, threads=1, cache=cache, budget_s=0.05)
     assert not other.cached and other.key != first.key  # batch 3 is another measurement
+
+
+def test_a_batch_dim_that_only_runs_at_one_gets_no_second_binding():
+    shp = numpy_helper.from_array(np.array([1, 4], np.int64), "shp")
+    nodes = [helper.make_node("Reshape", ["x", "shp"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    m = model([("x", ["batch", 4])], nodes, ["y"], [shp])  # declared dynamic, but reshaped to batch 1
+    imported = import_model(m)
+    binding = bindings.choose(m, imported)
+    assert binding.costed == {"x": [1, 4]} and binding.second is None and binding.all == [{"x": [1, 4]}]
+    assert optimize(m, cost_model="analytic", measure=False).report["verification"]["ok"]
