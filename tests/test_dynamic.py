@@ -279,3 +279,25 @@ def test_a_batch_dim_that_only_runs_at_one_gets_no_second_binding():
     binding = bindings.choose(m, imported)
     assert binding.costed == {"x": [1, 4]} and binding.second is None and binding.all == [{"x": [1, 4]}]
     assert optimize(m, cost_model="analytic", measure=False).report["verification"]["ok"]
+
+
+def test_a_reshape_target_computed_with_minus_one_is_proven_by_symbolic_inference(monkeypatch):
+    # x.view(x.size(0), -1, 4, 4), as exporters write it: ONNX's inference leaves dim 1 unknown, ONNX
+    # Runtime's symbolic inference finds it is the sequence, so the Reshape and what reads it are no opaque nodes
+    from relsat.driver import onnx_import
+
+    ax = numpy_helper.from_array(np.array([0], np.int64), "ax")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["b"], axis=0), helper.make_node("Unsqueeze", ["b", "ax"], ["b1"]),
+             helper.make_node("Concat", ["b1", "rest"], ["t"], axis=0), helper.make_node("Reshape", ["x", "t"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])]
+    m = model([("x", ["batch", "seq", 16])], nodes, ["y"],
+              [numpy_helper.from_array(np.array(0, np.int64), "i0"), ax,
+               numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "rest")])
+    imported = import_model(m)
+    assert imported.egraph.sql("SELECT count(*) FROM op_transpose")[0][0] == 1
+    out = export_model(imported)
+    x = np.random.default_rng(6).standard_normal((3, 5, 16)).astype(np.float32)
+    np.testing.assert_array_equal(session(out).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0])
+    monkeypatch.setattr(onnx_import, "_symbolic", lambda model: None)  # ONNX's inference alone cannot
+    assert import_model(m).egraph.sql("SELECT count(*) FROM op_transpose")[0][0] == 0
