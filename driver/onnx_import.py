@@ -284,7 +284,15 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            # SymbolicShapeInference.infer_shapes, less its ending: when some shapes stay unknown it saves
+            # the model as sym_shape_infer_temp.onnx in the current folder (a user's) and raises; the
+            # shapes it did infer are what relsat wants
+            sym = SymbolicShapeInference(2 ** 31 - 1, True, False, 0)
+            sym._preprocess(model)
+            while sym.run_:
+                sym._infer_impl()
+            sym._update_output_from_vi()
+            return sym.out_mp_
     except (Exception, _TooLong):
         return None
     finally:

@@ -301,3 +301,16 @@ def test_a_reshape_target_computed_with_minus_one_is_proven_by_symbolic_inferenc
     np.testing.assert_array_equal(session(out).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0])
     monkeypatch.setattr(onnx_import, "_symbolic", lambda model: None)  # ONNX's inference alone cannot
     assert import_model(m).egraph.sql("SELECT count(*) FROM op_transpose")[0][0] == 0
+
+
+def test_import_writes_nothing_in_the_current_folder(tmp_path, monkeypatch):
+    # ONNX Runtime's symbolic inference saves sym_shape_infer_temp.onnx in the current folder when some shape
+    # stays unknown (here: the output of an operator of an unknown domain); relsat must not let it
+    monkeypatch.chdir(tmp_path)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mystery", ["r"], ["y"], domain="example.ops")]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", F, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.ops", 1)],
+                          ir_version=10)
+    import_model(m)
+    assert list(tmp_path.iterdir()) == []
