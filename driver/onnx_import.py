@@ -268,6 +268,15 @@ class _TooLong(Exception):
     pass
 
 
+def _safe_merge(merged, kept) -> bool:
+    """Whether a merge ONNX Runtime's symbolic inference suggests (auto_merge: two dims a broadcast or an
+    elementwise op needs equal) may be taken as fact. A dim merged into a number or into another input
+    symbol is a guess (``Add([s], [3])`` runs at s = 1 too, ``[s1] + [s2]`` with either at 1). A derived
+    expression merged into a symbol, as ``Min(512, sequence)`` into ``sequence`` (BERT's position ids), is
+    taken as an assumption about the sizes the model runs at, which verification at two bindings checks."""
+    return isinstance(kept, str) and isinstance(merged, str) and not merged.isidentifier() and kept.isidentifier()
+
+
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference of ``model``, or None when it fails or runs past
     ``SYMBOLIC_S`` (its sympy arithmetic can explode: Faster R-CNN with a dynamic image size ran for
@@ -283,16 +292,22 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        def run(auto_merge: bool):
             # SymbolicShapeInference.infer_shapes, less its ending: when some shapes stay unknown it saves
             # the model as sym_shape_infer_temp.onnx in the current folder (a user's) and raises; the
             # shapes it did infer are what relsat wants
-            sym = SymbolicShapeInference(2 ** 31 - 1, True, False, 0)
+            sym = SymbolicShapeInference(2 ** 31 - 1, auto_merge, False, 0)
             sym._preprocess(model)
             while sym.run_:
                 sym._infer_impl()
             sym._update_output_from_vi()
-            return sym.out_mp_
+            return sym
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            sym = run(True)
+            if all(_safe_merge(a, b) for a, b in sym.suggested_merge_.items()):
+                return sym.out_mp_
+            return run(False).out_mp_  # a merge it guessed could be wrong: without merging (it stops sooner)
     except (Exception, _TooLong):
         return None
     finally:
