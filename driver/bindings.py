@@ -35,7 +35,8 @@ from .onnx_import import infer_concrete
 @dataclass
 class Binding:
     costed: dict[str, list[int]]  # graph input -> its dims at the costed binding
-    second: dict[str, list[int]] | None  # ... at the second verification binding (None: no dynamic dims)
+    second: dict[str, list[int]] | None  # ... at the second verification binding (None: no dynamic dims, or
+    # the original runs at no second size)
     symbols: dict = field(default_factory=dict)  # symbol name -> [costed, second], for the report
 
     @property
@@ -140,10 +141,9 @@ def _bind_free(sess, model, imported, symbols: Symbols, free) -> str | None:
 
 def _bind_derived(model, imported, symbols: Symbols, in_codes: set[int]) -> None:
     """Bind the symbols that are not input dims from ONNX shape inference at each binding."""
-    derived = [s for s in symbols.by_name.values() if s.code not in in_codes and s.value is None]
-    if not derived:
+    want = {s.code: s for s in symbols.by_code.values() if s.code not in in_codes and s.value is None}
+    if not want:
         return
-    want = {s.code: s for s in derived}
     for which in ("value", "second"):
         types = infer_concrete(model, _shapes(imported, symbols, which))
         for name, (_, shape) in imported.types.items():
@@ -155,7 +155,6 @@ def _bind_derived(model, imported, symbols: Symbols, in_codes: set[int]) -> None
             for d, v in zip(shape, got):
                 if d in want and getattr(want[d], which) is None and not is_sym(v):
                     setattr(want[d], which, int(v))
-    for s in derived:  # never seen at a concrete size: costed as 1
+    for s in want.values():  # never seen at a concrete size: costed as 1
         s.value = s.value if s.value is not None else 1
         s.second = s.second if s.second is not None else s.value
-

@@ -244,8 +244,7 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
     ``unk__N``) filled in from ONNX Runtime's symbolic shape inference where that runs: it carries
     dim_params through shape arithmetic (a Reshape to Concat(Shape(x)[0], Shape(x)[1], 12, 64) is
     [batch, sequence, 12, 64]) and names derived dims by their expression."""
-    gaps = {n for n, (_, s) in types.items() if s is None or any(is_sym(d) and symbols.by_code[d].anonymous
-                                                                   for d in s)}
+    gaps = {n for n, (_, s) in types.items() if s is None or any(symbols.anonymous(d) for d in s)}
     if not gaps:
         return types
     out = _symbolic(model)
@@ -256,11 +255,10 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
         mine, theirs = types.get(name, (None, None)), ort_types.get(name)
         if theirs is None or theirs[1] is None:
             continue
-        if mine[1] is None or len(mine[1]) != len(theirs[1]):
-            types[name] = (mine[0] or theirs[0], theirs[1]) if mine[1] is None else mine
-            continue
-        types[name] = (mine[0] or theirs[0], [t if is_sym(m) and symbols.by_code[m].anonymous else m
-                                              for m, t in zip(mine[1], theirs[1])])
+        if mine[1] is None:
+            types[name] = (mine[0] or theirs[0], theirs[1])
+        elif len(mine[1]) == len(theirs[1]):
+            types[name] = (mine[0] or theirs[0], [t if symbols.anonymous(m) else m for m, t in zip(mine[1], theirs[1])])
     return types
 
 

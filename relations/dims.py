@@ -59,13 +59,20 @@ class Symbols:
     """The symbols of one model, by name (a dim_param names one symbol wherever it appears)."""
 
     by_name: dict[str, Symbol] = field(default_factory=dict)
+    by_code: dict[int, Symbol] = field(default_factory=dict)
+
+    def _add(self, s: Symbol) -> Symbol:
+        self.by_name[s.name] = self.by_code[s.code] = s
+        return s
 
     def get(self, name: str, *, anonymous: bool = False, batch: bool = False) -> int:
-        s = self.by_name.get(name)
-        if s is None:
-            s = self.by_name[name] = Symbol(code(len(self.by_name) + 1), name, anonymous, batch)
+        s = self.by_name.get(name) or self._add(Symbol(code(len(self.by_name) + 1), name, anonymous, batch))
         s.batch = s.batch or batch
         return s.code
+
+    def anonymous(self, d) -> bool:
+        """Whether ``d`` is a symbol for a dim nothing named (an unknown dim of shape inference)."""
+        return is_sym(d) and d in self.by_code and self.by_code[d].anonymous
 
     @classmethod
     def from_egraph(cls, g) -> "Symbols":
@@ -73,7 +80,7 @@ class Symbols:
         out = cls()
         for c, name, anon, batch, value, second in g.sql(
                 "SELECT code, name, anonymous, batch, value, second FROM symbols ORDER BY code DESC"):
-            out.by_name[name] = Symbol(int(c), name, bool(anon), bool(batch), value, second)
+            out._add(Symbol(int(c), name, bool(anon), bool(batch), value, second))
         return out
 
     def store(self, g) -> None:
@@ -95,10 +102,6 @@ class Symbols:
                 g.con.unregister("_symbols")
         g.con.execute(bind_macro(self))
 
-    @property
-    def by_code(self) -> dict[int, Symbol]:
-        return {s.code: s for s in self.by_name.values()}
-
     def __bool__(self) -> bool:
         return bool(self.by_name)
 
@@ -108,8 +111,7 @@ class Symbols:
         if shape is None:
             return None
         codes = self.by_code
-        return [int(getattr(codes[d], which) or 1) if is_sym(d) and d in codes else (1 if is_sym(d) else int(d))
-                for d in shape]
+        return [int(getattr(codes[d], which) or 1) if d in codes else (1 if is_sym(d) else int(d)) for d in shape]
 
     def onnx_dims(self, shape):
         """``shape`` for ``helper.make_tensor_value_info``: symbols as their dim_param names, anonymous
@@ -126,22 +128,14 @@ class Symbols:
                 out.append(int(d))
         return out
 
-    def describe(self, which: str = "value") -> str:
-        """``batch=1, sequence=128`` (the named symbols and their binding)."""
-        return ", ".join(f"{s.name}={getattr(s, which)}" for s in self.by_name.values())
-
-    def sql_map(self, which: str = "value") -> str:
-        """A DuckDB MAP literal code -> binding (for the ``bind`` macro)."""
-        items = [f"{s.code}: {int(getattr(s, which) or 1)}" for s in self.by_name.values()]
-        return "MAP {" + ", ".join(items) + "}" if items else "MAP {}::MAP(BIGINT, BIGINT)"
-
-
 def bind_macro(symbols: Symbols | None) -> str:
-    """The ``bind(shape)`` macro: symbol codes replaced by the costed binding (identity without symbols)."""
+    """The ``bind(shape)`` macro: symbol codes replaced by the costed binding (identity without symbols; a
+    symbol without a binding is 1, as in ``Symbols.bind``)."""
     if not symbols:
         return "CREATE OR REPLACE MACRO bind(l) AS l"
+    bound = "MAP {" + ", ".join(f"{s.code}: {int(s.value or 1)}" for s in symbols.by_code.values()) + "}"
     return (f"CREATE OR REPLACE MACRO bind(l) AS CASE WHEN l IS NULL THEN NULL ELSE list_transform(l, lambda d: "
-            f"CASE WHEN d > {SYM_BASE} THEN d ELSE coalesce(({symbols.sql_map()})[d], 1) END) END")
+            f"CASE WHEN d > {SYM_BASE} THEN d ELSE coalesce(({bound})[d], 1) END) END")
 
 
 def spell_reshape(target, data_shape) -> tuple[list[int], bool] | None:
