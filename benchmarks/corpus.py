@@ -103,6 +103,22 @@ def _eval(module):
     return module.eval()
 
 
+def _keyword(model, names, pick, **fixed):
+    """``model`` as the exporter calls it: inputs by position, passed on by keyword (``names``) with
+    ``fixed`` ones and ``return_dict=True``; ``pick`` takes the outputs from the result. In eval mode."""
+    import torch
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return pick(self.model(**dict(zip(names, args)), return_dict=True, **fixed))
+
+    return _eval(Wrap())
+
+
 def _text_args(batch=2, seq=16, vocab=1000):
     import torch
 
@@ -111,9 +127,9 @@ def _text_args(batch=2, seq=16, vocab=1000):
 
 def _hf_text(kind: str):
     def build():
-        import torch
         import transformers as tf
 
+        fixed = {}
         if kind == "bert":
             model = tf.BertModel(tf.BertConfig(attn_implementation="eager"))
             pick = lambda o: (o.last_hidden_state, o.pooler_output)
@@ -122,18 +138,8 @@ def _hf_text(kind: str):
             pick = lambda o: o.last_hidden_state
         else:
             model = tf.GPT2LMHeadModel(tf.GPT2Config(use_cache=False, attn_implementation="eager"))
-            pick = lambda o: o.logits
-
-        class Wrap(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, input_ids, attention_mask):
-                kw = {"use_cache": False} if kind == "gpt2" else {}
-                return pick(self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw))
-
-        return _eval(Wrap()), _text_args()
+            pick, fixed = (lambda o: o.logits), {"use_cache": False}
+        return _keyword(model, ("input_ids", "attention_mask"), pick, **fixed), _text_args()
     return build
 
 
@@ -142,16 +148,7 @@ def _vit():
     import transformers as tf
 
     model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=1000, attn_implementation="eager"))
-
-    class Wrap(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, pixel_values):
-            return self.model(pixel_values=pixel_values, return_dict=True).logits
-
-    return _eval(Wrap()), (torch.randn(2, 3, 224, 224),)
+    return _keyword(model, ("pixel_values",), lambda o: o.logits), (torch.randn(2, 3, 224, 224),)
 
 
 def _whisper_encoder():
@@ -162,16 +159,7 @@ def _whisper_encoder():
                            decoder_layers=4, decoder_attention_heads=6, decoder_ffn_dim=1536, num_mel_bins=80,
                            attn_implementation="eager")
     encoder = tf.WhisperModel(cfg).get_encoder()
-
-    class Wrap(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_features):
-            return self.encoder(input_features=input_features, return_dict=True).last_hidden_state
-
-    return _eval(Wrap()), (torch.randn(2, 80, 3000),)
+    return _keyword(encoder, ("input_features",), lambda o: o.last_hidden_state), (torch.randn(2, 80, 3000),)
 
 
 def _timm(arch: str):
