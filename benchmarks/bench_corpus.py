@@ -107,6 +107,11 @@ def third_binding(path: Path, binding: dict) -> dict | None:
     return None
 
 
+def _first_line(e: BaseException, n: int) -> str:
+    """The first line of an exception's message (its type when it has none), at most ``n`` characters."""
+    return (str(e).splitlines()[0] if str(e).strip() else type(e).__name__)[:n]
+
+
 def _peer(name: str, path: Path, tmp: Path) -> dict:
     """onnxsim's and (transformer models) ONNX Runtime's transformers optimizer's models: path or error."""
     out = {}
@@ -120,7 +125,7 @@ def _peer(name: str, path: Path, tmp: Path) -> dict:
         onnx.save_model(m, str(p))
         out["onnxsim"] = p
     except Exception as e:
-        out["onnxsim"] = f"failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+        out["onnxsim"] = f"failed: {_first_line(e, 200)}"
     if name in ORT_TYPES:
         try:
             from onnxruntime.transformers.optimizer import optimize_model
@@ -131,8 +136,24 @@ def _peer(name: str, path: Path, tmp: Path) -> dict:
             m.save_model_to_file(str(p))
             out["ort-transformers"] = p
         except Exception as e:
-            out["ort-transformers"] = f"failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+            out["ort-transformers"] = f"failed: {_first_line(e, 200)}"
     return out
+
+
+def _check_written(row: dict, path: Path, original: onnx.ModelProto, out_path: Path, binding: dict, *,
+                   run: bool) -> None:
+    """Into ``row``: whether the written model keeps the original's dynamic dims, the third binding and,
+    with ``run``, whether the written model matches the original there."""
+    row["dims_kept"], why = dims_kept(original, onnx.load_model(str(out_path)))
+    if why:
+        row["dims_lost"] = why
+    third = third_binding(path, binding)
+    row["third"] = third
+    if third is not None and run:
+        check = verify(str(path), str(out_path), bindings=[third])
+        row["third_ok"], row["third_err"] = check.ok, check.max_abs_err
+        if not check.ok:
+            row["third_msg"] = check.message
 
 
 def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool = True) -> dict:
@@ -146,7 +167,7 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool 
         try:
             res = optimize(str(path), output=str(out_path), keep_egraph=True)
         except Exception as e:
-            row["error"] = str(e).splitlines()[0][:300]
+            row["error"] = _first_line(e, 300)
             return row
         rep = res.report
         g = res.egraph
@@ -158,17 +179,7 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool 
             binding=rep.binding["symbols"], costed=rep.binding["costed"], notices=rep.notices,
             cost_label=rep.cost_label)
         g.close()
-        written = onnx.load_model(str(out_path))
-        row["dims_kept"], why = dims_kept(original, written)
-        if why:
-            row["dims_lost"] = why
-        third = third_binding(path, rep.binding)
-        row["third"] = third
-        if third is not None:
-            check = verify(str(path), str(out_path), bindings=[third])
-            row["third_ok"], row["third_err"] = check.ok, check.max_abs_err
-            if not check.ok:
-                row["third_msg"] = check.message
+        _check_written(row, path, original, out_path, rep.binding, run=True)
         systems = {"original": path, "relsat": out_path}
         if peers:
             for peer, p in _peer(name, path, tmp).items():
@@ -201,24 +212,14 @@ def run_reexport(name: str) -> dict:
         try:
             res = optimize(str(path), output=str(out_path), cost_model="analytic", measure=False)
         except Exception as e:
-            row["error"] = str(e).splitlines()[0][:300]
+            row["error"] = _first_line(e, 300)
             return row
         rep = res.report
-        written = onnx.load_model(str(out_path))
         row.update(seconds=round(time.perf_counter() - t0, 1), written=rep.written, nodes_out=rep.nodes_out,
                    nodes_in=len(original.graph.node), verify_msg=rep.verification["message"],
                    verify_err=rep.verification["max_abs_err"], binding=rep.binding["symbols"],
                    rules_applied=rep.rules_applied)
-        row["dims_kept"], why = dims_kept(original, written)
-        if why:
-            row["dims_lost"] = why
-        third = third_binding(path, rep.binding)
-        row["third"] = third
-        if third is not None and rep.written == "optimized":
-            check = verify(str(path), str(out_path), bindings=[third])
-            row["third_ok"], row["third_err"] = check.ok, check.max_abs_err
-            if not check.ok:
-                row["third_msg"] = check.message
+        _check_written(row, path, original, out_path, rep.binding, run=rep.written == "optimized")
     return row
 
 
