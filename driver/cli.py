@@ -384,6 +384,49 @@ def rules_check(names: List[str] = typer.Argument(..., help="rule set names or f
         raise typer.Exit(1)
 
 
+@rules_app.command("generate")
+def rules_generate(
+    output: Path = typer.Option(..., "-o", "--output", help="the rule file to write (the shipped one: "
+                                "programs/rules/generated.rules)"),
+    max_ops: int = typer.Option(3, "--max-ops", help="operators per side of a rule"),
+    family: List[str] = typer.Option(None, "--family", help="term families to enumerate (default: all; "
+                                     "see programs/universe.py)"),
+    jobs: int = typer.Option(2, "--jobs", "-j", help="worker processes verifying the candidates"),
+    trials: int = typer.Option(5, "--trials", help="random instances per rule under ONNX Runtime"),
+    no_prove: bool = typer.Option(False, "--no-prove", help="skip the z3 proofs (every rule is then 'tested')"),
+    report: Optional[Path] = typer.Option(None, "--report", help="write the counts and every candidate's "
+                                          "verdict as JSON"),
+) -> None:
+    """Generate rules (TASO's method): enumerate small graphs, group them by fingerprint, prune,
+    verify under ONNX Runtime, prove with z3 where the algebra is known, write a rule file."""
+    from relsat.programs import generate as gen
+    from relsat.programs.universe import FAMILIES
+
+    families = list(family or FAMILIES)
+    command = " ".join(["relsat rules generate", f"--max-ops {max_ops}", *(f"--family {f}" for f in family or ()),
+                        f"--trials {trials}", *(["--no-prove"] if no_prove else []), f"-o {output}"])
+    try:
+        if max_ops < 1:
+            raise RelsatError(f"--max-ops {max_ops}: must be at least 1")
+        bad = [f for f in families if f not in FAMILIES]
+        if bad:
+            raise RelsatError(f"--family {bad[0]}: no such family (one of {', '.join(FAMILIES)})")
+        rep = gen.generate(max_ops=max_ops, families=families, jobs=jobs, trials=trials, prove=not no_prove,
+                           command=command, status=lambda text: err.print(text, highlight=False))
+        write_text_atomic(output, gen.render(rep))
+        if report:
+            write_text_atomic(report, json.dumps(gen.report_json(rep), indent=2) + "\n")
+    except Exception as e:
+        _fail(e)
+    t = Table("count", "value")
+    for k, v in rep.counts.items():
+        t.add_row(k, str(v))
+    for k, v in rep.seconds.items():
+        t.add_row(f"seconds: {k}", f"{v:.1f}")
+    out.print(t)
+    out.print(f"wrote {output} ({rep.counts['written']} rules)", highlight=False)
+
+
 @app.command()
 def batch(
     models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
