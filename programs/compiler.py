@@ -42,6 +42,8 @@ class Compiled:
     multi: bool
     pairs: str = ""  # SELECT (mid, a, b): every union pair with its match, for cycle filtering
     results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
+    tables: tuple[str, ...] = ()  # the op tables the left side joins: no match while one is empty, and no
+    # new match (semi-naive) while none has a row newer than the rule's last run
 
 
 class _Lhs:
@@ -198,8 +200,9 @@ def compile_rule(rule: Rule) -> Compiled:
             pairs.append(f"SELECT r.mid, r.root{i}, r.out FROM {res} r")
             results.append(res)
     builds = _sources(plan, needs)
+    tables = tuple(dict.fromkeys(f.split()[0] for f in lhs.froms if not f.startswith("eclass ")))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
-                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)))
+                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables)
 
 
 def _rename(x, sigma: dict[str, str]):

@@ -305,9 +305,14 @@ def _multi_text(T: _Terms, name: str, lhs, rhs) -> tuple[str | None, str]:
     t1, t2 = lhs[2], lhs[3]
     if t1[0] == "L" or t2[0] == "L" or t1 == t2 or rhs[0] == "L" or f.ops[rhs[0]].op == "Concat":
         return None, ""
-    # two operators over a shared input merged into one operator of the concatenated other inputs
-    if not (T.e.size[t1[1]] == T.e.size[t2[1]] == 1 and T.e.size[rhs[1]] == 2 and f.ops[t1[0]] == f.ops[t2[0]]
-            == f.ops[rhs[0]] and set(T.leaves(t1)) & set(T.leaves(t2))):
+    # two operators over a shared input merged into one operator of the same kind over concatenated inputs:
+    # one concatenation, or two of weights only (they fold at export)
+    same = f.ops[t1[0]].op == f.ops[t2[0]].op == f.ops[rhs[0]].op and T.e.size[t1[1]] == T.e.size[t2[1]] == 1
+    concats = [n for n in T.subtrees(rhs).values() if n is not rhs]
+    weights = all(f.ops[n[0]].op == "Concat" and all(c[0] == "L" and f.by_leaf[c[1]].const for c in n[2:])
+                  for n in concats)
+    if not (same and set(T.leaves(t1)) & set(T.leaves(t2)) and
+            (len(concats) == 1 and f.ops[concats[0][0]].op == "Concat" or len(concats) == 2 and weights)):
         return None, ""
     names = _renaming(f, T.leaves(lhs))
     if not set(T.leaves(rhs)) <= set(names):
@@ -392,8 +397,9 @@ def _implied_by_general(T: _Terms, lhs, rhs, loose: set[str]) -> bool:
     return any(_key(T, _replace(lhs, t, "_G"), _replace(rhs, t, "_G"), loose=True) in loose for t in common)
 
 
-GENERAL_TRIALS = 12  # instances a rule without the template's shape conditions must pass
+GENERAL_TRIALS = 10  # instances a rule without the template's shape conditions must pass
 DRAWS = 150  # draws per rule before it counts as uncheckable
+PROOF_MS = 1000  # z3's time per rule
 
 
 def _check_text(text: str, trials: int) -> tuple[str, list]:
@@ -426,7 +432,7 @@ def _check_one(general: str, strict: str, trials: int, prove: bool) -> tuple[str
         return verdict, is_general, "tested", "" if verdict != "ok" else "not attempted"
     from .prove import prove_rule
 
-    proofs = [prove_rule(r) for r in rules]
+    proofs = [prove_rule(r, timeout_ms=PROOF_MS) for r in rules]
     if all(p.status == "proved" for p in proofs):
         return "ok", is_general, "proved", proofs[0].reason
     return "ok", is_general, "tested", next(p.reason for p in proofs if p.status != "proved")

@@ -252,12 +252,12 @@ def _matrix() -> Family:
     dims = {"a": (2, 3, 2), "b": (3, 2, 4), "c": (4, 5, 3)}
     leaves = (Leaf("x", ("a", "b")), Leaf("y", ("a", "b")), Leaf("z", ("a", "b")),
               Leaf("w", ("b", "c"), "const"), Leaf("v", ("b", "c"), "const"),
-              Leaf("s", (), "const"), Leaf("t", ("c",), "const", fixed=True))
+              Leaf("s", (), "const"), Leaf("t", ("c",), "const", fixed=True), Leaf("t2", ("c",), "const", fixed=True))
     ops = _common_ops(dims, [(0, "a", "a"), (1, "b", "b"), (1, "c", "c")]) + [
         OpInst("MatMul", "MatMul", 2, _matmul),
-        OpInst("Gemm", "Gemm", 2, _gemm(0, 0, False), ":alpha 1.0 :beta 1.0 :transA 0 :transB 0"),
         OpInst("GemmT", "Gemm", 2, _gemm(0, 1, False), ":alpha 1.0 :beta 1.0 :transA 0 :transB 1"),
         OpInst("Gemm+t", "Gemm", 2, _gemm(0, 0, True), ":alpha 1.0 :beta 1.0 :transA 0 :transB 0", extra=("t",)),
+        OpInst("Gemm+t2", "Gemm", 2, _gemm(0, 0, True), ":alpha 1.0 :beta 1.0 :transA 0 :transB 0", extra=("t2",)),
         OpInst("Tanh", "Tanh", 1, _elementwise(np.tanh)),
         OpInst("Transpose", "Transpose", 1, _transpose((1, 0)), ":perm (1 0)"),
         OpInst("Concat0", "Concat", 2, _concat(0), ":axis 0"),
@@ -274,14 +274,15 @@ def _image() -> Family:
     dims = {"n": (1, 2, 1), "c": (2, 3, 3), "m": (3, 2, 4), "h": (5, 6, 7), "K": tuple(a[0] for a in CONV_ATTRS)}
     leaves = (Leaf("x", ("n", "c", "h", "h")), Leaf("y", ("n", "c", "h", "h")),
               Leaf("w", ("m", "c", "K", "K"), "const"), Leaf("u", ("m", "c", "K", "K"), "const"),
-              Leaf("s", (), "const"), Leaf("b", ("m",), "const", fixed=True),
+              Leaf("s", (), "const"), Leaf("b", ("m",), "const", fixed=True), Leaf("b2", ("m",), "const", fixed=True),
               Leaf("g", ("c",), "const", fixed=True), Leaf("e", ("c",), "const", fixed=True),
               Leaf("mu", ("c",), "const", fixed=True), Leaf("var", ("c",), "positive", fixed=True))
     conv = ":group 1 :kernel_shape ?k :strides ?st :pads ?p :dilations ?d"
     pool = ":kernel_shape ?pk :strides ?ps :pads ?pp :dilations ?pd :ceil_mode 0"
-    ops = _common_ops(dims, [(1, "c", "c"), (1, "m", "m"), (0, "n", "n")]) + [
+    ops = _common_ops(dims, [(1, "c", "c"), (1, "m", "m")]) + [
         OpInst("Conv", "Conv", 2, _conv, conv, params=CONV_PARAMS),
         OpInst("Conv+b", "Conv", 2, _conv, conv, extra=("b",), params=CONV_PARAMS),
+        OpInst("Conv+b2", "Conv", 2, _conv, conv, extra=("b2",), params=CONV_PARAMS),
         OpInst("MaxPool", "MaxPool", 1, _pool("max"), pool, params=POOL_PARAMS),
         OpInst("AveragePool", "AveragePool", 1, _pool("avg"), pool + " :count_include_pad 0", params=POOL_PARAMS),
         OpInst("GlobalAveragePool", "GlobalAveragePool", 1, _global_average),
