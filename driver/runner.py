@@ -14,7 +14,8 @@ The phases of a round, one method each:
   budget left out, then the scheduler's choice).
 - ``_match``: one rule's matches into the temp table ``_m``; semi-naive (only
   matches that use a row newer than the rule's previous run; rows a rebuild
-  rewrote count as new), capped so whole matches fit the round's e-node budget.
+  rewrote count as new), capped so whole matches fit the round's e-node budget
+  (the least match rows are kept: the cap keeps the same matches every run).
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``).
@@ -38,8 +39,12 @@ doubling each time.  ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"``
 Python iterates over rules only, never over matches or e-nodes: the SQL statements
 per round depend on the number of rules, never on the number of matches.  The
 e-node limit is honoured inside a round by capping each rule's matches and each
-insert.  While it runs, DuckDB's ``preserve_insertion_order`` is off (no statement
-here depends on row order).
+insert.  While it runs, DuckDB's ``preserve_insertion_order`` is off: no statement
+here depends on row order, and saturation is deterministic (the same model, rules
+and limits give the same tables, ids included, every run and at any number of
+DuckDB threads) because every choice is made by an order on the data: a cap keeps
+the least match rows, an insert's LIMIT the least keys, new ids follow the key
+order (``EGraph.insert_from``), and a union's root is the least id (``rebuild``).
 """
 
 from __future__ import annotations
@@ -196,6 +201,7 @@ class _Round:
     budget: int  # e-nodes that may still be added in this round
     stats: list[tuple] = field(default_factory=list)  # rule_stats rows
     capped: bool = False  # a rule's matches were cut to fit the budget
+    newest: dict = field(default_factory=dict)  # op table -> its newest row's ts (absent: the table is empty)
 
 
 @dataclass
@@ -243,7 +249,14 @@ class Runner:
                     stop = reason
                     break
                 r = _Round(Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0), self.limits.enodes - enodes)
-                for st in self._schedule(rnd):
+                scheduled = self._schedule(rnd)
+                r.newest = self._newest(scheduled)
+                for st in scheduled:
+                    if not self._can_match(r, st):  # as a run that matched nothing, without its statements
+                        s.scheduler.matched(rnd, st.compiled, 0)
+                        st.since = rnd
+                        r.stats.append((rnd, st.compiled.rule, 0, 0, 0, 0.0, False))
+                        continue
                     m = self._match(r, st)
                     if s.scheduler.matched(rnd, st.compiled, m.count):
                         self._apply(r, m)
@@ -289,6 +302,22 @@ class Runner:
         by_id = {id(st.compiled): st for st in eligible}
         return [by_id[id(c)] for c in s.scheduler.select(rnd, [st.compiled for st in eligible])]
 
+    def _newest(self, scheduled: list[RuleState]) -> dict[str, int]:
+        """The newest row's ts of every op table the scheduled rules join (one statement; empty tables left out)."""
+        tables = sorted({t for st in scheduled for t in st.compiled.tables})
+        if not tables:
+            return {}
+        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts) FROM {t}" for t in tables)
+        return {t: ts for t, ts in self.egraph.con.execute(sql).fetchall() if ts is not None}
+
+    def _can_match(self, r: _Round, st: RuleState) -> bool:
+        """False when the rule's match is empty without running it: one of its tables is empty, or
+        (semi-naive) none has a row newer than the rule's last run.  Many rules (a generated set) join
+        operators a model does not have; their statements are skipped, not their matches."""
+        since = st.since if self.semi_naive else 0
+        tables = st.compiled.tables
+        return not tables or all(t in r.newest for t in tables) and any(r.newest[t] >= since for t in tables)
+
     def _match(self, r: _Round, st: RuleState) -> _Matches:
         """The rule's matches (semi-naive: using a row newer than its last run) into ``_m``."""
         g, c = self.egraph, st.compiled
@@ -297,8 +326,10 @@ class Runner:
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
-                      f"({c.match_sql.format(since=since)}){'' if cap is None else f' LIMIT {cap}'}")
+        rows = c.match_sql.format(since=since)
+        if cap is not None:  # the same matches survive the cap whatever the threads: the least rows
+            rows = f"SELECT * FROM ({rows}) ORDER BY ALL LIMIT {cap}"
+        g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
         count = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
         seconds = time.perf_counter() - t0
         r.it.match_s += seconds
@@ -320,6 +351,8 @@ class Runner:
                                     result=b.name, target=None if filtering else b.target)
                 new_nodes += res.new_nodes
                 r.budget -= res.new_nodes
+                if res.new_nodes:  # later rules of the round see these rows
+                    r.newest[BY_TYPE[b.op].table] = rnd
                 applied += res.targeted  # an application that needs no union
             if filtering:
                 cyclic_matches(g, c.pairs)

@@ -8,7 +8,9 @@ Every operation is a fixed number of SQL statements per operator table:
   shape, dtype and constness from the catalog's SQL rules, invalid ones are
   dropped, new keys get fresh node ids and either a fresh e-class or, with
   ``target``, the e-class a rule's match says they equal; the result table
-  carries the source's columns and each row's e-class.
+  carries the source's columns and each row's e-class.  What is inserted and the
+  ids it gets do not depend on row order or threads: a LIMIT keeps the least
+  keys, ids are given in key order.
 * ``union(a, b)`` queues pairs; ``rebuild()`` merges them: connected components
   by min-label propagation (one recursive CTE keyed by node), analyses merged (a
   shape conflict is an error naming both e-classes), the union-find table
@@ -108,13 +110,20 @@ class EGraph:
 
         Every row is looked up by key first (one left join); only keys not found pay for the shape
         rule's joins with ``eclass`` (except ops whose key canonicalisation needs shapes, and leaves).
-        The statements run are the same whatever the data, so their number per round stays fixed."""
+        The statements run are the same whatever the data, so their number per round stays fixed.
+
+        Deterministic: the ``limit`` keeps the new keys that sort first, a new key wanted by several
+        rows goes into the least of their targets, and new nodes (and new e-classes) are numbered
+        in key order, so the same input gives the same rows and ids whatever DuckDB's threads do."""
         c = self.con
         src = [r[0] for r in c.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()]
         keys = key_columns(op)
         keysel = ", ".join(q(k) for k in keys)
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM c.{q(k)}" for k in keys)
-        lim = f" LIMIT {int(limit)}" if limit is not None else ""
+        # the same nodes and ids whatever the threads: rows sharing a new key are represented by the
+        # one with the least target, the LIMIT keeps the least keys, and ids follow the key order
+        pick = f" ORDER BY {keysel}, {q(target)}" if target else ""
+        lim = f" ORDER BY {keysel} LIMIT {int(limit)}" if limit is not None else ""
         extra = (target,) if target else ()
         if not op.canon and not op.leaf:
             given = [a for a in op.attrs if a.name in src]
@@ -123,7 +132,7 @@ class EGraph:
             cols = ", ".join([f"b.*{repl}"] + defaults)
             c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
                       f"LEFT JOIN {op.table} o ON {on}")
-            missing = f"SELECT DISTINCT ON ({keysel}) * EXCLUDE (out) FROM _keys WHERE out IS NULL"
+            missing = f"SELECT DISTINCT ON ({keysel}) * EXCLUDE (out) FROM _keys WHERE out IS NULL{pick}"
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
                       f"{rule_select(op, missing, given=set(src) | set(keys), carry=extra, valid_only=True)}")
             fresh = f"SELECT * FROM _cand{lim}"
@@ -131,13 +140,19 @@ class EGraph:
             carried = tuple(x for x in src if x not in keys and x != "rid")
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
                       f"{rule_select(op, source, given=src, carry=carried, valid_only=True)}")
-            fresh = (f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
-                     f"(SELECT 1 FROM {op.table} o WHERE {on}){lim}")
-        out = f"coalesce({q(target)}, nextval('class_seq'))" if target else "nextval('class_seq')"
+            fresh = (f"SELECT * FROM (SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
+                     f"(SELECT 1 FROM {op.table} o WHERE {on}){pick}){lim}")
+        # new nodes numbered in key order (those with a fresh e-class first); a statement takes one
+        # contiguous block of each sequence, so the block's least value plus that number is an id
+        # that does not depend on the order in which threads happened to draw the values
         tgt = f"{q(target)} IS NOT NULL" if target else "false"
+        cls = "min(_cid) OVER () + _k - 1"
+        out = f"coalesce({q(target)}, {cls})" if target else cls
         c.execute(
-            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT nextval('node_seq') AS id, {keysel}, {out} AS out, "
-            f"{tgt} AS tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM ({fresh})")
+            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
+            f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM (SELECT nextval('node_seq') AS _nid, "
+            f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
+            f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM ({fresh})))")
         new, targeted = c.execute("SELECT count(*), count(*) FILTER (tgt) FROM _new").fetchall()[0]
         if target:
             self._check_targets()
