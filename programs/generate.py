@@ -17,8 +17,10 @@ The pipeline (TASO's, over relsat's catalog and rule language):
    a variable gives ``t1, t2 => Split(T)``: two operators over a shared input merged into one
    followed by a Split (TENSAT's multi-pattern rules).
 5. Verification: ``programs.verify.check_rule`` (both sides under ONNX Runtime on random
-   shapes and data that satisfy the conditions) on every rule, in worker processes; then a
-   proof with z3 against TASO's operator properties where the fragment allows
+   shapes and data that satisfy the conditions) on every rule, in worker processes: first the
+   rule without the family's shape conditions (ranks, equal dims), kept in that general form
+   when ``GENERAL_TRIALS`` instances of any rank and broadcast agree, else the rule with them.
+   Then a proof with z3 against TASO's operator properties where the fragment allows
    (``programs.prove``), marking each rule ``proved`` or ``tested``.
 6. Rules that restate a hand-written rule are reported, not written; the rest go to the
    output file, with a header giving the command, the families and the counts.
@@ -26,12 +28,13 @@ The pipeline (TASO's, over relsat's catalog and rule language):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import Counter
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-import multiprocessing
 
 from .enumerate import Enumeration, enumerate_family
 from .universe import ASSIGNMENTS, FAMILIES, Family
@@ -490,8 +493,6 @@ def _shape_key(rule) -> str:
     names: dict[str, str] = {}
 
     def rename(node):
-        import dataclasses
-
         if isinstance(node, Var):
             return Var(names.setdefault(node.name, f"v{len(names)}"))
         if dataclasses.is_dataclass(node) and not isinstance(node, type):
