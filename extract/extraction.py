@@ -419,7 +419,10 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
     `time_limit` (seconds) bounds the whole call; HiGHS gets what preprocessing left (HiGHS
     itself may overrun it in phases that do not check the clock). The warm start (a valid
     choice; greedy_extract's result if None) is passed to HiGHS and returned, with status
-    "warm_start_kept", whenever the ILP yields no solution or a costlier one. `threads` is
+    "warm_start_kept", whenever the ILP yields no solution or a costlier one. If HiGHS's reported
+    objective disagrees with its solution's cost (it can misjudge a MIP start after presolve),
+    the solve is redone without the start; should that happen without one, the status is
+    "inconsistent" and the bound None. `threads` is
     HiGHS's thread count; HiGHS fixes it per process at the first solve, so later calls
     with another value keep the first one. Raises ValueError if a root class has no
     acyclic extraction or the warm start is invalid.
@@ -455,28 +458,48 @@ def ilp_extract(problem: ExtractionProblem, *, time_limit: float = 60.0, mip_gap
         mdl.row_lo = np.concatenate([mdl.row_lo, np.full(len(cuts), -np.inf)])
         mdl.row_hi = np.concatenate([mdl.row_hi, [len(c) - 1.0 for c in cuts]])
     nx, ncol = len(mdl.nodes), len(mdl.nodes) + len(mdl.tcls)
-    h = _highs()
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
-    h.setOptionValue("threads", int(threads))
-    h.setOptionValue("time_limit", max(1e-3, time_limit - (time.perf_counter() - t0)))
-    h.passModel(ncol, len(mdl.row_len), len(mdl.a_index), int(highspy.MatrixFormat.kRowwise),
-                int(highspy.ObjSense.kMinimize), 0.0,
-                np.concatenate([d.cost[mdl.nodes], np.zeros(len(mdl.tcls))]), np.zeros(ncol), np.ones(ncol),
-                mdl.row_lo, mdl.row_hi, (np.cumsum(mdl.row_len) - mdl.row_len).astype(np.int32),
-                mdl.a_index.astype(np.int32), mdl.a_value,
-                (np.arange(ncol) < nx).astype(np.int32))  # x integer, t continuous
-    if usable_start:
-        h.setSolution(ncol, np.arange(ncol, dtype=np.int32), _start(d, mdl, warm_start.choice))
-    h.run()
+    col_cost = np.concatenate([d.cost[mdl.nodes], np.zeros(len(mdl.tcls))])
 
-    info, model_status = h.getInfo(), h.getModelStatus()
-    status = {highspy.HighsModelStatus.kOptimal: "optimal",
-              highspy.HighsModelStatus.kTimeLimit: "time_limit"}.get(
-        model_status, h.modelStatusToString(model_status).lower().replace(" ", "_"))
-    bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
-    if info.primal_solution_status == 2:  # kSolutionStatusFeasible: an incumbent exists
+    def solve(start: np.ndarray | None) -> tuple[str, float | None, np.ndarray | None, bool]:
+        """Run HiGHS (with `start` as its MIP start if given): status, dual bound, x of the
+        incumbent (None if none), and whether HiGHS's objective matches the incumbent's cost."""
+        h = _highs()
+        h.setOptionValue("mip_rel_gap", float(mip_gap))
+        h.setOptionValue("threads", int(threads))
+        h.setOptionValue("time_limit", max(1e-3, time_limit - (time.perf_counter() - t0)))
+        h.passModel(ncol, len(mdl.row_len), len(mdl.a_index), int(highspy.MatrixFormat.kRowwise),
+                    int(highspy.ObjSense.kMinimize), 0.0, col_cost, np.zeros(ncol), np.ones(ncol),
+                    mdl.row_lo, mdl.row_hi, (np.cumsum(mdl.row_len) - mdl.row_len).astype(np.int32),
+                    mdl.a_index.astype(np.int32), mdl.a_value,
+                    (np.arange(ncol) < nx).astype(np.int32))  # x integer, t continuous
+        if start is not None:
+            h.setSolution(ncol, np.arange(ncol, dtype=np.int32), start)
+        h.run()
+        info, model_status = h.getInfo(), h.getModelStatus()
+        status = {highspy.HighsModelStatus.kOptimal: "optimal",
+                  highspy.HighsModelStatus.kTimeLimit: "time_limit"}.get(
+            model_status, h.modelStatusToString(model_status).lower().replace(" ", "_"))
+        bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
+        if info.primal_solution_status != 2:  # kSolutionStatusFeasible: an incumbent exists
+            return status, bound, None, True
+        x = np.asarray(h.getSolution().col_value)
+        obj, true = float(info.objective_function_value), float(col_cost @ x)
+        return status, bound, x[:nx], obj == true or abs(obj - true) <= 1e-6 * max(1.0, abs(true))
+
+    # HiGHS (seen in 1.16) can mis-evaluate a MIP start after presolve: the start is judged in
+    # the reduced space, where presolve's dominance reductions may have fixed columns to values
+    # other than the start's, and gets an objective below its true cost. HiGHS then prunes with
+    # that wrong incumbent value and reports the start as "optimal" with a dual bound below the
+    # true optimum. The objective HiGHS reports for its incumbent then differs from the
+    # incumbent's cost; when it does, the solve is discarded and run again without the start.
+    status, bound, x, consistent = solve(_start(d, mdl, warm_start.choice) if usable_start else None)
+    if not consistent and usable_start:
+        status, bound, x, consistent = solve(None)
+    if not consistent:  # nothing HiGHS reported about this solve can be trusted
+        status, bound = "inconsistent", None
+    if x is not None:
         used = np.zeros(len(d.cost), dtype=bool)
-        used[mdl.nodes[np.asarray(h.getSolution().col_value[:nx]) > 0.5]] = True
+        used[mdl.nodes[x > 0.5]] = True
         sval, schoice = _fixpoint(d, used)  # an acyclic extraction among the chosen nodes
         if np.all(np.isfinite(sval[d.roots])):
             ext = _extraction(d, schoice, _reached(d, schoice), method="ilp", status=status,

@@ -6,7 +6,7 @@ import time
 import highspy
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from relsat.extract.extraction import (
@@ -80,8 +80,14 @@ def egraphs(draw, costs=st.integers(0, 6).map(float)):
     return nodes, roots
 
 
+# HiGHS mis-evaluated the greedy MIP start (cost 6) after presolve and reported it "optimal" with bound 1.
+MIP_START_MISREAD = ([(1, 0.0, [0]), (-1, 0.0, [0, -2]), (0, 1.0, []), (1, 1.0, []), (-1, 0.0, [-2]),
+                      (-2, 4.0, [0]), (-2, 5.0, [])], [1, -1])
+
+
 @settings(max_examples=300, deadline=None)
 @given(egraphs())
+@example(MIP_START_MISREAD)
 def test_against_brute_force(graph):
     nodes, roots = graph
     p = make(nodes, roots)
@@ -126,6 +132,20 @@ def test_ilp_beats_greedy_through_sharing():
     assert ilp.cost == 5.0 < greedy.cost
     assert ilp.status == "optimal" and ilp.bound == pytest.approx(5.0) and ilp.gap == pytest.approx(0.0)
     assert ilp.choice == {0: 0, 1: 1, 2: 3, 3: 5}
+
+
+def test_ilp_not_fooled_by_misread_warm_start():
+    # With the greedy choice (cost 6) as MIP start, HiGHS's presolve judged the start in its reduced
+    # space at objective 1 and stopped at once: "optimal", bound 1, returning the start. The optimum
+    # shares class 0 between the roots: 1 -> f(0), -1 -> g(-2), -2 -> h(0), cost 5.
+    nodes, roots = MIP_START_MISREAD
+    p = make(nodes, roots)
+    greedy = greedy_extract(p)
+    assert greedy.cost == 6.0 and brute_force(nodes, roots) == 5.0
+    ilp = ilp_extract(p, warm_start=greedy)
+    validate_choice(p, ilp.choice)
+    assert (ilp.cost, ilp.status, ilp.choice) == (5.0, "optimal", {1: 0, -1: 4, -2: 5, 0: 2})
+    assert ilp.bound == pytest.approx(5.0) and ilp.gap == pytest.approx(0.0)
 
 
 def test_greedy_sharing_pass():
