@@ -9,6 +9,7 @@ extracted graph (ILP objective, ms), and the guard's measured latency of the inp
 extracted model (ONNX Runtime, medians, interleaved).
 
     python -m relsat.benchmarks.bench_generated [--models bert ...] [--node-limit 50000] [--out DIR]
+                                                [--configs default default+generated]
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main() -> None:
     p.add_argument("--node-limit", type=int, default=50_000)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per optimize run")
     p.add_argument("--out", type=Path, default=None, help="folder for models and reports (default: a temp folder)")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="rule configurations")
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_generated_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +61,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for m in args.models:
-        for name, rules in CONFIGS.items():
+        for name in args.configs:
+            rules = CONFIGS[name]
             r = run(m, rules, args.node_limit, out, args.timeout)
             rows.append(r)
             cells = [r.get(k, "-") for k in ("enodes", "stop", "rounds", "saturate_s", "predicted_ms", "original_ms",

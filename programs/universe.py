@@ -220,6 +220,19 @@ def _split(family_dims, axis, s1, s2, index):
     return fn
 
 
+RESHAPE = ":shape ?r"  # a rule can only keep a Reshape's target as it is (both sides share ?r)
+
+
+def _reshape(keep: int):
+    """Reshape evaluated as the target that keeps the first ``keep - 1`` dims and flattens the rest; in
+    a rule the target is the variable ?r, which both sides must bind alike (verification draws others)."""
+    def fn(k, a):
+        if a.ndim < keep + 1:
+            raise ValueError("Reshape of a lower rank")
+        return a.reshape(a.shape[:keep] + (-1,))
+    return fn
+
+
 def _bad(what):
     raise ValueError(what)
 
@@ -262,6 +275,7 @@ def _matrix() -> Family:
         OpInst("Transpose", "Transpose", 1, _transpose((1, 0)), ":perm (1 0)"),
         OpInst("Concat0", "Concat", 2, _concat(0), ":axis 0"),
         OpInst("Concat1", "Concat", 2, _concat(1), ":axis 1"),
+        OpInst("Reshape", "Reshape", 1, _reshape(1), RESHAPE, params=("r",)),
     ]
     return Family("matrix", dims, leaves, tuple(ops))
 
@@ -290,6 +304,7 @@ def _image() -> Family:
                extra=("g", "e", "mu", "var")),
         OpInst("Concat0", "Concat", 2, _concat(0), ":axis 0"),
         OpInst("Concat1", "Concat", 2, _concat(1), ":axis 1"),
+        OpInst("Reshape", "Reshape", 1, _reshape(2), RESHAPE, params=("r",)),
     ]
     return Family("image", dims, leaves, tuple(ops))
 
