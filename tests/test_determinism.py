@@ -4,7 +4,6 @@ any number of DuckDB threads, also when the node limit cuts a round short (issue
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from relsat.benchmarks import zoo
@@ -14,6 +13,7 @@ from relsat.programs.parser import load_rules
 from relsat.programs.rulesets import load_rule_list
 from relsat.relations.catalog import OPS
 from relsat.relations.egraph import EGraph
+from test_runner_phases import add_chain  # the Add chain x0 + x1 + ... the runner tests use
 
 AC_ADD = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
 DEFAULT = load_rule_list(["default"])
@@ -50,14 +50,6 @@ def nasrnn(threads: int | None = None):
     return before, result
 
 
-def add_chain(n: int) -> EGraph:
-    g = EGraph()
-    x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(n)], dtype=object), "shape": [4],
-                              "dtype": 1})
-    acc = x[0]
-    for i in range(1, n):
-        acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
-    return g
 
 
 def ac_chain(threads: int | None = None, limit: int = 400):
