@@ -19,6 +19,7 @@ loops over operators and shape classes only.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,8 +75,6 @@ class _Hasher:
 
 
 def enumerate_family(family: Family, max_ops: int, *, seed: int = 0) -> Enumeration:
-    import time
-
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     leaf_values = family.leaf_values(rng)
@@ -99,8 +98,7 @@ def enumerate_family(family: Family, max_ops: int, *, seed: int = 0) -> Enumerat
         vals = [leaf_values[leaf.name][k][None] for k in range(ASSIGNMENTS)]
         cls_l.append(c)
         fps.append(hasher(vals, c)[0])
-        ids, old = reps.get((c, 0), (np.zeros(0, np.int64), None))
-        reps[(c, 0)] = (np.append(ids, j), vals if old is None else [np.concatenate([a, b]) for a, b in zip(old, vals)])
+        _append(reps, (c, 0), np.array([j]), vals)
     cls = [np.array(cls_l, np.int32)]
     fp = [np.array(fps, np.uint64)]
     rep = [np.arange(n0, dtype=np.int64)]
@@ -129,7 +127,7 @@ def enumerate_family(family: Family, max_ops: int, *, seed: int = 0) -> Enumerat
 
     for level in range(1, max_ops + 1):
         classes_by_id = {v: k for k, v in classes.items()}
-        blocks = []  # (op index, child id arrays, class, fingerprints)
+        blocks = []  # (op index, child ids per input, class, fingerprints, child (class, size) keys, row indices)
         for oi, o in enumerate(family.ops):
             for sizes in _splits(level - 1, o.arity):
                 keys = [[key for key in reps if key[1] == s] for s in sizes]
@@ -177,10 +175,7 @@ def enumerate_family(family: Family, max_ops: int, *, seed: int = 0) -> Enumerat
                 if not mask.any():
                     continue
                 vals = _evaluate(family.ops[oi], oi, combo, [p[mask] for p in part], reps, extras)
-                key = (c, level)
-                old = reps.get(key)
-                reps[key] = (bid, vals) if old is None else (np.concatenate([old[0], bid]),
-                                                               [np.concatenate([a, b]) for a, b in zip(old[1], vals)])
+                _append(reps, (c, level), bid, vals)
         next_id += len(lfp)
     classes_list = [None] * len(classes)
     for shapes, c in classes.items():
@@ -188,6 +183,13 @@ def enumerate_family(family: Family, max_ops: int, *, seed: int = 0) -> Enumerat
     return Enumeration(family, max_ops, np.concatenate(op), np.concatenate(kid), np.concatenate(size),
                        np.concatenate(cls), np.concatenate(fp), np.concatenate(rep), classes_list,
                        time.perf_counter() - t0)
+
+
+def _append(reps: dict, key: tuple, ids: np.ndarray, vals: list[np.ndarray]) -> None:
+    """Add representatives (their ids and values per assignment) to block ``key`` of ``reps``."""
+    old = reps.get(key)
+    reps[key] = (ids, vals) if old is None else (np.concatenate([old[0], ids]),
+                                                  [np.concatenate([a, b]) for a, b in zip(old[1], vals)])
 
 
 def _evaluate(o, oi, combo, part, reps, extras) -> list[np.ndarray]:
