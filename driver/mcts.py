@@ -1,0 +1,292 @@
+"""MCTS-guided e-graph construction: which rules build the e-graph when a node limit binds.
+
+A node limit brings phase ordering back into equality saturation: the rules that run first can
+fill the e-graph with rewrites that do not pay and crowd out the ones that do.  As in the MCTS
+paper (seeds, 001), a Monte Carlo tree search chooses the order: a tree node is an e-graph
+(a saved state, ``relsat.relations.states``), an action is one rule applied for one round to all
+its matches under the node limit, plus ``saturate``, equality saturation as ``--search eqsat``
+runs it from that e-graph (terminal).  The matching stays the compiled SQL of the runner: an
+action is a ``Runner`` round over the chosen rules, never a Python matcher.
+
+One iteration:
+
+1. **select**: from the root, the child with the best UCT score while a node has no untried action;
+   the score's exploitation term is the child's best cost seen below it, scaled to [0, 1] by the
+   best and worst costs seen so far (single-player MCTS: a deterministic game keeps the best, not
+   the mean), its exploration term ``c * sqrt(ln N / n)``;
+2. **expand**: the node's next untried action (in a seeded random order, ``saturate`` first at the
+   root so that eqsat's e-graph is the first candidate); an action that changes nothing is not an
+   action of that node and the next one is tried; a node whose actions all change nothing, or
+   whose e-graph is at the node limit, is terminal;
+3. **roll out**: from the new node, up to ``rollout_depth`` random rule actions on a working copy;
+4. **reward**: the rolled-out e-graph is priced (``Price``: the costs extraction will use) and its
+   greedy extraction's DAG cost is the outcome; the improvement over the input graph,
+   ``(c0 - c) / c0``, is backed up (visits, sum), the cost into each node's best.
+
+Every e-graph reached (tree node or rollout end) is a candidate, known by its action path.  At
+the end the few cheapest candidates are rebuilt from the root by their paths (rounds are
+deterministic, so a path gives the same e-graph every time) and compared by the ILP the pipeline
+extracts with; the cheapest becomes the e-graph's home tables (``States.adopt``).  The tree is
+stored in ``search_nodes`` (node, parent, action, visits, value = mean improvement, plus depth,
+cost, best, enodes, terminal).  Budgets: ``iterations`` and ``seconds``; ``seed`` fixes every
+random choice, so the same inputs and costs give the same search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from relsat.extract.analytic import problem_from
+from relsat.extract.extraction import greedy_extract, ilp_extract
+from relsat.programs.ir import Rule
+from relsat.relations.egraph import EGraph
+from relsat.relations.states import State, States
+
+from .runner import Limits, Report, Runner, StopReason
+from .search import Price, SearchResult, store_search_nodes
+
+SATURATE = -1  # the action "equality saturation from here"
+ITERATIONS = 32  # default budget
+ROLLOUT_DEPTH = 2
+EXPLORATION = 0.7  # UCT's c, over costs scaled to [0, 1]
+REWARD_ILP_S = 5.0  # the ILP's time limit when it prices an outcome
+
+
+@dataclass
+class _Node:
+    id: int
+    parent: _Node | None
+    action: int | None  # None at the root
+    path: tuple[int, ...]
+    state: State | None  # released once every action of the node is tried
+    cost: float
+    enodes: int
+    untried: list[int]
+    terminal: bool = False
+    visits: int = 0
+    total: float = 0.0  # sum of rewards
+    best: float = math.inf  # least cost seen at or below
+    children: list[_Node] = field(default_factory=list)
+
+
+@dataclass
+class _Candidate:
+    cost: float
+    path: tuple[int, ...]
+
+
+class Mcts:
+    """One search (module docstring); ``run()`` returns the ``SearchResult``."""
+
+    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, limits: Limits,
+                 scheduler: str = "backoff", iterations: int = ITERATIONS, seed: int = 0,
+                 rollout_depth: int = ROLLOUT_DEPTH, exploration: float = EXPLORATION, extractor: str = "ilp",
+                 on_step=None) -> None:
+        self.g, self.rules, self.roots, self.price = g, list(rules), list(roots), price
+        self.limits, self.scheduler, self.iterations = limits, scheduler, iterations
+        self.rng = np.random.default_rng(seed)
+        self.rollout_depth, self.c, self.extractor, self.on_step = rollout_depth, exploration, extractor, on_step
+        self.states = States(g)
+        self.nodes: list[_Node] = []
+        self.candidates: list[_Candidate] = []
+        self.useless: set[tuple[tuple[int, ...], int]] = set()
+        self.productive: set[int] = set()  # rules that changed some e-graph of the search
+        self.low = self.high = 0.0  # least and greatest cost seen
+        self.steps = self.noops = 0
+
+    # ------------------------------------------------------------------ actions
+    def _label(self, a: int | None) -> str:
+        return "root" if a is None else "saturate" if a == SATURATE else self.rules[a].name
+
+    def _act(self, a: int) -> tuple[bool, bool, Report]:
+        """Apply action ``a`` to the current tables: (changed, full, report)."""
+        self.steps += 1
+        lim = self.limits
+        if a == SATURATE:
+            runner = Runner(self.g, self.rules, lim, scheduler=self.scheduler)
+        else:
+            runner = Runner(self.g, [self.rules[a]], Limits(1, lim.enodes, math.inf, 1), scheduler="simple")
+        rep = runner.run()
+        changed = any(it.new_nodes or it.unions for it in rep.iterations)
+        if changed and a != SATURATE:
+            self.productive.add(a)
+        full = rep.stop_reason == StopReason.NODE_LIMIT or self.g.counts()["enodes"] >= lim.enodes
+        return changed, full, rep
+
+    def _cost(self) -> float:
+        """The extracted DAG cost of the current tables under the run's prices: the ILP the pipeline
+        extracts with (warm-started by greedy, at most ``REWARD_ILP_S``), or greedy alone."""
+        self.price(self.g)
+        problem, _ = problem_from(self.g, self.roots)
+        greedy = greedy_extract(problem)
+        if self.extractor != "ilp":
+            return greedy.cost
+        ilp = ilp_extract(problem, time_limit=REWARD_ILP_S, warm_start=greedy)
+        return ilp.cost if ilp is not None else greedy.cost
+
+    def _record(self, cost: float, path: tuple[int, ...]) -> None:
+        self.candidates.append(_Candidate(cost, path))
+        self.low, self.high = min(self.low, cost), max(self.high, cost)
+
+    # ------------------------------------------------------------------ the tree
+    def _new_node(self, parent: _Node | None, action: int | None, state: State, cost: float,
+                  terminal: bool) -> _Node:
+        order = [int(i) for i in self.rng.permutation(len(self.rules))]
+        path = (parent.path + (action,)) if parent else ()
+        node = _Node(len(self.nodes), parent, action, path, state, cost, self.g.counts()["enodes"],
+                     [] if terminal else ([SATURATE] if parent is None else []) + order + (
+                         [] if parent is None else [SATURATE]), terminal)
+        self.nodes.append(node)
+        if parent is not None:
+            parent.children.append(node)
+        self._record(cost, path)
+        return node
+
+    def _score(self, parent: _Node, child: _Node) -> float:
+        span = max(self.high - self.low, 1e-12)
+        exploit = (self.high - child.best) / span
+        return exploit + self.c * math.sqrt(math.log(max(parent.visits, 1)) / max(child.visits, 1))
+
+    def _select(self, node: _Node) -> _Node:
+        while not node.untried and node.children and not node.terminal:
+            node = max(node.children, key=lambda ch: (self._score(node, ch), -ch.id))
+        return node
+
+    def _expand(self, node: _Node) -> _Node | None:
+        """The node's next untried action that changes its e-graph, as a new child (None: none left)."""
+        while node.untried:
+            a = node.untried.pop(0)
+            if (node.path, a) in self.useless:
+                continue
+            self.states.checkout(node.state)
+            changed, full, _ = self._act(a)
+            if not changed:
+                self.noops += 1
+                self.useless.add((node.path, a))
+                continue
+            state = self.states.freeze()
+            child = self._new_node(node, a, state, self._cost(), terminal=full or a == SATURATE)
+            self._release(node)
+            return child
+        node.terminal = not node.children
+        self._release(node)
+        return None
+
+    def _release(self, node: _Node) -> None:
+        if not node.untried and node.state is not None and node.parent is not None:
+            self.states.drop(node.state)
+            node.state = None
+
+    def _rollout(self, node: _Node) -> float:
+        """Up to ``rollout_depth`` random rule actions from ``node`` on a working copy, drawn from the
+        rules that have changed some e-graph of the search (all rules until one has): the outcome's
+        cost."""
+        if node.terminal or self.rollout_depth == 0:
+            return node.cost
+        self.states.checkout(node.state)
+        path = node.path
+        pool = sorted(self.productive) or list(range(len(self.rules)))
+        while len(path) - len(node.path) < self.rollout_depth and pool:
+            a = pool.pop(int(self.rng.integers(len(pool))))
+            changed, full, _ = self._act(a)
+            if not changed:
+                continue
+            path = path + (a,)
+            pool = sorted(self.productive)
+            if full:
+                break
+        if path == node.path:
+            return node.cost
+        cost = self._cost()
+        self._record(cost, path)
+        return cost
+
+    def _backup(self, node: _Node, cost: float, c0: float) -> None:
+        reward = (c0 - cost) / c0 if c0 > 0 else 0.0
+        while node is not None:
+            node.visits += 1
+            node.total += reward
+            node.best = min(node.best, cost)
+            node = node.parent
+
+    # ------------------------------------------------------------------ the end
+    def _rebuild(self, path: tuple[int, ...]) -> tuple[State, Report]:
+        """The e-graph of ``path``, rebuilt from the root, and the rounds that built it."""
+        self.states.checkout(self.nodes[0].state)
+        report = Report(stop_reason=StopReason.SATURATED)
+        for a in path:
+            _, _, rep = self._act(a)
+            report.iterations += rep.iterations
+            report.statements += rep.statements
+            report.seconds += rep.seconds
+            report.stop_reason = rep.stop_reason
+            for rule, n in rep.applied_by_rule.items():
+                report.applied_by_rule[rule] = report.applied_by_rule.get(rule, 0) + n
+        return self.states.freeze(), report
+
+    def _choose(self) -> tuple[_Candidate, State, Report]:
+        """The cheapest candidate (the shorter path on a tie), rebuilt from the root: its state and the
+        rounds that built it."""
+        best = min(self.candidates, key=lambda c: (c.cost, len(c.path), c.path))
+        state, report = self._rebuild(best.path)
+        return best, state, report
+
+    def _store_tree(self) -> None:
+        n = self.nodes
+        store_search_nodes(self.g, {
+            "node": np.array([x.id for x in n], dtype=np.int64),
+            "parent": np.array([x.parent.id if x.parent else -1 for x in n], dtype=np.int64),
+            "action": np.array([self._label(x.action) for x in n], dtype=object),
+            "visits": np.array([x.visits for x in n], dtype=np.int64),
+            "value": np.array([x.total / x.visits if x.visits else 0.0 for x in n], dtype=float),
+            "depth": np.array([len(x.path) for x in n], dtype=np.int64),
+            "cost": np.array([x.cost for x in n], dtype=float),
+            "best": np.array([x.best for x in n], dtype=float),
+            "enodes": np.array([x.enodes for x in n], dtype=np.int64),
+            "terminal": np.array([x.terminal for x in n], dtype=bool)})
+
+    def run(self) -> SearchResult:
+        t0 = time.perf_counter()
+        try:
+            root_state = self.states.save()
+            self.states.checkout(root_state)
+            c0 = self._cost()
+            self.low = self.high = c0
+            root = self._new_node(None, None, root_state, c0, terminal=False)
+            stop, done = "budget", 0
+            while done < self.iterations:
+                if time.perf_counter() - t0 > self.limits.seconds:
+                    stop = "time limit"
+                    break
+                if not any(n.untried for n in self.nodes):
+                    stop = "exhausted"  # every e-graph reachable within the tree's actions was tried
+                    break
+                leaf = self._select(root)
+                child = None if leaf.terminal else self._expand(leaf)
+                if child is None:  # a terminal e-graph: its own cost is the outcome
+                    self._backup(leaf, leaf.cost, c0)
+                else:
+                    self._backup(child, min(child.cost, self._rollout(child)), c0)
+                done += 1
+                if self.on_step:
+                    self.on_step(done, self.low)
+            chosen, state, report = self._choose()
+            self.states.adopt(state)
+            self._store_tree()
+            return SearchResult(
+                strategy="mcts", report=report, stop=stop, best_cost=chosen.cost, start_cost=c0,
+                seconds=time.perf_counter() - t0,
+                stats={"iterations": done, "tree_nodes": len(self.nodes), "rounds_run": self.steps,
+                       "noop_actions": self.noops, "candidates": len(self.candidates),
+                       "path": [self._label(a) for a in chosen.path]})
+        finally:
+            self.states.close()
+
+
+def mcts(g: EGraph, rules: list[Rule], roots, price: Price, **options) -> SearchResult:
+    """Build the e-graph by Monte Carlo tree search (module docstring); ``options`` as ``Mcts``."""
+    return Mcts(g, rules, roots, price, **options).run()
