@@ -44,7 +44,13 @@ FIX_SHAPES = typer.Option(D.fix_shapes, "--fix-shapes", help="freeze dynamic dim
                           "--input-shape, or 1 for a batch dim)")
 ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
 NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
-TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation time limit, seconds")
+TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation (or search) time limit, seconds")
+SEARCH = typer.Option(D.search, "--search", help="eqsat | mcts | backtrack: build the e-graph by equality saturation, "
+                      "Monte Carlo tree search over rule applications, or TASO's backtracking over single rewrites")
+BUDGET = typer.Option(D.budget, "--budget", help="mcts: tree iterations (default 32); backtrack: graphs expanded "
+                      "(default 100)")
+SEED = typer.Option(D.seed, "--seed", help="mcts: seed of its random choices")
+ALPHA = typer.Option(D.alpha, "--alpha", help="backtrack: keep graphs up to alpha x the best cost (1: greedy)")
 EXTRACTOR = typer.Option(D.extractor, "--extractor", help="ilp | greedy")
 COST_MODEL = typer.Option(D.cost_model, "--cost-model", help="measured (ONNX Runtime, cached) | analytic")
 PROVIDER = typer.Option(D.provider, "--provider", help="cpu | cuda: where costs and latency are measured")
@@ -60,14 +66,15 @@ CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extrac
 
 
 def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
-             threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, inputs=()) -> Options:
+             threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, search, budget, seed,
+             alpha, inputs=()) -> Options:
     """The shared flags as an ``Options`` (checked)."""
     return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, fix_shapes=fix_shapes,
                    inputs=tuple(str(p) for p in inputs), iter_limit=iter_limit,
                    node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                    provider=provider, threads=threads, costs=None if costs is None else str(costs),
                    measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
-                   context_rounds=context_rounds).check()
+                   context_rounds=context_rounds, search=search, budget=budget, seed=seed, alpha=alpha).check()
 
 
 def _fail(e: Exception) -> None:
@@ -99,6 +106,10 @@ def optimize(
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
+    search: str = SEARCH,
+    budget: Optional[int] = BUDGET,
+    seed: int = SEED,
+    alpha: float = ALPHA,
     extractor: str = EXTRACTOR,
     cost_model: str = COST_MODEL,
     provider: str = PROVIDER,
@@ -125,7 +136,8 @@ def optimize(
                 rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit,
                 node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                 provider=provider, threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap,
-                ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs)
+                ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs,
+                search=search, budget=budget, seed=seed, alpha=alpha)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
@@ -445,6 +457,10 @@ def batch(
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
+    search: str = SEARCH,
+    budget: Optional[int] = BUDGET,
+    seed: int = SEED,
+    alpha: float = ALPHA,
     extractor: str = EXTRACTOR,
     cost_model: str = COST_MODEL,
     provider: str = PROVIDER,
@@ -465,7 +481,8 @@ def batch(
             rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit, node_limit=node_limit,
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
-            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds)
+            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds,
+            search=search, budget=budget, seed=seed, alpha=alpha)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

@@ -42,6 +42,7 @@ import numpy as np
 
 from relsat.extract.analytic import problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract
+from relsat.programs.compiler import compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.egraph import EGraph
 from relsat.relations.states import State, States
@@ -76,6 +77,7 @@ class _Node:
 @dataclass
 class _Candidate:
     cost: float
+    enodes: int
     path: tuple[int, ...]
 
 
@@ -95,6 +97,7 @@ class Mcts:
         self.candidates: list[_Candidate] = []
         self.useless: set[tuple[tuple[int, ...], int]] = set()
         self.productive: set[int] = set()  # rules that changed some e-graph of the search
+        self.tables = [compile_rule(r).tables for r in self.rules]  # the op tables each rule joins
         self.low = self.high = 0.0  # least and greatest cost seen
         self.steps = self.noops = 0
 
@@ -129,17 +132,18 @@ class Mcts:
         return ilp.cost if ilp is not None else greedy.cost
 
     def _record(self, cost: float, path: tuple[int, ...]) -> None:
-        self.candidates.append(_Candidate(cost, path))
+        self.candidates.append(_Candidate(cost, self.g.counts()["enodes"], path))
         self.low, self.high = min(self.low, cost), max(self.high, cost)
 
     # ------------------------------------------------------------------ the tree
     def _new_node(self, parent: _Node | None, action: int | None, state: State, cost: float,
                   terminal: bool) -> _Node:
         order = [int(i) for i in self.rng.permutation(len(self.rules))]
+        # saturate is tried first at the root (eqsat's e-graph is the first candidate), last elsewhere
+        untried = [] if terminal else [SATURATE] + order if parent is None else order + [SATURATE]
         path = (parent.path + (action,)) if parent else ()
-        node = _Node(len(self.nodes), parent, action, path, state, cost, self.g.counts()["enodes"],
-                     [] if terminal else ([SATURATE] if parent is None else []) + order + (
-                         [] if parent is None else [SATURATE]), terminal)
+        node = _Node(len(self.nodes), parent, action, path, state, cost, self.g.counts()["enodes"], untried,
+                     terminal)
         self.nodes.append(node)
         if parent is not None:
             parent.children.append(node)
@@ -160,8 +164,8 @@ class Mcts:
         """The node's next untried action that changes its e-graph, as a new child (None: none left)."""
         while node.untried:
             a = node.untried.pop(0)
-            if (node.path, a) in self.useless:
-                continue
+            if (node.path, a) in self.useless or (a != SATURATE and not set(self.tables[a]) <= node.state.live):
+                continue  # known to change nothing, or joins an operator this e-graph does not have
             self.states.checkout(node.state)
             changed, full, _ = self._act(a)
             if not changed:
@@ -229,9 +233,10 @@ class Mcts:
         return self.states.freeze(), report
 
     def _choose(self) -> tuple[_Candidate, State, Report]:
-        """The cheapest candidate (the shorter path on a tie), rebuilt from the root: its state and the
-        rounds that built it."""
-        best = min(self.candidates, key=lambda c: (c.cost, len(c.path), c.path))
+        """The cheapest candidate, rebuilt from the root: its state and the rounds that built it.  On a
+        tie the larger e-graph (more alternatives for the in-context choice that follows), then the
+        shorter path."""
+        best = min(self.candidates, key=lambda c: (c.cost, -c.enodes, len(c.path), c.path))
         state, report = self._rebuild(best.path)
         return best, state, report
 

@@ -106,6 +106,7 @@ class Report(Mapping):
     verification: dict
     notices: list
     phases_s: dict
+    search: dict  # how the e-graph was built: the strategy and, for a search, its budget, counts and best cost
     extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
 
     def as_dict(self) -> dict:
@@ -267,9 +268,38 @@ class _Pipeline:
         self.input_sets = feeds.load_input_sets(self.o.inputs, feeds.graph_inputs(self.model)) if self.o.inputs else []
 
     def saturate(self) -> None:
+        """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
         o = self.o
         limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
-        self.sat = Runner(self.g, self.rules, limits, on_round=self.on_round).run() if self.rules else None
+        self.searched = None
+        if not self.rules:
+            self.sat = None
+        elif o.search == "eqsat":
+            self.sat = Runner(self.g, self.rules, limits, on_round=self.on_round).run()
+        else:
+            roots = [cid for _, cid in self.imported.outputs]
+            step = lambda i, best: self.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
+            try:
+                if o.search == "mcts":
+                    from .mcts import ITERATIONS, mcts
+                    self.searched = mcts(self.g, self.rules, roots, self.price, limits=limits, seed=o.seed,
+                                         iterations=o.budget or ITERATIONS, extractor=o.extractor, on_step=step)
+                else:
+                    from .backtrack import BUDGET, backtrack
+                    self.searched = backtrack(self.g, self.rules, roots, self.price, alpha=o.alpha,
+                                              budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
+            except ProviderUnavailable as e:
+                raise RelsatError(f"--provider {o.provider}: {e}") from None
+            self.sat = self.searched.report
+
+    def price(self, g: EGraph):
+        """The run's costs for every e-node of ``g``'s current tables (what the searches compare
+        e-graphs by; the profile phase then prices the chosen one the same way)."""
+        if self.o.cost_model == "measured":
+            return measured_costs(g, self.imported.opset_imports, provider=self.o.provider, threads=self.o.threads,
+                                  cache=self.cache, measure=not self.cache_only)
+        analytic_costs(g)
+        return None
 
     def cost(self) -> None:
         o, g = self.o, self.g
@@ -408,7 +438,8 @@ class _Pipeline:
         return Report(
             producer=f"relsat {__version__}", input=self.source, nodes_in=len(self.model.graph.node),
             nodes_out=len(self.optimized.graph.node), rules=len(self.rules),
-            stop_reason=sat.stop_reason.value if sat else "no rules",
+            stop_reason=(f"{self.searched.strategy}: {self.searched.stop}" if self.searched is not None
+                         else sat.stop_reason.value if sat else "no rules"),
             iterations=[vars(i) for i in sat.iterations] if sat else [],
             rules_applied=dict(sorted(sat.applied_by_rule.items(), key=lambda kv: -kv[1])) if sat else {},
             enodes=counts["enodes"], eclasses=counts["eclasses"], cost_model=o.cost_model, provider=o.provider,
@@ -424,7 +455,8 @@ class _Pipeline:
             latency=self.latency_report, extracted=self.extracted, written=self.written,
             verification={"ok": self.check.ok, "max_abs_err": self.check.max_abs_err, "message": self.check.message,
                           "draws": self.check.draws},
-            notices=list(self.imported.notices) + self.notices, phases_s=self.phases)
+            notices=list(self.imported.notices) + self.notices, phases_s=self.phases,
+            search=self.searched.as_dict() if self.searched is not None else {"strategy": "eqsat"})
 
     def close(self, g, dbfile, complete: bool):
         """Close the e-graph; move a complete one into ``db`` (reopened there with ``keep_egraph``) or

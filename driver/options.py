@@ -22,6 +22,7 @@ from .errors import RelsatError
 COST_MODELS = ("measured", "analytic")
 PROVIDERS = ("cpu", "cuda")
 EXTRACTORS = ("ilp", "greedy")
+SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search)
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
 
 
@@ -43,6 +44,10 @@ class Options:
     node_limit: int = 2000  # e-nodes
     time_limit: float = 60.0  # saturation seconds
     multi_rounds: int = 1  # rounds in which multi-pattern rules run
+    search: str = "eqsat"  # eqsat | mcts | backtrack: how the e-graph is built (time_limit bounds each)
+    budget: int | None = None  # mcts: tree iterations; backtrack: graphs expanded (None: the strategy's default)
+    seed: int = 0  # mcts: its random choices
+    alpha: float = 1.05  # backtrack: graphs costlier than alpha x the best are dropped (TASO's default)
     extractor: str = "ilp"  # ilp | greedy
     ilp_time_limit: float = 30.0
     mip_gap: float = 1e-4
@@ -80,6 +85,14 @@ class Options:
             raise RelsatError(f"--cost-model {self.cost_model}: expected measured or analytic")
         if self.provider not in PROVIDERS:
             raise RelsatError(f"--provider {self.provider}: expected cpu or cuda")
+        if self.search not in SEARCHES:
+            raise RelsatError(f"--search {self.search}: expected one of {', '.join(SEARCHES)}")
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):
+            raise RelsatError(f"--budget {self.budget}: expected a whole number >= 1")
+        if not isinstance(self.seed, int):
+            raise RelsatError(f"--seed {self.seed}: expected a whole number")
+        if not self.alpha >= 1.0:
+            raise RelsatError(f"--alpha {self.alpha}: expected a factor >= 1 (1 is greedy)")
         if self.extractor not in EXTRACTORS:
             raise RelsatError(f"--extractor {self.extractor}: expected ilp or greedy")
         if not isinstance(self.threads, int) or self.threads < 1:

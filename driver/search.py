@@ -23,8 +23,6 @@ from .runner import Report
 
 Price = Callable[[EGraph], None]  # fills ``costs`` for every e-node of the e-graph's current tables
 
-STRATEGIES = ("eqsat", "mcts", "backtrack")
-
 
 @dataclass
 class SearchResult:
