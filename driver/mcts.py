@@ -68,6 +68,7 @@ class _Node:
     enodes: int
     untried: list[int]
     terminal: bool = False
+    done: bool = False  # nothing left to try at or below (terminal, or every action tried and every child done)
     visits: int = 0
     total: float = 0.0  # sum of rewards
     best: float = math.inf  # least cost seen at or below
@@ -156,8 +157,12 @@ class Mcts:
         return exploit + self.c * math.sqrt(math.log(max(parent.visits, 1)) / max(child.visits, 1))
 
     def _select(self, node: _Node) -> _Node:
-        while not node.untried and node.children and not node.terminal:
-            node = max(node.children, key=lambda ch: (self._score(node, ch), -ch.id))
+        """Down the tree by UCT, past subtrees with nothing left to try, to a node with an untried action."""
+        while not node.untried and not node.terminal:
+            open_ = [ch for ch in node.children if not ch.done]
+            if not open_:
+                break
+            node = max(open_, key=lambda ch: (self._score(node, ch), -ch.id))
         return node
 
     def _expand(self, node: _Node) -> _Node | None:
@@ -215,6 +220,7 @@ class Mcts:
             node.visits += 1
             node.total += reward
             node.best = min(node.best, cost)
+            node.done = node.terminal or not node.untried and all(ch.done for ch in node.children)
             node = node.parent
 
     # ------------------------------------------------------------------ the end
@@ -267,8 +273,8 @@ class Mcts:
                 if time.perf_counter() - t0 > self.limits.seconds:
                     stop = "time limit"
                     break
-                if not any(n.untried for n in self.nodes):
-                    stop = "exhausted"  # every e-graph reachable within the tree's actions was tried
+                if root.done:
+                    stop = "exhausted"  # every action of every e-graph in the tree was tried
                     break
                 leaf = self._select(root)
                 child = None if leaf.terminal else self._expand(leaf)

@@ -84,3 +84,29 @@ def test_saturate_is_an_action_so_mcts_is_never_worse_than_eqsat():
     res = mcts(g2, RULE_LIST, roots2, analytic_costs, limits=Limits(10, 10_000, 60, 1), iterations=3, seed=1)
     assert extracted_cost(g2, roots2) <= eqsat + 1e-12
     assert res.stats["tree_nodes"] >= 2
+
+
+def test_optimize_with_mcts_writes_a_verified_model_and_the_tree(tmp_path):
+    """The CLI path: a small Inception-v3 (BatchNorm folding and merges to choose among) under a node
+    limit that binds, the written model verified against the input, the tree in the saved e-graph."""
+    import duckdb
+    import onnx
+
+    from relsat.benchmarks import zoo
+    from relsat.driver.optimize import optimize
+    from relsat.driver.verify import verify
+
+    model = zoo.build("inception_v3", small=True)
+    db = tmp_path / "e.duckdb"
+    res = optimize(model, db=db, output=tmp_path / "o.onnx", search="mcts", budget=6, node_limit=500,
+                   cost_model="analytic", measure=False, candidates=0)
+    r = res.report
+    assert r["search"]["strategy"] == "mcts" and r["stop_reason"].startswith("mcts: ")
+    assert r["verification"]["ok"] and r["enodes"] <= 500
+    assert r["cost_after"] <= r["cost_before"]
+    assert verify(model, onnx.load(tmp_path / "o.onnx")).ok
+    with duckdb.connect(str(db), read_only=True) as con:
+        n, visits = con.execute("SELECT count(*), max(visits) FROM search_nodes").fetchall()[0]
+        enodes = con.execute("SELECT count(*) FROM enodes").fetchall()[0][0]
+    assert n == r["search"]["tree_nodes"] and visits == 6
+    assert enodes == r["enodes"]

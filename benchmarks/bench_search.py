@@ -1,0 +1,124 @@
+"""The search strategies on the zoo: ``--search eqsat``, ``mcts`` and ``backtrack``, as the seeds compare them.
+
+For every zoo model (full size), strategy and node limit, ``relsat optimize`` runs in its own
+process with measured one-node costs (the persistent cost cache) and ``--candidates 0``, so that
+every strategy's predicted cost (the ILP objective, ms) comes from the same cost table, then the
+latency guard times the input and the extracted model (ONNX Runtime, interleaved medians) when
+they differ.  Backtracking does not build an e-graph, so the node limit does not bound it: it runs
+once per model and alpha.  One JSON report per run is kept in ``--out``; ``--table`` prints the
+Markdown tables from every report there (so runs can be added in pieces):
+
+    python -m relsat.benchmarks.bench_search --out DIR [--models bert ...] [--rules default]
+        [--strategies eqsat mcts backtrack-1.0 backtrack-1.05] [--node-limits 2000 50000] [--budget N]
+    python -m relsat.benchmarks.bench_search --out DIR --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+STRATEGIES = ("eqsat", "mcts", "backtrack-1.0", "backtrack-1.05")
+# TENSAT's speedups on a GPU, as the MCTS paper's appendix reports them (percent)
+TENSAT_PUBLISHED = {"bert": 22.35, "inception_v3": 18.34, "nasnet_a": 17.83, "nasrnn": 10.22, "resnext50": 27.11,
+                    "squeezenet": 29.74, "vgg19": 12.48}
+
+
+def _flags(strategy: str) -> list[str]:
+    if strategy.startswith("backtrack-"):
+        return ["--search", "backtrack", "--alpha", strategy.split("-", 1)[1]]
+    return ["--search", strategy]
+
+
+def run(model: str, strategy: str, node_limit: int | None, rules: list[str], budget: int | None, out: Path,
+        timeout: float) -> dict:
+    tag = f"{model}.{strategy}.{node_limit or 'none'}"
+    report = out / f"{tag}.json"
+    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", f"zoo:{model}",
+           "-o", str(out / f"{tag}.onnx"), "--candidates", "0", "--report", str(report), *_flags(strategy)]
+    if node_limit is not None:
+        cmd += ["--node-limit", str(node_limit)]
+    if budget is not None:
+        cmd += ["--budget", str(budget)]
+    for r in rules:
+        cmd += ["--rules", r]
+    row = {"model": model, "strategy": strategy, "node_limit": node_limit, "rules": rules}
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        row["note"] = f"killed after {timeout:g} s"
+    else:
+        if res.returncode != 0:
+            row["note"] = (res.stderr.strip().splitlines() or ["?"])[-1][:200]
+    if "note" in row:
+        report.write_text(json.dumps({"bench": row}))
+        return row
+    r = json.loads(report.read_text())
+    r["bench"] = row
+    report.write_text(json.dumps(r))
+    return row
+
+
+def _row(r: dict) -> dict:
+    b = r["bench"]
+    if "note" in b:
+        return {**b}
+    lat = r.get("latency") or {}
+    before, after = r["cost_before"], r["extraction"]["objective"]
+    phases = r["phases_s"]
+    return {**b, "enodes": r["enodes"], "stop": r["stop_reason"], "build_s": phases.get("saturate", 0.0),
+            "total_s": sum(phases.values()), "cost_before": before, "predicted": after,
+            "predicted_speedup": before / after if after else None, "input_ms": lat.get("original_ms"),
+            "extracted_ms": lat.get("optimized_ms"), "written": r["written"], "verified": r["verification"]["ok"],
+            "search": r.get("search", {})}
+
+
+def table(out: Path) -> str:
+    rows = [_row(json.loads(p.read_text())) for p in sorted(out.glob("*.json")) if p.name != "results.json"]
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    rows.sort(key=lambda x: (x["model"], x["node_limit"] or 10**9, order.get(x["strategy"], 9)))
+    lines = ["| model | node limit | strategy | e-nodes | stop | build s | total s | predicted ms | predicted speedup "
+             "| input ms | extracted ms | measured speedup | written | verified |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    f = lambda v, d=2: "-" if v is None else f"{v:,.{d}f}" if isinstance(v, float) else f"{v:,}"  # noqa: E731
+    for x in rows:
+        if "note" in x:
+            lines.append(f"| {x['model']} | {x['node_limit'] or '-'} | {x['strategy']} | {x['note']} |")
+            continue
+        measured = (x["input_ms"] / x["extracted_ms"]) if x["input_ms"] and x["extracted_ms"] else None
+        lines.append(
+            f"| {x['model']} | {f(x['node_limit']) if x['node_limit'] else '-'} | {x['strategy']} | {f(x['enodes'])} "
+            f"| {x['stop']} | {f(x['build_s'], 1)} | {f(x['total_s'], 1)} | {f(x['predicted'], 4)} "
+            f"| {f(x['predicted_speedup'], 4)} | {f(x['input_ms'])} | {f(x['extracted_ms'])} | {f(measured, 3)} "
+            f"| {x['written']} | {x['verified']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from relsat.benchmarks import zoo
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for models and reports")
+    p.add_argument("--models", nargs="+", default=list(zoo.NAMES))
+    p.add_argument("--rules", nargs="+", default=["default"])
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    p.add_argument("--node-limits", nargs="+", type=int, default=[2000, 50_000])
+    p.add_argument("--budget", type=int, default=None, help="--budget for mcts and backtrack (their defaults if absent)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per optimize run")
+    p.add_argument("--table", action="store_true", help="only print the tables of the reports in --out")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        for m in args.models:
+            for s in args.strategies:
+                for limit in ([None] if s.startswith("backtrack") else args.node_limits):
+                    row = run(m, s, limit, args.rules, args.budget, args.out, args.timeout)
+                    print(json.dumps(row), flush=True)
+    print(table(args.out))
+
+
+if __name__ == "__main__":
+    main()
