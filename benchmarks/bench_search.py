@@ -1,15 +1,20 @@
 """The search strategies on the zoo: ``--search eqsat``, ``mcts`` and ``backtrack``, as the seeds compare them.
 
-For every zoo model (full size), strategy and node limit, ``relsat optimize`` runs in its own
-process with measured one-node costs (the persistent cost cache) and ``--candidates 0``, so that
-every strategy's predicted cost (the ILP objective, ms) comes from the same cost table, then the
-latency guard times the input and the extracted model (ONNX Runtime, interleaved medians) when
-they differ.  Backtracking does not build an e-graph, so the node limit does not bound it: it runs
-once per model and alpha.  One JSON report per run is kept in ``--out``; ``--table`` prints the
-Markdown tables from every report there (so runs can be added in pieces):
+For every zoo model (full size, saved once as ``DIR/inputs/NAME.onnx``), strategy and node
+limit, ``relsat optimize`` runs in its own process with measured one-node costs (the persistent
+cost cache), ``--candidates 0`` and ``--no-measure``, so that every strategy's predicted cost (the
+ILP objective, ms) comes from the same cost table and the written model is the extracted graph
+(verified against the input).  Backtracking does not build an e-graph, so the node limit does not
+bound it: it runs once per model and alpha.  One JSON report per run is kept in ``--out``.
+
+``--time`` then times, in a separate pass meant for a quiet machine, every written model that
+differs from its input against that input (``python -m relsat.driver.latency``: ONNX Runtime,
+block-interleaved medians, ``--threads``), and stores the medians in the report.  ``--table``
+prints the Markdown table from every report there (so runs can be added in pieces):
 
     python -m relsat.benchmarks.bench_search --out DIR [--models bert ...] [--rules default]
         [--strategies eqsat mcts backtrack-1.0 backtrack-1.05] [--node-limits 2000 50000] [--budget N]
+    python -m relsat.benchmarks.bench_search --out DIR --time [--threads 2]
     python -m relsat.benchmarks.bench_search --out DIR --table
 """
 
@@ -33,12 +38,23 @@ def _flags(strategy: str) -> list[str]:
     return ["--search", strategy]
 
 
+def _input(model: str, out: Path) -> Path:
+    from relsat.benchmarks import zoo
+
+    path = out / "inputs" / f"{model}.onnx"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        zoo.save(zoo.build(model), path)
+    return path
+
+
 def run(model: str, strategy: str, node_limit: int | None, rules: list[str], budget: int | None, out: Path,
         timeout: float) -> dict:
     tag = f"{model}.{strategy}.{node_limit or 'none'}"
     report = out / f"{tag}.json"
-    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", f"zoo:{model}",
-           "-o", str(out / f"{tag}.onnx"), "--candidates", "0", "--report", str(report), *_flags(strategy)]
+    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", str(_input(model, out)),
+           "-o", str(out / f"{tag}.onnx"), "--candidates", "0", "--no-measure", "--report", str(report),
+           *_flags(strategy)]
     if node_limit is not None:
         cmd += ["--node-limit", str(node_limit)]
     if budget is not None:
@@ -62,17 +78,36 @@ def run(model: str, strategy: str, node_limit: int | None, rules: list[str], bud
     return row
 
 
+def time_written(out: Path, threads: int) -> None:
+    """Time every written model that differs from its input against that input (module docstring)."""
+    for p in sorted(out.glob("*.json")):
+        r = json.loads(p.read_text())
+        if "note" in r["bench"] or r.get("written") != "optimized" or "timing" in r["bench"]:
+            continue
+        model = out / f"{p.stem}.onnx"
+        cmd = [sys.executable, "-m", "relsat.driver.latency", str(_input(r["bench"]["model"], out)), str(model),
+               "--threads", str(threads)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            r["bench"]["timing"] = {"error": (res.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        else:
+            a, b = json.loads(res.stdout)
+            r["bench"]["timing"] = {"input_ms": a["median_ms"], "extracted_ms": b["median_ms"], "threads": threads}
+        p.write_text(json.dumps(r))
+        print(p.stem, r["bench"]["timing"], flush=True)
+
+
 def _row(r: dict) -> dict:
     b = r["bench"]
     if "note" in b:
         return {**b}
-    lat = r.get("latency") or {}
+    lat = b.get("timing") or {}
     before, after = r["cost_before"], r["extraction"]["objective"]
     phases = r["phases_s"]
     return {**b, "enodes": r["enodes"], "stop": r["stop_reason"], "build_s": phases.get("saturate", 0.0),
             "total_s": sum(phases.values()), "cost_before": before, "predicted": after,
-            "predicted_speedup": before / after if after else None, "input_ms": lat.get("original_ms"),
-            "extracted_ms": lat.get("optimized_ms"), "written": r["written"], "verified": r["verification"]["ok"],
+            "predicted_speedup": before / after if after else None, "input_ms": lat.get("input_ms"),
+            "extracted_ms": lat.get("extracted_ms"), "written": r["written"], "verified": r["verification"]["ok"],
             "search": r.get("search", {})}
 
 
@@ -81,7 +116,7 @@ def table(out: Path) -> str:
     order = {s: i for i, s in enumerate(STRATEGIES)}
     rows.sort(key=lambda x: (x["model"], x["node_limit"] or 10**9, order.get(x["strategy"], 9)))
     lines = ["| model | node limit | strategy | e-nodes | stop | build s | total s | predicted ms | predicted speedup "
-             "| input ms | extracted ms | measured speedup | written | verified |",
+             "| input ms | extracted ms | measured speedup | graph | verified |",
              "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     f = lambda v, d=2: "-" if v is None else f"{v:,.{d}f}" if isinstance(v, float) else f"{v:,}"  # noqa: E731
     for x in rows:
@@ -93,7 +128,7 @@ def table(out: Path) -> str:
             f"| {x['model']} | {f(x['node_limit']) if x['node_limit'] else '-'} | {x['strategy']} | {f(x['enodes'])} "
             f"| {x['stop']} | {f(x['build_s'], 1)} | {f(x['total_s'], 1)} | {f(x['predicted'], 4)} "
             f"| {f(x['predicted_speedup'], 4)} | {f(x['input_ms'])} | {f(x['extracted_ms'])} | {f(measured, 3)} "
-            f"| {x['written']} | {x['verified']} |")
+            f"| {'changed' if x['written'] == 'optimized' else 'input'} | {x['verified']} |")
     return "\n".join(lines)
 
 
@@ -108,10 +143,14 @@ def main() -> None:
     p.add_argument("--node-limits", nargs="+", type=int, default=[2000, 50_000])
     p.add_argument("--budget", type=int, default=None, help="--budget for mcts and backtrack (their defaults if absent)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per optimize run")
+    p.add_argument("--time", action="store_true", help="only time the written models that differ from their input")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads for --time")
     p.add_argument("--table", action="store_true", help="only print the tables of the reports in --out")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.table:
+    if args.time:
+        time_written(args.out, args.threads)
+    elif not args.table:
         for m in args.models:
             for s in args.strategies:
                 for limit in ([None] if s.startswith("backtrack") else args.node_limits):

@@ -240,9 +240,9 @@ class Mcts:
 
     def _choose(self) -> tuple[_Candidate, State, Report]:
         """The cheapest candidate, rebuilt from the root: its state and the rounds that built it.  On a
-        tie the larger e-graph (more alternatives for the in-context choice that follows), then the
-        shorter path."""
-        best = min(self.candidates, key=lambda c: (c.cost, -c.enodes, len(c.path), c.path))
+        cost tie eqsat's e-graph (the root's ``saturate``), else the smaller e-graph, then the shorter
+        path: a search that finds nothing cheaper hands on what saturation would have."""
+        best = min(self.candidates, key=lambda c: (round(c.cost, 9), c.path != (SATURATE,), c.enodes, len(c.path), c.path))
         state, report = self._rebuild(best.path)
         return best, state, report
 
