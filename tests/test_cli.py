@@ -44,6 +44,9 @@ def test_optimize_writes_a_verified_model_report_and_database(small_resnet, tmp_
     (["optimize", "zoo:nope", "-o", "OUT"], "zoo:nope"),
     (["optimize", "MODEL", "-o", "OUT", "--rules", "no-such-set"], "no-such-set"),
     (["optimize", "MODEL", "-o", "OUT", "--input-shape", "nosuchinput=1,2"], "nosuchinput"),
+    (["optimize", "MODEL", "-o", "OUT", "--search", "annealing"], "--search annealing"),
+    (["optimize", "MODEL", "-o", "OUT", "--search", "backtrack", "--alpha", "0.9"], "--alpha 0.9"),
+    (["optimize", "MODEL", "-o", "OUT", "--search", "mcts", "--budget", "0"], "--budget 0"),
 ])
 def test_bad_input_gives_one_line_error_and_no_output(small_resnet, tmp_path, args, needle):
     out = tmp_path / "o.onnx"
