@@ -102,7 +102,10 @@ def _row(r: dict) -> dict:
     if "note" in b:
         return {**b}
     lat = b.get("timing") or {}
-    before, after = r["cost_before"], r["extraction"]["objective"]
+    # backtracking's e-graph is the chosen graph only: older reports' cost_before is its cost, not the input's
+    search = r.get("search") or {}
+    before = search["start_cost"] if search.get("strategy") == "backtrack" else r["cost_before"]
+    after = r["extraction"]["objective"]
     phases = r["phases_s"]
     return {**b, "enodes": r["enodes"], "stop": r["stop_reason"], "build_s": phases.get("saturate", 0.0),
             "total_s": sum(phases.values()), "cost_before": before, "predicted": after,

@@ -333,6 +333,11 @@ class _Pipeline:
         self.orig = original_choice(self.g, self.roots)
         cost_of = dict(zip(self.node_ids.tolist(), self.problem.node_cost.tolist()))
         self.original_cost = sum(cost_of.get(n, 0.0) for n in set(self.orig.values()))
+        if self._backtracked():  # the e-graph holds only the chosen graph: the input's cost is the search's start
+            self.original_cost = self.searched.start_cost
+
+    def _backtracked(self) -> bool:
+        return self.searched is not None and self.searched.strategy == "backtrack"
 
     def in_context(self) -> bool:
         """Whether costs are refined in context and the final choice measured (``relsat.driver.candidates``):
@@ -366,7 +371,8 @@ class _Pipeline:
         self.label = picked.label if picked is not None else "original"
         self.written = "optimized" if picked is not None else "original"
         self.optimized = picked.model if picked is not None else self.model
-        self.original_cost = s.predicted(self.orig) - s.call_overhead_ms
+        if not self._backtracked():
+            self.original_cost = s.predicted(self.orig) - s.call_overhead_ms
         self.cost_after = s.predicted(choice) - s.call_overhead_ms
         self.check = check or VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
         fastest = s.fastest()

@@ -105,3 +105,27 @@ def test_budget_and_time_limit_stop_the_search():
     res = Backtrack(g, RULE_LIST, roots, analytic_costs, alpha=10.0, budget=100, seconds=0.0).run()
     assert res.stop == "time limit"
     assert verify(model(), written(g, imp, roots)).ok
+
+
+def test_optimize_with_backtrack_reports_the_input_cost_and_writes_a_verified_model(tmp_path):
+    """The pipeline path, with the rules as a user's rule file (checked on random tensors first)."""
+    import duckdb
+
+    from relsat.driver.optimize import optimize
+
+    rules = tmp_path / "detour.rules"
+    rules.write_text("relu-out: (Transpose :perm ?p (Relu ?x)) => (Identity (Relu (Transpose :perm ?p ?x)))\n"
+                     "include fold: transpose-inverse-2 identity\n")
+    db = tmp_path / "e.duckdb"
+    res = optimize(model(), rules=[str(rules)], search="backtrack", alpha=1.05, budget=20, cost_model="analytic",
+                   measure=False, candidates=0, db=db, output=tmp_path / "o.onnx")
+    r = res.report
+    assert r["search"]["strategy"] == "backtrack" and r["stop_reason"] == "backtrack: exhausted"
+    assert r["cost_before"] == pytest.approx(r["search"]["start_cost"])
+    assert r["cost_after"] < r["cost_before"]
+    assert r["verification"]["ok"] and r["written"] == "optimized"
+    out = onnx.load(tmp_path / "o.onnx")
+    assert [n.op_type for n in out.graph.node].count("Transpose") == 0
+    assert verify(model(), out).ok
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM search_nodes WHERE status = 'expanded'").fetchall()[0][0] >= 3
