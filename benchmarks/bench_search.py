@@ -135,6 +135,25 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def seeds_table(out: Path) -> str:
+    """Predicted speedup in percent per model and strategy, beside TENSAT's published GPU figures."""
+    rows = [_row(json.loads(p.read_text())) for p in sorted(out.glob("*.json")) if p.name != "results.json"]
+    cols = [("eqsat", 2000), ("mcts", 2000), ("eqsat", 50_000), ("mcts", 50_000), ("backtrack-1.0", None),
+            ("backtrack-1.05", None)]
+    cell = {(x["model"], x["strategy"], x["node_limit"]): x for x in rows}
+    head = ["model", "TENSAT, GPU (published)"] + [f"{s} {n:,}" if n else s for s, n in cols]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for m in sorted({x["model"] for x in rows}):
+        vals = []
+        for s, n in cols:
+            x = cell.get((m, s, n))
+            ok = x is not None and "note" not in x and x.get("predicted_speedup")
+            vals.append(f"{(x['predicted_speedup'] - 1) * 100:.2f} %" if ok else "-" if x is None else "failed")
+        pub = TENSAT_PUBLISHED.get(m)
+        lines.append(f"| {m} | {f'{pub:.2f} %' if pub is not None else '-'} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     from relsat.benchmarks import zoo
 
@@ -160,6 +179,8 @@ def main() -> None:
                     row = run(m, s, limit, args.rules, args.budget, args.out, args.timeout)
                     print(json.dumps(row), flush=True)
     print(table(args.out))
+    print()
+    print(seeds_table(args.out))
 
 
 if __name__ == "__main__":
