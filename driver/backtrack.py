@@ -14,7 +14,8 @@ Set-oriented, so that the statements per expansion grow with the rules, not with
    and its unions recorded as ``(rule, mid, a, b)`` instead of applied;
 2. the scratch copy is priced (``Price``) and one recursive query computes every child's cost at once:
    the classes reachable from the outputs when each of the match's classes ``a`` is replaced by ``b``,
-   each class costing its one node;
+   each class costing its one node (and the graph's own cost, with nothing replaced: a graph is
+   priced once, when it is expanded);
 3. the children become one sorted batch; the queue holds batches (a k-way merge), so Python touches
    only the children it takes;
 4. **materialise** a child when it is taken: the parent checked out, that rule's match re-run and
@@ -25,7 +26,8 @@ Set-oriented, so that the statements per expansion grow with the rules, not with
 
 At the end the best graph becomes the e-graph's home tables (``States.adopt``) and every graph
 generated is a row of ``search_nodes`` (node, parent, action = ``rule#match``, visits = expanded or
-not, value = its cost; ``status``: root, expanded, duplicate, cyclic, pruned, queued).
+not, value = its cost as predicted, cost = as priced once built; ``status``: root, expanded,
+materialised (built when the budget ran out), duplicate, cyclic, pruned, queued).
 """
 
 from __future__ import annotations
@@ -60,18 +62,22 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         x = x * np.uint64(0x94D049BB133111EB)
         return x ^ (x >> np.uint64(31))
 
+
+# every child's cost (and the graph's own, as rule -1), summed exactly so that children of equal cost
+# tie exactly and go by (rule, match): a search repeats run to run
 _CHILD_COSTS = """
 WITH RECURSIVE
   node AS (SELECT e.eclass AS c, e.children, coalesce(k.ms, 0.0) AS ms FROM enodes e LEFT JOIN costs k ON k.node = e.id),
   edge AS (SELECT c, unnest(children) AS ch FROM node),
-  kid AS (SELECT DISTINCT rule, mid FROM _bt_pairs WHERE a <> b),
+  kid AS (SELECT DISTINCT rule, mid FROM _bt_pairs WHERE a <> b UNION ALL SELECT -1, 0),  -- the graph itself
   reach(rule, mid, c) AS (
     SELECT k.rule, k.mid, coalesce(r.b, x.c) FROM kid k CROSS JOIN _bt_roots x
       LEFT JOIN _bt_pairs r ON r.rule = k.rule AND r.mid = k.mid AND r.a = x.c
     UNION
     SELECT p.rule, p.mid, coalesce(r.b, e.ch) FROM reach p JOIN edge e ON e.c = p.c
       LEFT JOIN _bt_pairs r ON r.rule = p.rule AND r.mid = p.mid AND r.a = e.ch)
-SELECT p.rule, p.mid, sum(n.ms) AS cost FROM reach p JOIN node n ON n.c = p.c GROUP BY ALL ORDER BY cost, rule, mid
+SELECT p.rule, p.mid, sum(n.ms::DECIMAL(38, 12))::DOUBLE AS cost FROM reach p JOIN node n ON n.c = p.c
+GROUP BY ALL ORDER BY cost, rule, mid
 """
 
 
@@ -79,7 +85,7 @@ SELECT p.rule, p.mid, sum(n.ms) AS cost FROM reach p JOIN node n ON n.c = p.c GR
 class _Graph:
     id: int
     state: State
-    cost: float
+    cost: float = float("nan")  # set when priced (on expansion)
     pending: int = 0  # children of it not yet taken or dropped (its state is kept for them)
 
 
@@ -144,9 +150,14 @@ class Backtrack:
             con.execute(f"DELETE FROM {t} WHERE id NOT IN (SELECT node FROM _bt_keep)")
         con.execute("DELETE FROM eclass WHERE id NOT IN (SELECT c FROM _bt_keep)")
 
-    def _cost(self) -> float:
-        self.price(self.g)
-        return float(self._sql("SELECT coalesce(sum(k.ms), 0) FROM enodes e JOIN costs k ON k.node = e.id")[0][0])
+    def _cost(self, graph: _Graph) -> float:
+        """The cost of a graph not expanded (expansion prices it otherwise)."""
+        if graph.cost != graph.cost:  # nan: not priced yet
+            self.states.checkout(graph.state)
+            self.price(self.g)
+            graph.cost = float(self._sql("SELECT coalesce(sum(k.ms), 0) FROM enodes e "
+                                         "JOIN costs k ON k.node = e.id")[0][0])
+        return graph.cost
 
     def _fingerprint(self) -> int | None:
         """A structural hash of the current graph from its outputs (ids do not enter it: two paths to
@@ -184,7 +195,8 @@ class Backtrack:
         return f"SELECT row_number() OVER () AS mid, * FROM (SELECT * FROM ({rows}) ORDER BY ALL)"
 
     def _expand(self, graph: _Graph) -> _Batch | None:
-        """Every child of ``graph`` and its cost (module docstring, steps 1-3), as one sorted batch."""
+        """Every child of ``graph`` and its cost (module docstring, steps 1-3), as one sorted batch;
+        sets ``graph.cost``."""
         g, con = self.g, self.g.con
         self.states.checkout(graph.state)
         self.ts += 1
@@ -205,11 +217,12 @@ class Backtrack:
             con.execute(f"INSERT INTO _bt_pairs SELECT {i}, * FROM ({c.pairs})")
             for t in {b.name for b in c.builds} | {f"_bt_m{i}"}:
                 con.execute(f"DROP TABLE IF EXISTS {t}")
-        if not matched:
-            return None
         self.price(g)
         self._roots()
         kids = con.execute(_CHILD_COSTS).fetchnumpy()
+        own = kids["rule"] < 0
+        graph.cost = float(kids["cost"][own][0]) if own.any() else 0.0  # no row: the outputs are all leaves
+        kids = {k: v[~own] for k, v in kids.items()}
         if not len(kids["rule"]):
             return None
         first = self._add_nodes(np.full(len(kids["rule"]), graph.id), kids["rule"], kids["mid"], kids["cost"])
@@ -260,6 +273,16 @@ class Backtrack:
             "value": np.concatenate(self.value), "status": status, "cost": cost})
 
     # ------------------------------------------------------------------ the loop
+    def _improves(self, graph: _Graph, best: _Graph) -> _Graph:
+        """The best graph once ``graph`` (just priced) is known; the old best's state is dropped when
+        nothing waits on it."""
+        self.actual[graph.id] = graph.cost
+        if best.cost == best.cost and not graph.cost < best.cost:  # best priced and no dearer
+            return best
+        if best is not graph:
+            self._release(best, graph)
+        return graph
+
     def _release(self, graph: _Graph, best: _Graph) -> None:
         if graph.pending == 0 and graph is not best:
             self.states.drop(graph.state)
@@ -270,22 +293,25 @@ class Backtrack:
             start = self.states.save()
             self.states.checkout(start)
             self._reduce()
-            c0 = self._cost()
-            root = _Graph(self._add_nodes([-1], [-1], [0], [c0]), self.states.freeze(), c0)
+            root = _Graph(self._add_nodes([-1], [-1], [0], [np.nan]), self.states.freeze())
             self.status[root.id] = "root"
             self.seen.add(self._fingerprint())
-            self.actual[root.id] = c0
             best, queue, stop = root, [], "exhausted"
             todo: _Graph | None = root
             while True:
                 if todo is not None:  # expand it
                     if self.counts["expanded"] >= self.budget:
                         stop = "budget"
+                        self._cost(todo)  # taken and built, not expanded
+                        best = self._improves(todo, best)
+                        if todo is not root:
+                            self.status[todo.id] = "materialised"
                         break
                     if todo is not root:
                         self.status[todo.id] = "expanded"
                     batch = self._expand(todo)
                     self.counts["expanded"] += 1
+                    best = self._improves(todo, best)
                     if self.on_step:
                         self.on_step(self.counts["expanded"], best.cost)
                     if batch is not None:
@@ -323,19 +349,15 @@ class Backtrack:
                     self.counts["cyclic" if fp is None else "duplicates"] += 1
                     continue
                 self.seen.add(fp)
-                child = _Graph(node, self.states.freeze(), self._cost())
-                self.actual[node] = child.cost
-                if child.cost < best.cost:
-                    old, best = best, child
-                    self._release(old, best)
-                todo = child
+                todo = _Graph(node, self.states.freeze())
             for b in queue:  # children still queued when the search stopped
                 self.queued.append((b.first + b.at, b.first + len(b.cost)))
+            self.value[0][0] = root.cost
             self.states.adopt(best.state)
             self._store()
             return SearchResult(
                 strategy="backtrack", report=Report(stop_reason=StopReason.SATURATED), stop=stop,
-                best_cost=best.cost, start_cost=c0, seconds=time.perf_counter() - t0,
+                best_cost=best.cost, start_cost=root.cost, seconds=time.perf_counter() - t0,
                 stats={**self.counts, "alpha": self.alpha, "budget": self.budget, "graphs": self.size,
                        "best_node": best.id})
         finally:

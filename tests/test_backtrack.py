@@ -70,7 +70,7 @@ def test_alpha_above_one_escapes_the_local_minimum_greedy_cannot():
     assert verify(model(), out).ok
     rows = g.sql("SELECT node, parent, action, visits, value, status FROM search_nodes ORDER BY node")
     assert rows[0][1] == -1 and rows[0][5] == "root"
-    assert {r[5] for r in rows} <= {"root", "expanded", "duplicate", "cyclic", "pruned", "queued"}
+    assert {r[5] for r in rows} <= {"root", "expanded", "materialised", "duplicate", "cyclic", "pruned", "queued"}
     assert sum(r[3] for r in rows) == relaxed.stats["expanded"]
 
 
@@ -82,6 +82,48 @@ def test_batch_costs_are_the_materialised_graphs_costs():
     for predicted, actual in rows:
         assert actual == pytest.approx(predicted, rel=1e-9)
     assert res.stop == "exhausted"
+    assert dag_cost(g) == pytest.approx(res.best_cost, rel=1e-9)  # the adopted graph, priced afresh
+
+
+def dag_cost(g):
+    """The home graph's cost: every node once (the e-graph holds one graph)."""
+    analytic_costs(g)
+    return g.sql("SELECT sum(k.ms) FROM enodes e JOIN costs k ON k.node = e.id")[0][0]
+
+
+def parallel_matmuls():
+    """Relu(x @ w_i) for three const weights sharing x: merge-matmul (a multi-pattern rule, two unions
+    per match) and merge-matmul-3 (three)."""
+    rng = np.random.default_rng(0)
+    ws = [numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), f"w{i}") for i in range(3)]
+    nodes = [n for i in range(3) for n in (helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
+                                           helper.make_node("Relu", [f"m{i}"], [f"out{i}"]))]
+    graph = helper.make_graph(
+        nodes, "parallel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, [8, 32]) for i in range(3)], ws)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+def test_multi_pattern_matches_redirect_all_their_classes():
+    merge = {r.name: r for r in load_rules(RULES / "merge.rules").rules}
+    g = EGraph()
+    imp = import_model(parallel_matmuls(), egraph=g)
+    roots = [c for _, c in imp.outputs]
+    res = backtrack(g, [merge["merge-matmul"], merge["merge-matmul-3"]], roots, analytic_costs, alpha=100.0,
+                    budget=100)
+    assert res.stop == "exhausted" and res.best_cost < res.start_cost
+    rows = g.sql("SELECT action, value, cost FROM search_nodes WHERE parent = 0")
+    assert sorted(a.split("#")[0] for a, _, _ in rows) == ["merge-matmul"] * 3 + ["merge-matmul-3"]
+    for _, predicted, actual in rows:  # every child was built: its batch cost is its cost
+        assert actual == pytest.approx(predicted, rel=1e-9)
+    assert g.table_counts()["MatMul"] == 1 and g.table_counts()["Split"] == 1
+    g.check_invariants()
+    assert dag_cost(g) == pytest.approx(res.best_cost, rel=1e-9)
+    out = export_model(imp, original_choice(g, roots))
+    assert [n.op_type for n in out.graph.node].count("MatMul") == 1
+    assert verify(parallel_matmuls(), out).ok
 
 
 def test_the_same_graph_is_not_expanded_twice():
@@ -129,3 +171,15 @@ def test_optimize_with_backtrack_reports_the_input_cost_and_writes_a_verified_mo
     assert verify(model(), out).ok
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM search_nodes WHERE status = 'expanded'").fetchall()[0][0] >= 3
+
+
+def test_a_search_repeats_run_to_run():
+    """The three pairwise merges cost the same: ties go by rule and match, never by summation order."""
+    merge = {r.name: r for r in load_rules(RULES / "merge.rules").rules}
+    runs = []
+    for _ in range(2):
+        g = EGraph()
+        imp = import_model(parallel_matmuls(), egraph=g)
+        backtrack(g, [merge["merge-matmul"]], [c for _, c in imp.outputs], analytic_costs, alpha=1.0, budget=3)
+        runs.append(g.sql("SELECT node, parent, action, value, status FROM search_nodes ORDER BY node"))
+    assert runs[0] == runs[1]
