@@ -45,6 +45,8 @@ FIX_SHAPES = typer.Option(D.fix_shapes, "--fix-shapes", help="freeze dynamic dim
 ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
 NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
 TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation (or search) time limit, seconds")
+SCHEDULER = typer.Option(D.scheduler, "--scheduler", help="backoff (bans rules whose matches explode, as egg) | "
+                         "simple (every rule every round)")
 SEARCH = typer.Option(D.search, "--search", help="eqsat | mcts | backtrack: build the e-graph by equality saturation, "
                       "Monte Carlo tree search over rule applications, or TASO's backtracking over single rewrites")
 BUDGET = typer.Option(D.budget, "--budget", help="mcts: tree iterations (default 32); backtrack: graphs expanded "
@@ -67,14 +69,15 @@ CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extrac
 
 def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
              threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, search, budget, seed,
-             alpha, inputs=()) -> Options:
+             alpha, scheduler, inputs=()) -> Options:
     """The shared flags as an ``Options`` (checked)."""
     return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, fix_shapes=fix_shapes,
                    inputs=tuple(str(p) for p in inputs), iter_limit=iter_limit,
                    node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                    provider=provider, threads=threads, costs=None if costs is None else str(costs),
                    measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
-                   context_rounds=context_rounds, search=search, budget=budget, seed=seed, alpha=alpha).check()
+                   context_rounds=context_rounds, search=search, budget=budget, seed=seed, alpha=alpha,
+                   scheduler=scheduler).check()
 
 
 def _fail(e: Exception) -> None:
@@ -106,6 +109,7 @@ def optimize(
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
+    scheduler: str = SCHEDULER,
     search: str = SEARCH,
     budget: Optional[int] = BUDGET,
     seed: int = SEED,
@@ -137,7 +141,7 @@ def optimize(
                 node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                 provider=provider, threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap,
                 ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs,
-                search=search, budget=budget, seed=seed, alpha=alpha)
+                search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
@@ -457,6 +461,7 @@ def batch(
     iter_limit: int = ITER_LIMIT,
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
+    scheduler: str = SCHEDULER,
     search: str = SEARCH,
     budget: Optional[int] = BUDGET,
     seed: int = SEED,
@@ -482,7 +487,7 @@ def batch(
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
             mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds,
-            search=search, budget=budget, seed=seed, alpha=alpha)
+            search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

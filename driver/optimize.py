@@ -275,7 +275,7 @@ class _Pipeline:
         if not self.rules:
             self.sat = None
         elif o.search == "eqsat":
-            self.sat = Runner(self.g, self.rules, limits, on_round=self.on_round).run()
+            self.sat = Runner(self.g, self.rules, limits, scheduler=o.scheduler, on_round=self.on_round).run()
         else:
             roots = [cid for _, cid in self.imported.outputs]
             step = lambda i, best: self.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
@@ -283,6 +283,7 @@ class _Pipeline:
                 if o.search == "mcts":
                     from .mcts import ITERATIONS, mcts
                     self.searched = mcts(self.g, self.rules, roots, self.price, limits=limits, seed=o.seed,
+                                         scheduler=o.scheduler,
                                          iterations=o.budget or ITERATIONS, extractor=o.extractor, on_step=step)
                 else:
                     from .backtrack import BUDGET, backtrack

@@ -22,7 +22,8 @@ from .errors import RelsatError
 COST_MODELS = ("measured", "analytic")
 PROVIDERS = ("cpu", "cuda")
 EXTRACTORS = ("ilp", "greedy")
-SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search)
+SEARCHES = ("eqsat", "mcts", "backtrack")
+SCHEDULERS = ("backoff", "simple")  # relsat.driver.runner's schedulers  # how the e-graph is built (relsat.driver.search)
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
 
 
@@ -40,10 +41,11 @@ class Options:
     input_shapes: dict | None = field(default=None, hash=False)  # {input name: dims}: the sizes costed at
     fix_shapes: bool = False  # freeze the written model's dynamic dims to input_shapes (else they stay dynamic)
     inputs: tuple[str, ...] = ()  # .npz files of verification inputs, one set each (beside the random draws)
-    iter_limit: int = 10  # saturation rounds
+    iter_limit: int = 30  # saturation rounds (egg's default)
     node_limit: int = 2000  # e-nodes
     time_limit: float = 60.0  # saturation seconds
     multi_rounds: int = 1  # rounds in which multi-pattern rules run
+    scheduler: str = "backoff"  # backoff (egg's: bans rules with many matches, fast-forwarded) | simple
     search: str = "eqsat"  # eqsat | mcts | backtrack: how the e-graph is built (time_limit bounds each)
     budget: int | None = None  # mcts: tree iterations; backtrack: graphs expanded (None: the strategy's default)
     seed: int = 0  # mcts: its random choices
@@ -85,6 +87,8 @@ class Options:
             raise RelsatError(f"--cost-model {self.cost_model}: expected measured or analytic")
         if self.provider not in PROVIDERS:
             raise RelsatError(f"--provider {self.provider}: expected cpu or cuda")
+        if self.scheduler not in SCHEDULERS:
+            raise RelsatError(f"--scheduler {self.scheduler}: expected one of {', '.join(SCHEDULERS)}")
         if self.search not in SEARCHES:
             raise RelsatError(f"--search {self.search}: expected one of {', '.join(SEARCHES)}")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):

@@ -33,7 +33,8 @@ count and says whether they are applied (not applied: the rule is banned, shown 
 ``can_stop(round)`` says whether a round that changed nothing is a fixpoint.
 ``SimpleScheduler`` runs every rule every round; ``BackoffScheduler`` (the
 default) bans a rule whose matches exceed its threshold for a few rounds, both
-doubling each time.  ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"``
+doubling each time, and fast-forwards the bans when a round changes nothing (the
+earliest ban ends at once), so no round idles waiting for a ban to run out.  ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"``
 (built from ``match_limit`` and ``ban_length``) or a ``Scheduler``.
 
 Python iterates over rules only, never over matches or e-nodes: the SQL statements
@@ -167,7 +168,16 @@ class BackoffScheduler(Scheduler):
         return False
 
     def can_stop(self, round: int) -> bool:
-        return not self._held.get(round, False)
+        """A quiet round is saturation only when no rule is banned; otherwise the bans are
+        fast-forwarded (egg's ``can_stop``): the earliest still running ends now and the others are
+        shortened by as much, so the next round runs that rule instead of waiting quiet rounds out."""
+        pending = [b for b in self._bans.values() if b.until > round]
+        if not pending:
+            return not self._held.get(round, False)
+        skip = min(b.until for b in pending) - round
+        for b in pending:
+            b.until -= skip
+        return False
 
 
 SCHEDULERS = {"simple": SimpleScheduler, "backoff": BackoffScheduler}
