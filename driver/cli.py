@@ -45,6 +45,9 @@ FIX_SHAPES = typer.Option(D.fix_shapes, "--fix-shapes", help="freeze dynamic dim
 ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
 NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
 TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation (or search) time limit, seconds")
+MEMORY_LIMIT = typer.Option(D.memory_limit, "--memory-limit", help="the e-graph database's memory limit, e.g. 16GB; "
+                            "beyond it DuckDB spills to --temp-dir")
+TEMP_DIR = typer.Option(D.temp_dir, "--temp-dir", help="where the e-graph database spills (default: DuckDB's)")
 SCHEDULER = typer.Option(D.scheduler, "--scheduler", help="backoff (bans rules whose matches explode, as egg) | "
                          "simple (every rule every round)")
 SEARCH = typer.Option(D.search, "--search", help="eqsat | mcts | backtrack: build the e-graph by equality saturation, "
@@ -69,7 +72,7 @@ CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extrac
 
 def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
              threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, search, budget, seed,
-             alpha, scheduler, inputs=()) -> Options:
+             alpha, scheduler, memory_limit, temp_dir, inputs=()) -> Options:
     """The shared flags as an ``Options`` (checked)."""
     return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, fix_shapes=fix_shapes,
                    inputs=tuple(str(p) for p in inputs), iter_limit=iter_limit,
@@ -77,7 +80,8 @@ def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_lim
                    provider=provider, threads=threads, costs=None if costs is None else str(costs),
                    measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
                    context_rounds=context_rounds, search=search, budget=budget, seed=seed, alpha=alpha,
-                   scheduler=scheduler).check()
+                   scheduler=scheduler, memory_limit=memory_limit,
+                   temp_dir=None if temp_dir is None else str(temp_dir)).check()
 
 
 def _fail(e: Exception) -> None:
@@ -110,6 +114,8 @@ def optimize(
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
     scheduler: str = SCHEDULER,
+    memory_limit: Optional[str] = MEMORY_LIMIT,
+    temp_dir: Optional[Path] = TEMP_DIR,
     search: str = SEARCH,
     budget: Optional[int] = BUDGET,
     seed: int = SEED,
@@ -141,7 +147,8 @@ def optimize(
                 node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
                 provider=provider, threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap,
                 ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs,
-                search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler)
+                search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
+                memory_limit=memory_limit, temp_dir=temp_dir)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
@@ -462,6 +469,8 @@ def batch(
     node_limit: int = NODE_LIMIT,
     time_limit: float = TIME_LIMIT,
     scheduler: str = SCHEDULER,
+    memory_limit: Optional[str] = MEMORY_LIMIT,
+    temp_dir: Optional[Path] = TEMP_DIR,
     search: str = SEARCH,
     budget: Optional[int] = BUDGET,
     seed: int = SEED,
@@ -487,7 +496,8 @@ def batch(
             time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
             mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds,
-            search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler)
+            search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
+                memory_limit=memory_limit, temp_dir=temp_dir)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

@@ -191,7 +191,8 @@ class _Pipeline:
             with self.phase("import"):
                 self.load(model_or_path)
                 dbfile = EGraphFile(self.db) if self.db is not None else None  # no folder made for a bad model
-                g = self.g = EGraph(dbfile.path if dbfile else None)
+                g = self.g = EGraph(dbfile.path if dbfile else None, memory_limit=self.o.memory_limit,
+                                    temp_dir=self.o.temp_dir)
                 self.imported = import_model(self.model, input_shapes=self.o.input_shapes,
                                              fix_shapes=self.o.fix_shapes, egraph=g)
                 self.bind()

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
+
 from .errors import RelsatError
 
 COST_MODELS = ("measured", "analytic")
@@ -45,6 +47,8 @@ class Options:
     node_limit: int = 2000  # e-nodes
     time_limit: float = 60.0  # saturation seconds
     multi_rounds: int = 1  # rounds in which multi-pattern rules run
+    memory_limit: str | None = None  # the e-graph database's memory limit ('16GB'); beyond it DuckDB spills
+    temp_dir: str | None = None  # where it spills (default: DuckDB's, beside a --db file)
     scheduler: str = "backoff"  # backoff (egg's: bans rules with many matches, fast-forwarded) | simple
     search: str = "eqsat"  # eqsat | mcts | backtrack: how the e-graph is built (time_limit bounds each)
     budget: int | None = None  # mcts: tree iterations; backtrack: graphs expanded (None: the strategy's default)
@@ -68,6 +72,8 @@ class Options:
         object.__setattr__(self, "inputs", tuple(str(p) for p in (self.inputs or ())))
         if self.costs is not None:
             object.__setattr__(self, "costs", str(self.costs))
+        if self.temp_dir is not None:
+            object.__setattr__(self, "temp_dir", str(self.temp_dir))
         if self.input_shapes is not None:
             object.__setattr__(self, "input_shapes", {k: [int(d) for d in v] for k, v in self.input_shapes.items()}
                                or None)
@@ -87,6 +93,15 @@ class Options:
             raise RelsatError(f"--cost-model {self.cost_model}: expected measured or analytic")
         if self.provider not in PROVIDERS:
             raise RelsatError(f"--provider {self.provider}: expected cpu or cuda")
+        if self.memory_limit is not None:
+            try:
+                duckdb.connect(config={"memory_limit": str(self.memory_limit)}).close()
+            except duckdb.Error as e:
+                raise RelsatError(f"--memory-limit {self.memory_limit}: {str(e).splitlines()[0]}") from None
+        if self.temp_dir is not None and not Path(self.temp_dir).parent.is_dir():
+            raise RelsatError(f"--temp-dir {self.temp_dir}: its parent folder does not exist")
+        if self.temp_dir is not None and Path(self.temp_dir).exists() and not Path(self.temp_dir).is_dir():
+            raise RelsatError(f"--temp-dir {self.temp_dir}: not a folder")
         if self.scheduler not in SCHEDULERS:
             raise RelsatError(f"--scheduler {self.scheduler}: expected one of {', '.join(SCHEDULERS)}")
         if self.search not in SEARCHES:

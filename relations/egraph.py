@@ -67,6 +67,8 @@ class EGraph:
 
     path: str | Path | None = None
     read_only: bool = False
+    memory_limit: str | None = None  # DuckDB's memory_limit ('16GB'); past it, operators spill to temp_dir
+    temp_dir: str | Path | None = None  # where DuckDB spills (default: beside the file, or none in memory)
     con: duckdb.DuckDBPyConnection = field(init=False, repr=False)
     tensors: dict = field(init=False, repr=False, default_factory=dict)  # weight ref -> np.ndarray
     live: set = field(init=False, default_factory=set)  # op tables that hold rows
@@ -74,7 +76,13 @@ class EGraph:
     const_dirty: bool = field(init=False, default=False)  # constness changed outside a rebuild
 
     def __post_init__(self) -> None:
-        self.con = duckdb.connect(str(self.path) if self.path else ":memory:", read_only=self.read_only)
+        config = {}
+        if self.memory_limit is not None:
+            config["memory_limit"] = str(self.memory_limit)
+        if self.temp_dir is not None:
+            config["temp_directory"] = str(self.temp_dir)
+        self.con = duckdb.connect(str(self.path) if self.path else ":memory:", read_only=self.read_only,
+                                  config=config)
         if not self.read_only:
             for stmt in all_ddl():
                 self.con.execute(stmt)

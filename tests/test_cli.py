@@ -47,6 +47,8 @@ def test_optimize_writes_a_verified_model_report_and_database(small_resnet, tmp_
     (["optimize", "MODEL", "-o", "OUT", "--search", "annealing"], "--search annealing"),
     (["optimize", "MODEL", "-o", "OUT", "--search", "backtrack", "--alpha", "0.9"], "--alpha 0.9"),
     (["optimize", "MODEL", "-o", "OUT", "--search", "mcts", "--budget", "0"], "--budget 0"),
+    (["optimize", "MODEL", "-o", "OUT", "--memory-limit", "lots"], "--memory-limit lots"),
+    (["optimize", "MODEL", "-o", "OUT", "--scheduler", "fifo"], "--scheduler fifo"),
 ])
 def test_bad_input_gives_one_line_error_and_no_output(small_resnet, tmp_path, args, needle):
     out = tmp_path / "o.onnx"

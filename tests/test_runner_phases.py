@@ -188,3 +188,37 @@ def test_simple_scheduler_is_the_default_on_a_zoo_model():
     assert graphs[0].sql("SELECT count(*) FROM rule_stats WHERE applied > 0")[0][0] > 0
     assert graphs[0].table_counts() == graphs[1].table_counts()
     assert stats(graphs[0]) == stats(graphs[1])
+
+
+def test_memory_limit_and_temp_dir_reach_duckdb_and_saturation_stays_exact(tmp_path):
+    """``--memory-limit`` / ``--temp-dir``: the e-graph's DuckDB runs under them (it spills to the
+    folder past the limit) and ac-add still reaches the exact e-graph."""
+    g = EGraph(tmp_path / "e.duckdb", memory_limit="200MB", temp_dir=tmp_path / "spill")
+    assert g.sql("SELECT current_setting('memory_limit'), current_setting('temp_directory')") == [
+        ("190.7 MiB", str(tmp_path / "spill"))]
+    x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(8)], dtype=object), "shape": [4], "dtype": 1})
+    acc = x[0]
+    for i in range(1, 8):
+        acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
+    Runner(g, AC_ADD, Limits(30, 10**8, 120, 1)).run()
+    assert g.sql("SELECT count(*), count(DISTINCT out) FROM op_add")[0] == (3**8 - 2**9 + 1, 2**8 - 8 - 1)
+    g.close()
+
+
+def test_optimize_runs_its_egraph_under_the_memory_limit(tmp_path):
+    from relsat.driver.optimize import optimize
+
+    model = zoo.build("squeezenet", small=True)
+    res = optimize(model, memory_limit="300MB", temp_dir=tmp_path / "spill", cost_model="analytic", measure=False,
+                   candidates=0, keep_egraph=True)
+    assert res.report["verification"]["ok"]
+    assert res.egraph.sql("SELECT current_setting('memory_limit')") == [("286.1 MiB",)]
+    res.egraph.close()
+
+
+def test_a_bad_memory_limit_is_a_one_line_error():
+    from relsat.driver.errors import RelsatError
+    from relsat.driver.options import DEFAULTS
+
+    with pytest.raises(RelsatError, match="--memory-limit lots"):
+        DEFAULTS.replace(memory_limit="lots").check()
