@@ -14,6 +14,7 @@ prints the Markdown table from every report there (so runs can be added in piece
 
     python -m relsat.benchmarks.bench_search --out DIR [--models bert ...] [--rules default]
         [--strategies eqsat mcts backtrack-1.0 backtrack-1.05] [--node-limits 2000 50000] [--budget N]
+        [--time-limit S]
     python -m relsat.benchmarks.bench_search --out DIR --time [--threads 2]
     python -m relsat.benchmarks.bench_search --out DIR --table
 """
@@ -49,7 +50,7 @@ def _input(model: str, out: Path) -> Path:
 
 
 def run(model: str, strategy: str, node_limit: int | None, rules: list[str], budget: int | None, out: Path,
-        timeout: float) -> dict:
+        timeout: float, time_limit: float | None = None) -> dict:
     tag = f"{model}.{strategy}.{node_limit or 'none'}"
     report = out / f"{tag}.json"
     cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", str(_input(model, out)),
@@ -59,6 +60,8 @@ def run(model: str, strategy: str, node_limit: int | None, rules: list[str], bud
         cmd += ["--node-limit", str(node_limit)]
     if budget is not None:
         cmd += ["--budget", str(budget)]
+    if time_limit is not None:
+        cmd += ["--time-limit", str(time_limit)]
     for r in rules:
         cmd += ["--rules", r]
     row = {"model": model, "strategy": strategy, "node_limit": node_limit, "rules": rules}
@@ -164,6 +167,7 @@ def main() -> None:
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--node-limits", nargs="+", type=int, default=[2000, 50_000])
     p.add_argument("--budget", type=int, default=None, help="--budget for mcts and backtrack (their defaults if absent)")
+    p.add_argument("--time-limit", type=float, default=None, help="--time-limit for every run (its default if absent)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per optimize run")
     p.add_argument("--time", action="store_true", help="only time the written models that differ from their input")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads for --time")
@@ -176,7 +180,7 @@ def main() -> None:
         for m in args.models:
             for s in args.strategies:
                 for limit in ([None] if s.startswith("backtrack") else args.node_limits):
-                    row = run(m, s, limit, args.rules, args.budget, args.out, args.timeout)
+                    row = run(m, s, limit, args.rules, args.budget, args.out, args.timeout, args.time_limit)
                     print(json.dumps(row), flush=True)
     print(table(args.out))
     print()
