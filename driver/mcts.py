@@ -20,15 +20,16 @@ One iteration:
    whose e-graph is at the node limit, is terminal;
 3. **roll out**: from the new node, up to ``rollout_depth`` random rule actions on a working copy;
 4. **reward**: the rolled-out e-graph is priced (``Price``: the costs extraction will use) and its
-   greedy extraction's DAG cost is the outcome; the improvement over the input graph,
+   extracted DAG cost is the outcome; the improvement over the input graph,
    ``(c0 - c) / c0``, is backed up (visits, sum), the cost into each node's best.
 
-Every e-graph reached (tree node or rollout end) is a candidate, known by its action path.  At
-the end the few cheapest candidates are rebuilt from the root by their paths (rounds are
-deterministic, so a path gives the same e-graph every time) and compared by the ILP the pipeline
-extracts with; the cheapest becomes the e-graph's home tables (``States.adopt``).  The tree is
-stored in ``search_nodes`` (node, parent, action, visits, value = mean improvement, plus depth,
-cost, best, enodes, terminal).  Budgets: ``iterations`` and ``seconds``; ``seed`` fixes every
+Every e-graph reached (tree node or rollout end) is a candidate, known by its action path and
+priced by the extraction the pipeline uses (the ILP, under ``extractor="ilp"``).  At the end the
+cheapest is rebuilt from the root by its path (rounds are deterministic, so a path gives the same
+e-graph every time; on a tie eqsat's e-graph wins, then the smaller one) and becomes the e-graph's
+home tables (``States.adopt``).  The tree is stored in ``search_nodes`` (node, parent, action,
+visits, value = mean improvement, plus depth, cost, best, enodes, terminal).  Budgets:
+``iterations`` and ``seconds`` (checked between iterations); ``seed`` fixes every
 random choice, so the same inputs and costs give the same search.
 """
 
@@ -242,7 +243,8 @@ class Mcts:
         """The cheapest candidate, rebuilt from the root: its state and the rounds that built it.  On a
         cost tie eqsat's e-graph (the root's ``saturate``), else the smaller e-graph, then the shorter
         path: a search that finds nothing cheaper hands on what saturation would have."""
-        best = min(self.candidates, key=lambda c: (round(c.cost, 9), c.path != (SATURATE,), c.enodes, len(c.path), c.path))
+        best = min(self.candidates,
+                   key=lambda c: (round(c.cost, 9), c.path != (SATURATE,), c.enodes, len(c.path), c.path))
         state, report = self._rebuild(best.path)
         return best, state, report
 
