@@ -497,7 +497,7 @@ def batch(
             threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
             mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds,
             search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
-                memory_limit=memory_limit, temp_dir=temp_dir)
+            memory_limit=memory_limit, temp_dir=temp_dir)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, console=err, options=options)
     except RelsatError as e:

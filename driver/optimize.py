@@ -195,6 +195,7 @@ class _Pipeline:
                                     temp_dir=self.o.temp_dir)
                 self.imported = import_model(self.model, input_shapes=self.o.input_shapes,
                                              fix_shapes=self.o.fix_shapes, egraph=g)
+                self.roots = [cid for _, cid in self.imported.outputs]  # the output e-classes
                 self.bind()
             with self.phase("saturate"):
                 self.saturate()
@@ -278,52 +279,46 @@ class _Pipeline:
         elif o.search == "eqsat":
             self.sat = Runner(self.g, self.rules, limits, scheduler=o.scheduler, on_round=self.on_round).run()
         else:
-            roots = [cid for _, cid in self.imported.outputs]
             step = lambda i, best: self.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
             try:
                 if o.search == "mcts":
                     from .mcts import ITERATIONS, mcts
-                    self.searched = mcts(self.g, self.rules, roots, self.price, limits=limits, seed=o.seed,
+                    self.searched = mcts(self.g, self.rules, self.roots, self.price, limits=limits, seed=o.seed,
                                          scheduler=o.scheduler,
                                          iterations=o.budget or ITERATIONS, extractor=o.extractor, on_step=step)
                 else:
                     from .backtrack import BUDGET, backtrack
-                    self.searched = backtrack(self.g, self.rules, roots, self.price, alpha=o.alpha,
+                    self.searched = backtrack(self.g, self.rules, self.roots, self.price, alpha=o.alpha,
                                               budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
             except ProviderUnavailable as e:
                 raise RelsatError(f"--provider {o.provider}: {e}") from None
             self.sat = self.searched.report
 
-    def price(self, g: EGraph):
-        """The run's costs for every e-node of ``g``'s current tables (what the searches compare
-        e-graphs by; the profile phase then prices the chosen one the same way)."""
+    def price(self, g: EGraph, progress=False):
+        """The run's costs for every e-node of ``g``'s current tables: the profile phase's, and what
+        the searches compare e-graphs by.  Returns the ``MeasuredReport`` (None for analytic costs)."""
         if self.o.cost_model == "measured":
             return measured_costs(g, self.imported.opset_imports, provider=self.o.provider, threads=self.o.threads,
-                                  cache=self.cache, measure=not self.cache_only)
+                                  cache=self.cache, measure=not self.cache_only, progress=progress)
         analytic_costs(g)
         return None
 
     def cost(self) -> None:
         o, g = self.o, self.g
-        self.profile_report = None
         if o.cost_model == "measured":
             self.status("profiling operators ...")
-            try:
-                self.profile_report = measured_costs(
-                    g, self.imported.opset_imports, provider=o.provider, threads=o.threads, cache=self.cache,
-                    measure=not self.cache_only,
-                    progress=lambda done, total: self.status(f"profiling operators: {done}/{total} new signatures"))
-            except ProviderUnavailable as e:
-                raise RelsatError(f"--provider {o.provider}: {e}") from None
+        try:
+            self.profile_report = self.price(
+                g, progress=lambda done, total: self.status(f"profiling operators: {done}/{total} new signatures"))
+        except ProviderUnavailable as e:
+            raise RelsatError(f"--provider {o.provider}: {e}") from None
+        if self.profile_report is not None:
             p = self.profile_report
             self.notices += p.notices
             if p.failed:
                 why = "are not in the cost table" if self.cache_only else "could not be timed alone"
                 self.notices.append(f"{p.failed} of {p.signatures} operator signatures {why}; "
                                     f"their {p.fallback_nodes} e-nodes use scaled analytic costs")
-        else:
-            analytic_costs(g)
-        self.roots = [cid for _, cid in self.imported.outputs]
         self.problem, self.node_ids = problem_from(g, self.roots)
 
     def extract(self) -> None:

@@ -24,8 +24,8 @@ from .errors import RelsatError
 COST_MODELS = ("measured", "analytic")
 PROVIDERS = ("cpu", "cuda")
 EXTRACTORS = ("ilp", "greedy")
-SEARCHES = ("eqsat", "mcts", "backtrack")
-SCHEDULERS = ("backoff", "simple")  # relsat.driver.runner's schedulers  # how the e-graph is built (relsat.driver.search)
+SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search)
+SCHEDULERS = ("backoff", "simple")  # relsat.driver.runner's schedulers
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
 
 

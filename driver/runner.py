@@ -34,8 +34,9 @@ count and says whether they are applied (not applied: the rule is banned, shown 
 ``SimpleScheduler`` runs every rule every round; ``BackoffScheduler`` (the
 default) bans a rule whose matches exceed its threshold for a few rounds, both
 doubling each time, and fast-forwards the bans when a round changes nothing (the
-earliest ban ends at once), so no round idles waiting for a ban to run out.  ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"``
-(built from ``match_limit`` and ``ban_length``) or a ``Scheduler``.
+earliest ban ends at once), so no round idles waiting for a ban to run out.
+``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"`` (built from
+``match_limit`` and ``ban_length``) or a ``Scheduler``.
 
 Python iterates over rules only, never over matches or e-nodes: the SQL statements
 per round depend on the number of rules, never on the number of matches.  The

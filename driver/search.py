@@ -31,7 +31,7 @@ class SearchResult:
     strategy: str
     report: Report  # the rounds that built the chosen e-graph (for the optimize report)
     stop: str  # why the search ended: "budget", "time limit", "exhausted", ...
-    best_cost: float  # the search's own estimate of its best graph (greedy DAG cost)
+    best_cost: float  # the search's own estimate of its best graph (extracted DAG cost under its prices)
     start_cost: float  # the same estimate for the input graph
     seconds: float
     stats: dict = field(default_factory=dict)  # strategy counters (iterations, expanded, pruned, ...)
