@@ -191,7 +191,7 @@ class Backtrack:
 
     # ------------------------------------------------------------------ steps
     def _match_sql(self, c: Compiled) -> str:
-        rows = c.match_sql.format(since=0)
+        rows = c.match()
         return f"SELECT row_number() OVER () AS mid, * FROM (SELECT * FROM ({rows}) ORDER BY ALL)"
 
     def _expand(self, graph: _Graph) -> _Batch | None:

@@ -46,7 +46,8 @@ class Options:
     iter_limit: int = 30  # saturation rounds (egg's default)
     node_limit: int = 2000  # e-nodes
     time_limit: float = 60.0  # saturation seconds
-    multi_rounds: int = 1  # rounds in which multi-pattern rules run
+    multi_rounds: int = 2  # rounds in which multi-pattern rules run (2: a rewrite in round 1, e.g. a 1x1 conv
+    # enlarged to 3x3, can enable a merge in round 2, since a round matches only the rows of earlier rounds)
     memory_limit: str | None = None  # the e-graph database's memory limit ('16GB'); beyond it DuckDB spills
     temp_dir: str | None = None  # where it spills (default: DuckDB's, beside a --db file)
     scheduler: str = "backoff"  # backoff (egg's: bans rules with many matches, fast-forwarded) | simple

@@ -19,8 +19,11 @@ The phases of a round, one method each:
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``).
-  Rules are matched and applied one after the other, so a rule's matches see the
-  nodes that earlier rules of the same round added.
+  Rules are matched and applied one after the other, in name order, but every
+  rule matches the e-graph as it stood at the start of the round (rows of earlier
+  rounds only, by their ``ts``: one snapshot, as in egg and egglog), so a round's
+  result does not depend on the order of the rules in a file; at a node limit the
+  budget goes to the rules in name order, so the cut is the same too.
 - ``_rebuild``: the queued unions merged and congruence restored.
 - ``_record``: the ``Iteration`` and the rules' statistics stored.
 - ``_check_stop``: after the round, ``node limit`` (matches were left out for want
@@ -285,7 +288,9 @@ class Runner:
 
     def _begin(self) -> _Run:
         """Compile the rules, make the scheduler, start the clock; rounds go on from the stored ones."""
-        rules = [RuleState(compile_rule(r)) for r in self.rules]
+        # applied in name order: a round's result, ids and node-limit cut included, does not depend on
+        # the order of the rules in a file
+        rules = [RuleState(compile_rule(r)) for r in sorted(self.rules, key=lambda r: r.name)]
         sched = self.scheduler
         if isinstance(sched, str):
             if sched not in SCHEDULERS:
@@ -337,7 +342,7 @@ class Runner:
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        rows = c.match_sql.format(since=since)
+        rows = c.match(since, r.it.round)  # the round's snapshot: rows of earlier rounds only
         if cap is not None:  # the same matches survive the cap whatever the threads: the least rows
             rows = f"SELECT * FROM ({rows}) ORDER BY ALL LIMIT {cap}"
         g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
@@ -362,8 +367,6 @@ class Runner:
                                     result=b.name, target=None if filtering else b.target)
                 new_nodes += res.new_nodes
                 r.budget -= res.new_nodes
-                if res.new_nodes:  # later rules of the round see these rows
-                    r.newest[BY_TYPE[b.op].table] = rnd
                 applied += res.targeted  # an application that needs no union
             if filtering:
                 cyclic_matches(g, c.pairs)

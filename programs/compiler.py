@@ -23,6 +23,9 @@ from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pre
                  Term, Var)
 
 
+SNAPSHOT_ALL = 1 << 62  # ``until`` that lets a match see every row
+
+
 @dataclass(frozen=True)
 class Build:
     """Insert one right-side term for every match: ``op`` rows from ``source`` into result ``name``."""
@@ -36,7 +39,7 @@ class Build:
 @dataclass(frozen=True)
 class Compiled:
     rule: str
-    match_sql: str  # SELECT ... with a {since} placeholder for semi-naive evaluation
+    match_sql: str  # SELECT ... with {since} and {until} placeholders: see ``match``
     builds: tuple[Build, ...]
     unions: tuple[str, ...]  # SELECT (a, b) pairs
     multi: bool
@@ -44,6 +47,12 @@ class Compiled:
     results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
     tables: tuple[str, ...] = ()  # the op tables the left side joins: no match while one is empty, and no
     # new match (semi-naive) while none has a row newer than the rule's last run
+
+    def match(self, since: int = 0, until: int = SNAPSHOT_ALL) -> str:
+        """The SELECT of the matches that use a row of round ``since`` or later (semi-naive) and
+        only rows of rounds before ``until`` (the round's snapshot: nodes added in the round itself,
+        by this or another rule, are not matched until the next round)."""
+        return self.match_sql.format(since=int(since), until=int(until))
 
 
 class _Lhs:
@@ -177,10 +186,12 @@ def compile_rule(rule: Rule) -> Compiled:
     cols += [f"{e} AS {q('v_' + v)}" for v, e in lets.items()]
     cols += [f"{r} AS root{i}" for i, r in enumerate(roots)]
     # semi-naive: a match uses a row newer than {since}; split by the first alias whose row is new, so
-    # the parts are disjoint and each joins the new rows of one alias with the rest
+    # the parts are disjoint and each joins the new rows of one alias with the rest; every row is older
+    # than {until} (the rows of the round's snapshot)
     parts = []
     for k, alias in enumerate(lhs.aliases):
-        fresh = [f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
+        fresh = ([f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
+                 + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]])
         parts.append(f"SELECT {', '.join(cols)} FROM {', '.join(lhs.froms)} "
                      f"WHERE {' AND '.join(lhs.where + conds + fresh)}")
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free

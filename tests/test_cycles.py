@@ -24,7 +24,9 @@ def relu_chain():
 
 
 def run(g, rules, **kw):
-    return Runner(g, rules, Limits(iterations=3, enodes=10_000, seconds=60), scheduler="simple", **kw).run()
+    # multi-pattern rules in the first round only: the applications below are those of one round
+    return Runner(g, rules, Limits(iterations=3, enodes=10_000, seconds=60, multi_rounds=1), scheduler="simple",
+                  **kw).run()
 
 
 def test_cycle_filter_drops_cycle_closing_applications():
@@ -77,7 +79,7 @@ def test_mirrored_multi_pattern_matches_only_once():
     (x,) = g.add("Input", attrs={"name": "x", "shape": [2, 3], "dtype": 1})
     w = g.add("Weight", attrs={"ref": np.arange(3), "shape": [3, 5], "dtype": 1})
     g.add("MatMul", {"a": [x, x, x], "b": w})
-    rows = g.sql(f"SELECT count(*) FROM ({compile_rule(merge).match_sql.format(since=0)})")[0][0]
+    rows = g.sql(f"SELECT count(*) FROM ({compile_rule(merge).match()})")[0][0]
     assert rows == 3  # one per unordered pair of the three MatMuls
 
 
@@ -90,5 +92,5 @@ def test_variable_in_an_optional_slot_needs_the_input():
     (b,) = g.add("Weight", attrs={"ref": 2, "shape": [4], "dtype": 1})
     window = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
     g.add("Conv", {"x": [x, x], "w": [w, w], "b": [-1, b]}, window)
-    rows = g.sql(f"SELECT v_b FROM ({compile_rule(rule).match_sql.format(since=0)})")
+    rows = g.sql(f"SELECT v_b FROM ({compile_rule(rule).match()})")
     assert rows == [(b,)]

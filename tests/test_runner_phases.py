@@ -89,7 +89,8 @@ def test_round_robin_runs_one_rule_per_round_until_all_are_quiet():
     assert report.stop_reason == StopReason.SATURATED
     rows = g.sql("SELECT round, rule FROM rule_stats ORDER BY round")
     assert [r for r, _ in rows] == list(range(1, len(report.iterations) + 1))  # one row per round
-    assert [name for _, name in rows] == [("add-comm", "add-assoc")[i % 2] for i in range(len(rows))]
+    # the runner hands the rules over in name order, whatever their order in the file
+    assert [name for _, name in rows] == [("add-assoc", "add-comm")[i % 2] for i in range(len(rows))]
     full = add_chain(4)
     Runner(full, AC_ADD, Limits(iterations=100, enodes=10**6, seconds=60), scheduler="simple").run()
     assert g.counts() == full.counts()  # the same fixpoint, reached differently
@@ -121,7 +122,8 @@ def test_backoff_bans_a_rule_with_many_matches():
     # fast-forwarded), then runs again with twice the threshold
     later = [r for (r,) in g.sql("SELECT round FROM rule_stats WHERE rule = ? AND round > ? ORDER BY round",
                                  [rule, rnd])]
-    assert rnd + 2 <= later[0] <= rnd + 3
+    quiet = {it.round for it in report.iterations if it.new_nodes == 0 and it.unions == 0}
+    assert later[0] == (rnd + 1 if rnd in quiet else rnd + 3)
     assert report.stop_reason == StopReason.ITERATION_LIMIT  # a round with a banned rule is no fixpoint
     # the same as naming the scheduler
     named = add_chain(8)
