@@ -88,6 +88,7 @@ from .outputs import write_text_atomic
 
 RESERVED = {"results", "summary"}
 DEFAULT_MODEL_TIMEOUT_S = 900.0
+EXECUTORS = ("local", "ray")
 
 
 def worker_threads(jobs: int) -> int:
@@ -153,6 +154,7 @@ class BatchResult:
     failed: int = 0  # rows of this run whose status is failed (skipped ones included)
     seconds: float = 0.0
     interrupted: bool = False
+    costs_merged: int = 0  # cost rows the Ray workers measured, merged into the cost cache here
 
     @property
     def ok(self) -> bool:
@@ -291,9 +293,10 @@ def _companions(outdir: Path, name: str) -> dict[str, Path]:
     return {"output": outdir / f"{name}.onnx.data", "db": outdir / f"{name}.duckdb.wal"}
 
 
-def _stage_dir(outdir: Path, name: str, pid: int) -> Path:
-    """The folder a worker writes a model's files to: hidden, one per worker process."""
-    return outdir / f".{name}.stage-{pid}"
+def _stage_dir(outdir: Path, name: str, tag: int | str) -> Path:
+    """The folder a worker writes a model's files to: hidden, one per attempt (``tag``: the local
+    worker's pid, or the number the Ray executor gives the task)."""
+    return outdir / f".{name}.stage-{tag}"
 
 
 def _temp_paths(outdir: Path, name: str) -> list[Path]:
@@ -434,7 +437,7 @@ def row_from_report(rep: dict) -> dict:
 
 
 def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, keep_db: bool, on_round,
-                  on_status) -> dict:
+                  on_status, cost_cache) -> dict:
     """Optimize one model, writing its files under their final names into ``stage`` only (the
     parent moves them into ``outdir``); return the row fields of its report."""
     from .optimize import optimize
@@ -446,11 +449,33 @@ def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, kee
     # the final file names inside the stage folder: an external-data model names its data file
     # after the model file, so it stays valid once both are moved into OUTDIR
     result = optimize(task.path, Options(**options), output=staged["output"],
-                      db=staged["db"] if keep_db else None, on_round=on_round, on_status=on_status)
+                      db=staged["db"] if keep_db else None, on_round=on_round, on_status=on_status,
+                      cost_cache=cost_cache)
     rep = result.report.as_dict()
     rep.update(input=str(task.path), output=str(outs["output"]), model=task.name, file_sha256=task.file_sha256)
     staged["report"].write_text(json.dumps(rep, indent=2, default=str))
     return row_from_report(rep)
+
+
+def model_fields(task: ModelTask, outdir: Path, options: dict, keep_db: bool, stage: Path, *,
+                 on_round=None, on_status=None, cost_cache=None) -> dict:
+    """Worker side, whatever the executor: optimize one model into ``stage`` and return the fields
+    of its row: ``status`` ok (with the report's fields) or failed (with a one-line ``reason``, and
+    the traceback as ``detail`` for an unexpected error; the stage folder removed), and ``wall_s``.
+    ``cost_cache`` goes to :func:`relsat.driver.optimize.optimize` (None: the default cache)."""
+    started = time.perf_counter()
+    try:
+        fields = _optimize_one(task, stage, outdir, options, keep_db, on_round, on_status, cost_cache)
+        fields["status"] = "ok"
+    except RelsatError as e:
+        fields = {"status": "failed", "reason": _one_line(e)}
+    except Exception as e:  # a bug or an unexpected library error: still one model's failure
+        fields = {"status": "failed", "reason": _one_line(f"internal error: {type(e).__name__}: {e}"),
+                  "detail": traceback.format_exc()}
+    if fields["status"] != "ok":
+        shutil.rmtree(stage, ignore_errors=True)
+    fields["wall_s"] = time.perf_counter() - started
+    return fields
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -508,12 +533,11 @@ def _watch_parent(parent_pid: int, fd: int | None) -> None:
 
 
 def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, parent_pid: int) -> None:
-    """Child process: optimize one model into a stage folder, send ("status", text) messages
-    while it runs and one ("done", fields, stage folder) message at the end (``status`` ok or
-    failed, with the reason).  A worker never writes a file of OUTDIR under its final name."""
+    """Local executor, child process: optimize one model into a stage folder, send ("status", text)
+    messages while it runs and one ("done", fields, stage folder) message at the end
+    (:func:`model_fields`).  A worker never writes a file of OUTDIR under its final name."""
     _die_with_parent(parent_pid, conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    started = time.perf_counter()
     stage = _stage_dir(outdir, task.name, os.getpid())
 
     def send(*msg):
@@ -525,17 +549,8 @@ def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, p
     def on_round(it):
         send("status", f"saturating: round {getattr(it, 'round', '?')}, {getattr(it, 'enodes', '?')} e-nodes")
 
-    try:
-        fields = _optimize_one(task, stage, outdir, options, keep_db, on_round, lambda text: send("status", str(text)))
-        fields["status"] = "ok"
-    except RelsatError as e:
-        fields = {"status": "failed", "reason": _one_line(e)}
-    except Exception as e:  # a bug or an unexpected library error: still one model's failure
-        fields = {"status": "failed", "reason": _one_line(f"internal error: {type(e).__name__}: {e}"),
-                  "detail": traceback.format_exc()}
-    if fields["status"] != "ok":
-        shutil.rmtree(stage, ignore_errors=True)
-    fields["wall_s"] = time.perf_counter() - started
+    fields = model_fields(task, outdir, options, keep_db, stage, on_round=on_round,
+                          on_status=lambda text: send("status", str(text)))
     conn.send(("done", fields, str(stage)))
     conn.close()
 
@@ -628,28 +643,88 @@ def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: 
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
-# ---------------------------------------------------------------- the parent: scheduling
+# ---------------------------------------------------------------- the parent: recording results
 
 
-@dataclass
-class _Running:
-    task: ModelTask
-    proc: object
-    conn: object
-    started: float
-    deadline: float | None
-    progress_id: int | None = None
+class Recorder:
+    """Parent side, whatever the executor: draws the progress and turns what a worker reported for
+    a model into its row (:meth:`finish`: the staged files committed, the row written to the
+    results table, ``rows`` and the ``BatchResult`` counts updated, ``on_result`` called)."""
+
+    def __init__(self, outdir: Path, keep_db: bool, common: dict, results: _Results, rows: dict[str, dict],
+                 result: BatchResult, on_result, console, total: int):
+        self.outdir, self.keep_db, self.common, self.results = outdir, keep_db, common, results
+        self.rows, self.result, self.on_result = rows, result, on_result
+        self.progress = self.overall = None
+        self._bars: dict[str, int] = {}
+        if console is not None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=console, transient=False)
+            self.progress.start()
+            self.overall = self.progress.add_task("batch", total=total)
+
+    def status(self, task: ModelTask, text: str) -> None:
+        """Show what a model's worker is doing (its first status adds its line)."""
+        if self.progress is None:
+            return
+        if task.name in self._bars:
+            self.progress.update(self._bars[task.name], description=f"  {task.name}: {text}")
+        else:
+            self._bars[task.name] = self.progress.add_task(f"  {task.name}: {text}", total=None)
+
+    def print(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text, highlight=False, soft_wrap=True)
+
+    def finish(self, task: ModelTask, fields: dict, stage: str | None = None, expected: Path | None = None) -> None:
+        """Record a model's attempt from its worker's ``fields`` (:func:`model_fields`).  For a
+        success the worker's files are moved from ``stage``, which must be the ``expected`` stage
+        folder, into place, then the row naming their hashes is written."""
+        name, outdir = task.name, self.outdir
+        row = dict.fromkeys(COLUMN_NAMES)
+        row.update(self.common, model=name, path=str(task.path), file_sha256=task.file_sha256,
+                   finished_at=dt.datetime.now())
+        row.update({k: v for k, v in fields.items() if k in row})
+        if row["status"] == "ok":
+            try:
+                if stage is None or expected is None or Path(stage) != expected:
+                    raise RelsatError(f"internal error: the worker reported its files in {stage}, "
+                                      f"not in {expected.name if expected else 'its stage folder'}")
+                row.update(_commit(outdir, name, expected, self.keep_db))
+            except (RelsatError, OSError) as e:
+                row.update(status="failed", reason=_one_line(e if isinstance(e, RelsatError) else
+                                                             f"internal error: {type(e).__name__}: {e}"))
+        if row["status"] != "ok":
+            _remove_outputs(outdir, name)
+            row.update({k: None for k in ("output", "report", "db", "output_sha256", "report_sha256",
+                                          "db_sha256")})
+        self.results.put(row)
+        done = f"redone ({task.redo})" if task.redo else "optimized"
+        self.rows[name] = dict(row, this_run=done if row["status"] == "ok" else "failed")
+        self.result.ran += 1
+        if self.on_result is not None:
+            self.on_result(self.rows[name])
+        if self.progress is not None:
+            if name in self._bars:
+                self.progress.remove_task(self._bars.pop(name))
+            self.progress.advance(self.overall)
+            if row["status"] == "ok":
+                sp = "" if row.get("speedup") is None else f"{row['speedup']:.3f}x ({row['speedup_source']}), "
+                self.print(f"[green]ok[/green] {name}: {sp}{row.get('wall_s', 0):.1f} s")
+            else:
+                self.print(f"[red]failed[/red] {name}: {row['reason']}")
+            failed = sum(r["status"] == "failed" for r in self.rows.values())
+            self.progress.update(self.overall, description=f"batch ({failed} failed)" if failed else "batch")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
 
-def _exit_reason(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            sig = signal.Signals(-code).name
-        except ValueError:
-            sig = f"signal {-code}"
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"worker process died: killed by {sig}{hint}"
-    return f"worker process exited with status {code} before reporting"
+def timeout_reason(model_timeout: float) -> str:
+    return f"timed out: still running after {model_timeout:g} s (--model-timeout), worker killed"
 
 
 def _lock_outdir(outdir: Path):
@@ -665,6 +740,7 @@ def _lock_outdir(outdir: Path):
 def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
               model_timeout: float | None = DEFAULT_MODEL_TIMEOUT_S,
               keep_db: bool = False, skip_failed: bool = False, force: bool = False,
+              executor: str = "local", address: str | None = None,
               console=None, on_result: Callable[[dict], None] | None = None,
               **overrides) -> BatchResult:
     """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
@@ -674,14 +750,24 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     count given (in ``options`` or as ``threads=``) is each worker's; without ``options`` and a
     ``threads`` override the workers share the cores (:func:`worker_threads`).  A rich
     progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
-    or 0 for none) is a wall-clock limit per model, process start included.
+    or 0 for none) is a wall-clock limit per model, process start included.  ``executor`` is
+    ``local`` (worker processes here) or ``ray`` (a Ray task per model, :mod:`relsat.driver.batch_ray`,
+    on the Ray instance at ``address``; None starts or joins a local one).
     Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
-    use); a model's failure is a row with status ``failed``."""
+    use, Ray missing or unreachable); a model's failure is a row with status ``failed``."""
     t0 = time.perf_counter()
+    if executor not in EXECUTORS:
+        raise RelsatError(f"--executor {executor}: expected one of {', '.join(EXECUTORS)}")
+    if address is not None and executor != "ray":
+        raise RelsatError(f"--address {address}: only with --executor ray")
     if jobs < 1:
         raise RelsatError(f"--jobs {jobs}: expected 1 or more")
     if model_timeout is not None and model_timeout < 0:
         raise RelsatError(f"--model-timeout {model_timeout}: expected seconds >= 0 (0: no limit)")
+    if executor == "ray":
+        from .batch_ray import require_ray
+
+        require_ray()  # before any work: a missing extra is a one-line error
     outdir = Path(outdir).expanduser().resolve()
     if outdir.exists() and not outdir.is_dir():
         raise RelsatError(f"{outdir}: exists and is not a folder")
@@ -718,11 +804,18 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
                 continue
             todo.append(task)
         result = BatchResult(outdir, [], skipped=len(rows))
+        rec = Recorder(outdir, keep_db, common, results, rows, result, on_result, console, len(todo))
         try:
-            _schedule(todo, outdir, worker_options, keep_db, jobs, model_timeout or None, console, common,
-                      results, rows, on_result, result)
+            if executor == "ray" and todo:
+                from .batch_ray import schedule_ray
+
+                schedule_ray(todo, rec, worker_options, jobs, model_timeout or None, address)
+            else:
+                _schedule_local(todo, rec, worker_options, jobs, model_timeout or None)
         except KeyboardInterrupt:
             result.interrupted = True
+        finally:
+            rec.close()
         result.rows = [rows[t.name] for t in sorted(tasks, key=lambda t: t.name) if t.name in rows]
         result.failed = sum(r["status"] == "failed" for r in result.rows)
         result.seconds = time.perf_counter() - t0
@@ -733,56 +826,35 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         lock.close()
 
 
-def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, common, results, rows,
-              on_result, result) -> None:
+# ---------------------------------------------------------------- the local executor
+
+
+@dataclass
+class _Running:
+    task: ModelTask
+    proc: object
+    conn: object
+    started: float
+    deadline: float | None
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"worker process died: killed by {sig}{hint}"
+    return f"worker process exited with status {code} before reporting"
+
+
+def _schedule_local(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: int,
+                    model_timeout: float | None) -> None:
+    """Run ``todo`` in at most ``jobs`` spawned worker processes (:func:`_worker`), one per model."""
     ctx = mp.get_context("spawn")
+    outdir, keep_db = rec.outdir, rec.keep_db
     running: dict[object, _Running] = {}
-    progress = None
-    overall = None
-    if console is not None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=False)
-        progress.start()
-        overall = progress.add_task("batch", total=len(todo))
-
-    def finish(run: _Running, fields: dict, stage: str | None = None) -> None:
-        name = run.task.name
-        row = dict.fromkeys(COLUMN_NAMES)
-        row.update(common, model=name, path=str(run.task.path), file_sha256=run.task.file_sha256,
-                   finished_at=dt.datetime.now())
-        row.update({k: v for k, v in fields.items() if k in row})
-        if row["status"] == "ok":
-            # the worker's files go into place here, then the row naming their hashes is written
-            expected = _stage_dir(outdir, name, run.proc.pid)
-            try:
-                if stage is None or Path(stage) != expected:
-                    raise RelsatError(f"internal error: the worker reported its files in {stage}, "
-                                      f"not in {expected.name}")
-                row.update(_commit(outdir, name, expected, keep_db))
-            except (RelsatError, OSError) as e:
-                row.update(status="failed", reason=_one_line(e if isinstance(e, RelsatError) else
-                                                             f"internal error: {type(e).__name__}: {e}"))
-        if row["status"] != "ok":
-            _remove_outputs(outdir, name)
-            row.update({k: None for k in ("output", "report", "db", "output_sha256", "report_sha256",
-                                          "db_sha256")})
-        results.put(row)
-        done = f"redone ({run.task.redo})" if run.task.redo else "optimized"
-        rows[name] = dict(row, this_run=done if row["status"] == "ok" else "failed")
-        result.ran += 1
-        if on_result is not None:
-            on_result(rows[name])
-        if progress is not None:
-            progress.remove_task(run.progress_id)
-            progress.advance(overall)
-            if row["status"] == "ok":
-                sp = "" if row.get("speedup") is None else f"{row['speedup']:.3f}x ({row['speedup_source']}), "
-                progress.console.print(f"[green]ok[/green] {name}: {sp}{row.get('wall_s', 0):.1f} s", highlight=False)
-            else:
-                progress.console.print(f"[red]failed[/red] {name}: {row['reason']}", highlight=False, soft_wrap=True)
-            _update_overall(progress, overall, rows, result)
 
     def stop(run: _Running) -> None:
         if run.proc.is_alive():
@@ -801,10 +873,9 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
                 now = time.monotonic()
                 proc.start()
                 child_end.close()
-                run = _Running(task, proc, parent_end, now, now + model_timeout if model_timeout else None)
-                if progress is not None:
-                    run.progress_id = progress.add_task(f"  {task.name}: starting", total=None)
-                running[parent_end] = run
+                running[parent_end] = _Running(task, proc, parent_end, now,
+                                               now + model_timeout if model_timeout else None)
+                rec.status(task, "starting")
             deadlines = [r.deadline for r in running.values() if r.deadline is not None]
             wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
             for conn in wait_conns(list(running), timeout=wait_s):
@@ -813,30 +884,22 @@ def _schedule(todo, outdir, options, keep_db, jobs, model_timeout, console, comm
                     msg = conn.recv()
                 except (EOFError, OSError):
                     stop(run)
-                    finish(run, {"status": "failed", "reason": _exit_reason(run.proc.exitcode),
-                                 "wall_s": time.monotonic() - run.started})
+                    rec.finish(run.task, {"status": "failed", "reason": _exit_reason(run.proc.exitcode),
+                                          "wall_s": time.monotonic() - run.started})
                     continue
                 if msg[0] == "status":
-                    if progress is not None:
-                        progress.update(run.progress_id, description=f"  {run.task.name}: {msg[1]}")
+                    rec.status(run.task, msg[1])
                 elif msg[0] == "done":
                     run.proc.join(10)
                     stop(run)
-                    finish(run, msg[1], msg[2] if len(msg) > 2 else None)
+                    rec.finish(run.task, msg[1], msg[2] if len(msg) > 2 else None,
+                               _stage_dir(outdir, run.task.name, run.proc.pid))
             now = time.monotonic()
             for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
                 stop(run)
-                finish(run, {"status": "failed", "wall_s": now - run.started,
-                             "reason": f"timed out: still running after {model_timeout:g} s (--model-timeout), "
-                                       f"worker killed"})
+                rec.finish(run.task, {"status": "failed", "wall_s": now - run.started,
+                                      "reason": timeout_reason(model_timeout)})
     finally:
         for run in list(running.values()):  # Ctrl-C or an error here: no orphans, no half files
             stop(run)
             _remove_temps(outdir, run.task.name)  # files of an earlier result still match its row
-        if progress is not None:
-            progress.stop()
-
-
-def _update_overall(progress, overall, rows, result) -> None:
-    failed = sum(r["status"] == "failed" for r in rows.values())
-    progress.update(overall, description=f"batch ({failed} failed)" if failed else "batch")

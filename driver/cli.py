@@ -462,6 +462,10 @@ def batch(
     skip_failed: bool = typer.Option(False, "--skip-failed",
                                      help="on a rerun, also skip models that failed with the same options"),
     force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
+    executor: str = typer.Option("local", "--executor", help="local (worker processes here) | ray (a Ray task per "
+                                 "model, --threads CPUs each; pip install 'relsat[ray]')"),
+    address: Optional[str] = typer.Option(None, "--address", help="--executor ray: the Ray cluster to join "
+                                          "(auto: the one `ray start` started; default: join or start a local one)"),
     rules: List[str] = RULES,
     input_shape: List[str] = INPUT_SHAPE,
     fix_shapes: bool = FIX_SHAPES,
@@ -499,7 +503,8 @@ def batch(
             search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
             memory_limit=memory_limit, temp_dir=temp_dir)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
-                           skip_failed=skip_failed, force=force, console=err, options=options)
+                           skip_failed=skip_failed, force=force, executor=executor, address=address, console=err,
+                           options=options)
     except RelsatError as e:
         _fail(e)
     _print_batch_summary(out, result)

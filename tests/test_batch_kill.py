@@ -213,7 +213,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
 
     monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 0)
     stage = B._stage_dir(out, "vgg19", 1)
-    B._optimize_one(task, stage, out, options, False, None, lambda text: None)
+    assert B.model_fields(task, out, options, False, stage)["status"] == "ok"
     assert sorted(p.name for p in stage.iterdir()) == ["vgg19.json", "vgg19.onnx", "vgg19.onnx.data"]
     assert not (out / "vgg19.onnx").exists()  # nothing under a final name before the commit
     fields = B._commit(out, "vgg19", stage, False)
@@ -227,7 +227,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
 
     monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 1 << 40)
     stage = B._stage_dir(out, "vgg19", 2)
-    B._optimize_one(task, stage, out, options, False, None, lambda text: None)
+    assert B.model_fields(task, out, options, False, stage)["status"] == "ok"
     fields = B._commit(out, "vgg19", stage, False)
     assert not (out / "vgg19.onnx.data").exists()
     assert fields["output_sha256"] == sha256(out / "vgg19.onnx")

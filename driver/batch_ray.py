@@ -1,0 +1,238 @@
+"""``relsat batch --executor ray``: each model a Ray task, on this machine or a Ray cluster.
+
+Owns the Ray executor of :func:`relsat.driver.batch.run_batch`; everything else of a batch (finding
+the models, resume, committing a model's files and writing its row, ``results.csv`` and
+``summary.md``) is :mod:`relsat.driver.batch`'s and the same for both executors.  Ray is imported
+only here, and only when this executor is asked for (``pip install 'relsat[ray]'``).
+
+What runs where:
+
+- The driver (the process running ``relsat batch``) joins the Ray instance at ``address`` (None:
+  the one ``ray start`` left on this machine, else a new local one, shut down at the end), submits
+  at most ``jobs`` tasks at once and records each model as its task reports it
+  (:class:`relsat.driver.batch.Recorder`).
+- A task (:func:`_optimize_task`) reserves ``num_cpus`` = the options' thread count and runs
+  :func:`relsat.driver.batch.model_fields` on whatever node Ray places it: it writes the model's
+  files into its stage folder ``OUTDIR/.<name>.stage-ray<N>/`` and the driver moves them into
+  place.  So the models, OUTDIR, rule files and ``--costs`` must be at the same paths on every node
+  (a shared filesystem), with relsat installed on each.
+- The cost cache: a task prices with a cache of its own, a temporary DuckDB file on its node,
+  seeded with the driver's cache (exported as Parquet into Ray's object store once, and again after
+  rows came back), and returns the rows it added (measured, or imported from ``--costs``) as
+  Parquet bytes; the driver merges them into its cache (``$RELSAT_COST_CACHE`` or the user cache),
+  where the local executor's workers store them directly.
+- Time-outs: a task reports when it starts, and ``model_timeout`` counts from then (time spent
+  waiting for free CPUs does not count); a task past it is cancelled with ``force`` (Ray kills its
+  worker process).  A task whose worker dies (a crash, the OOM killer) is that model's failure;
+  tasks are never retried.  Ray reuses its worker processes across models, so the imports are paid
+  once per worker, not once per model as with the local executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import tempfile
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from .batch import ModelTask, Recorder, _one_line, _remove_temps, _stage_dir, model_fields, timeout_reason
+from .errors import RelsatError, error_line
+
+INSTALL = "pip install 'relsat[ray]'"
+
+
+def require_ray():
+    """The ``ray`` module, or a one-line RelsatError naming the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise RelsatError(f"--executor ray: Ray is not installed ({INSTALL})") from None
+    return ray
+
+
+def _connect(ray, address: str | None) -> bool:
+    """Join (or start) a Ray instance unless this process already did; True if it must shut down."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except Exception as e:
+        where = f" at {address}" if address else ""
+        raise RelsatError(f"--executor ray: cannot start or join a Ray instance{where}: {error_line(e)}") from None
+    return True
+
+
+# ---------------------------------------------------------------- the task (on a Ray worker)
+
+
+def _optimize_task(task: ModelTask, outdir: Path, options: dict, keep_db: bool, tag: str, seed: bytes | None):
+    """A Ray task (a generator): yields ("started", host name) first, then ("done", fields, stage
+    folder, the cost rows it added as Parquet bytes or None)."""
+    yield ("started", socket.gethostname())
+    stage = _stage_dir(outdir, task.name, tag)
+    with tempfile.TemporaryDirectory(prefix="relsat-ray-costs-") as tmp:
+        cache = _seeded_cache(Path(tmp), seed) if options["cost_model"] == "measured" else None
+        fields = model_fields(task, outdir, options, keep_db, stage, cost_cache=cache)
+        added = _added_rows(cache, Path(tmp), seed) if cache is not None else None
+    yield ("done", fields, str(stage), added)
+
+
+def _seeded_cache(tmp: Path, seed: bytes | None):
+    from relsat.extract.cost_cache import CostCache
+
+    cache = CostCache(tmp / "costs.duckdb")
+    if seed is not None:
+        (tmp / "seed.parquet").write_bytes(seed)
+        cache.import_(tmp / "seed.parquet")
+    return cache
+
+
+def _added_rows(cache, tmp: Path, seed: bytes | None) -> bytes | None:
+    """The rows of ``cache`` that are not in the seed (new keys, or re-measured), as Parquet bytes."""
+    import duckdb
+
+    from relsat.relations.schema import literal
+
+    after, added = tmp / "after.parquet", tmp / "added.parquet"
+    cache.export(after)
+    query = f"SELECT * FROM read_parquet({literal(str(after))})"
+    if seed is not None:
+        query += f" EXCEPT SELECT * FROM read_parquet({literal(str(tmp / 'seed.parquet'))})"
+    with duckdb.connect() as con:
+        con.execute(f"COPY ({query}) TO {literal(str(added))} (FORMAT parquet)")
+        n = con.execute(f"SELECT count(*) FROM read_parquet({literal(str(added))})").fetchone()[0]
+    return added.read_bytes() if n else None
+
+
+# ---------------------------------------------------------------- the driver
+
+
+@dataclass
+class _Remote:
+    task: ModelTask
+    gen: object  # the task's ObjectRefGenerator
+    expected: Path  # its stage folder
+    started: float  # submitted, then started
+    deadline: float | None = None  # set once it starts
+
+
+class _Costs:
+    """The driver's side of the cost cache: the seed the tasks start from, and merging what they add."""
+
+    def __init__(self, ray, tmp: Path):
+        from relsat.extract.cost_cache import CostCache
+
+        self.ray, self.tmp, self.cache = ray, tmp, CostCache()
+        self._seed, self._stale, self._n = None, True, 0
+
+    def seed(self):
+        """An object reference to the cache as Parquet bytes (None while it is empty)."""
+        if self._stale:
+            path = self.tmp / "seed.parquet"
+            self._seed = None
+            if self.cache.count():
+                self.cache.export(path)
+                self._seed = self.ray.put(path.read_bytes())
+            self._stale = False
+        return self._seed
+
+    def merge(self, name: str, added: bytes) -> int:
+        self._n += 1
+        path = self.tmp / f"added-{self._n}.parquet"
+        path.write_bytes(added)
+        try:
+            n = self.cache.import_(path)
+        except Exception as e:  # the cache is locked or unwritable: the model's result stands
+            warnings.warn(f"cost rows measured for {name} not merged into {self.cache.path}: {error_line(e)}",
+                          stacklevel=2)
+            return 0
+        finally:
+            path.unlink(missing_ok=True)
+        self._stale = True
+        return n
+
+
+def _failure(ray, e: Exception) -> dict:
+    """The row fields of a task that ended in a Ray error rather than reporting."""
+    if isinstance(e, ray.exceptions.RayTaskError):  # raised in the task outside model_fields
+        cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
+        return {"reason": _one_line(f"internal error: {type(cause).__name__}: {cause}"), "detail": str(e)}
+    first = (str(e).strip().splitlines() or [""])[0]
+    hint = " (out of memory?)" if isinstance(e, ray.exceptions.OutOfMemoryError) else ""
+    return {"reason": _one_line(f"worker process died{hint}: {type(e).__name__}: {first}")}
+
+
+def _cancel(ray, run: _Remote) -> None:
+    """Kill a task's worker process and wait (briefly) until Ray says it is gone."""
+    ray.cancel(run.gen, force=True)
+    try:
+        ray.get(next(run.gen), timeout=30)
+    except Exception:  # TaskCancelledError, or the worker already gone
+        pass
+
+
+def schedule_ray(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: int, model_timeout: float | None,
+                 address: str | None) -> None:
+    """Run ``todo`` as Ray tasks, at most ``jobs`` at once, recording each model through ``rec``."""
+    ray = require_ray()
+    shutdown = _connect(ray, address)
+    remote = ray.remote(max_retries=0)(_optimize_task)
+    num_cpus = options.get("threads") or 1
+    outdir, keep_db = rec.outdir, rec.keep_db
+    running: dict[int, _Remote] = {}  # by id() of the generator
+    submitted = 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="relsat-batch-") as tmp:
+            costs = _Costs(ray, Path(tmp)) if options["cost_model"] == "measured" else None
+            try:
+                while todo or running:
+                    while todo and len(running) < jobs:
+                        task = todo.popleft()
+                        tag = f"ray{submitted}"
+                        submitted += 1
+                        gen = remote.options(num_cpus=num_cpus, name=f"relsat-batch-{task.name}").remote(
+                            task, outdir, options, keep_db, tag, costs.seed() if costs else None)
+                        running[id(gen)] = _Remote(task, gen, _stage_dir(outdir, task.name, tag), time.monotonic())
+                        rec.status(task, "waiting for a Ray worker")
+                    deadlines = [r.deadline for r in running.values() if r.deadline is not None]
+                    wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
+                    ready, _ = ray.wait([r.gen for r in running.values()], num_returns=1, timeout=wait_s)
+                    for gen in ready:
+                        run = running[id(gen)]
+                        try:
+                            msg = ray.get(next(gen))
+                        except Exception as e:  # a Ray error: the worker died, or the task raised
+                            del running[id(gen)]
+                            rec.finish(run.task, dict(_failure(ray, e), status="failed",
+                                                      wall_s=time.monotonic() - run.started))
+                            continue
+                        if msg[0] == "started":
+                            run.started = time.monotonic()
+                            run.deadline = run.started + model_timeout if model_timeout else None
+                            rec.status(run.task, f"running on {msg[1]}")
+                        else:
+                            del running[id(gen)]
+                            fields, stage, added = msg[1:]
+                            if added is not None:
+                                rec.result.costs_merged += costs.merge(run.task.name, added)
+                            rec.finish(run.task, fields, stage, run.expected)
+                    now = time.monotonic()
+                    for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
+                        _cancel(ray, run)
+                        del running[id(run.gen)]
+                        rec.finish(run.task, {"status": "failed", "wall_s": now - run.started,
+                                              "reason": timeout_reason(model_timeout)})
+            finally:
+                for run in list(running.values()):  # Ctrl-C or an error here: no tasks left, no half files
+                    _cancel(ray, run)
+                    _remove_temps(outdir, run.task.name)
+            if rec.result.costs_merged:
+                rec.print(f"merged {rec.result.costs_merged} cost rows measured by the Ray tasks into "
+                          f"{costs.cache.path}")
+    finally:
+        if shutdown:
+            ray.shutdown()
