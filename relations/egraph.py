@@ -131,7 +131,6 @@ class EGraph:
         # the same nodes and ids whatever the threads: rows sharing a new key are represented by the
         # one with the least target, the LIMIT keeps the least keys, and ids follow the key order
         pick = f" ORDER BY {keysel}, {q(target)}" if target else ""
-        lim = f" ORDER BY {keysel} LIMIT {int(limit)}" if limit is not None else ""
         extra = (target,) if target else ()
         if not op.canon and not op.leaf:
             given = [a for a in op.attrs if a.name in src]
@@ -140,16 +139,24 @@ class EGraph:
             cols = ", ".join([f"b.*{repl}"] + defaults)
             c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
                       f"LEFT JOIN {op.table} o ON {on}")
-            missing = f"SELECT DISTINCT ON ({keysel}) * EXCLUDE (out) FROM _keys WHERE out IS NULL{pick}"
+            # one row per missing key (hashed, not sorted): any rid, the least target
+            least = f", min({q(target)}) AS {q(target)}" if target else ""
+            missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM _keys WHERE out IS NULL GROUP BY ALL"
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                      f"{rule_select(op, missing, given=set(src) | set(keys), carry=extra, valid_only=True)}")
-            fresh = f"SELECT * FROM _cand{lim}"
+                      f"{rule_select(op, missing, given=set(keys), carry=extra, valid_only=True)}")
+            fresh = "SELECT * FROM _cand"
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
                       f"{rule_select(op, source, given=src, carry=carried, valid_only=True)}")
-            fresh = (f"SELECT * FROM (SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
-                     f"(SELECT 1 FROM {op.table} o WHERE {on}){pick}){lim}")
+            fresh = (f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
+                     f"(SELECT 1 FROM {op.table} o WHERE {on}){pick}")
+        if limit is not None:  # the least keys, sorted for only when the limit cuts
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS {fresh}")
+            if c.execute("SELECT count(*) FROM _fresh").fetchall()[0][0] > limit:
+                c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT * FROM _fresh ORDER BY {keysel} "
+                          f"LIMIT {int(limit)}")
+            fresh = "SELECT * FROM _fresh"
         # new nodes numbered in key order (those with a fresh e-class first); a statement takes one
         # contiguous block of each sequence, so the block's least value plus that number is an id
         # that does not depend on the order in which threads happened to draw the values
@@ -176,7 +183,7 @@ class EGraph:
         else:
             c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.* EXCLUDE (o_shape, o_dtype, o_const, "
                       f"o_tshapes, o_tdtypes), o.out FROM _cand c JOIN {op.table} o ON {on}")
-        for t in ("_keys", "_cand", "_new"):  # large in big rounds: free them now
+        for t in ("_keys", "_cand", "_fresh", "_new"):  # large in big rounds: free them now
             c.execute(f"DROP TABLE IF EXISTS {t}")
         return InsertResult(result, new, targeted)
 
