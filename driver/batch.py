@@ -710,11 +710,13 @@ class Recorder:
             if name in self._bars:
                 self.progress.remove_task(self._bars.pop(name))
             self.progress.advance(self.overall)
+            from rich.markup import escape
+
             if row["status"] == "ok":
                 sp = "" if row.get("speedup") is None else f"{row['speedup']:.3f}x ({row['speedup_source']}), "
-                self.print(f"[green]ok[/green] {name}: {sp}{row.get('wall_s', 0):.1f} s")
+                self.print(f"[green]ok[/green] {escape(name)}: {escape(sp)}{row.get('wall_s', 0):.1f} s")
             else:
-                self.print(f"[red]failed[/red] {name}: {row['reason']}")
+                self.print(f"[red]failed[/red] {escape(name)}: {escape(row['reason'])}")
             failed = sum(r["status"] == "failed" for r in self.rows.values())
             self.progress.update(self.overall, description=f"batch ({failed} failed)" if failed else "batch")
 

@@ -231,8 +231,10 @@ def schedule_ray(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: int
                     _cancel(ray, run)
                     _remove_temps(outdir, run.task.name)
             if rec.result.costs_merged:
+                from rich.markup import escape
+
                 rec.print(f"merged {rec.result.costs_merged} cost rows measured by the Ray tasks into "
-                          f"{costs.cache.path}")
+                          f"{escape(str(costs.cache.path))}")
     finally:
         if shutdown:
             ray.shutdown()

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .batch import DEFAULT_MODEL_TIMEOUT_S, worker_threads
@@ -85,7 +86,7 @@ def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_lim
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # [brackets] are text
     raise typer.Exit(1)
 
 

@@ -132,26 +132,63 @@ def test_batch_optimizes_good_models_reports_bad_ones_and_resumes(zoo_dir, tmp_p
     assert leftovers(out) == []
 
 
-def test_batch_over_the_whole_small_zoo(tmp_path, monkeypatch):
-    """Every zoo model (reduced size) plus a corrupt file, with the wrong rule breaking nasrnn:
-    the nine others are optimized and verify, the two bad ones are reported, a rerun skips."""
-    models = tmp_path / "models"
+def small_zoo(root):
+    """Every zoo model (reduced size) and a corrupt file in ROOT/models; the wrong rule in ROOT/wrong.rules."""
+    models = root / "models"
     models.mkdir()
     for name in zoo.NAMES:
         zoo.save(zoo.build(name, small=True), models / f"{name}.onnx")
     (models / "broken.onnx").write_bytes(b"\x08\x07not a model" * 10)
-    wrong = tmp_path / "wrong.rules"
+    wrong = root / "wrong.rules"
     wrong.write_text(WRONG_RULE)
+    return models, wrong
+
+
+def check_small_zoo_batch(models, out, run, failing):
+    """Run a batch over ``small_zoo``'s models with ``run()`` twice and check what every executor must
+    give: the models of ``failing`` (name -> words of the reason) failed with no files, every other
+    one is optimized, verifies and has its hashes in its row, no temporary files are left, and the
+    rerun skips the done models (files untouched) and tries the failed ones again."""
+    run()
+    rows = table(out)
+    assert {m: r["status"] for m, r in rows.items()} == \
+        {**dict.fromkeys(zoo.NAMES, "ok"), **dict.fromkeys(failing, "failed")}
+    done = sorted(set(rows) - set(failing))
+    for name, needle in failing.items():
+        assert needle in rows[name]["reason"] and "\n" not in rows[name]["reason"], rows[name]["reason"]
+        assert not (out / f"{name}.onnx").exists() and not (out / f"{name}.json").exists()
+    for name in done:
+        assert verify(onnx.load(models / f"{name}.onnx"), onnx.load(out / f"{name}.onnx")).ok
+        assert json.loads((out / f"{name}.json").read_text())["verification"]["ok"]
+        hashes = B.output_hashes(out, name, False)
+        assert (rows[name]["output_sha256"], rows[name]["report_sha256"]) == \
+            (hashes["output_sha256"], hashes["report_sha256"])
+    assert leftovers(out) == []
+    with open(out / "results.csv") as fh:
+        assert {r["model"]: r["this_run"] for r in csv.DictReader(fh)} == \
+            {**dict.fromkeys(done, "optimized"), **dict.fromkeys(failing, "failed")}
+    stamps = {n: (out / f"{n}.onnx").stat().st_mtime_ns for n in done}
+
+    run()
+    with open(out / "results.csv") as fh:
+        assert {r["model"]: r["this_run"] for r in csv.DictReader(fh)} == \
+            {**dict.fromkeys(done, "skipped (done)"), **dict.fromkeys(failing, "failed")}
+    assert stamps == {n: (out / f"{n}.onnx").stat().st_mtime_ns for n in done}
+    again = table(out)
+    assert all(again[n]["finished_at"] == rows[n]["finished_at"] for n in done)
+    assert all(again[n]["finished_at"] > rows[n]["finished_at"] for n in failing)
+    assert leftovers(out) == []
+
+
+def test_batch_over_the_whole_small_zoo(tmp_path, monkeypatch):
+    """Every zoo model (reduced size) plus a corrupt file, with the wrong rule breaking nasrnn:
+    the nine others are optimized and verify, the two bad ones are reported, a rerun skips."""
+    models, wrong = small_zoo(tmp_path)
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
     out = tmp_path / "out"
-    first = B.run_batch(models, out, rules=["default", str(wrong)], check_rules=False, **FAST)
-    status = {r["model"]: r["status"] for r in first.rows}
-    assert status == {**{n: "ok" for n in zoo.NAMES if n != "nasrnn"}, "nasrnn": "failed", "broken": "failed"}
-    for name in zoo.NAMES:
-        if name != "nasrnn":
-            assert verify(onnx.load(models / f"{name}.onnx"), onnx.load(out / f"{name}.onnx")).ok
-    again = B.run_batch(models, out, rules=["default", str(wrong)], check_rules=False, **FAST)
-    assert (again.skipped, again.failed) == (len(zoo.NAMES) - 1, 2)
+    check_small_zoo_batch(
+        models, out, lambda: B.run_batch(models, out, rules=["default", str(wrong)], check_rules=False, **FAST),
+        {"nasrnn": "verification failed", "broken": "not an ONNX model"})
 
 
 def test_model_timeout_kills_the_worker_and_removes_stale_outputs(tmp_path):

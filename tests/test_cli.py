@@ -49,6 +49,8 @@ def test_optimize_writes_a_verified_model_report_and_database(small_resnet, tmp_
     (["optimize", "MODEL", "-o", "OUT", "--search", "mcts", "--budget", "0"], "--budget 0"),
     (["optimize", "MODEL", "-o", "OUT", "--memory-limit", "lots"], "--memory-limit lots"),
     (["optimize", "MODEL", "-o", "OUT", "--scheduler", "fifo"], "--scheduler fifo"),
+    (["batch", "MODEL", "-o", "OUT", "--executor", "dask"], "--executor dask: expected one of local, ray"),
+    (["batch", "MODEL", "-o", "OUT", "--address", "auto"], "--address auto: only with --executor ray"),
 ])
 def test_bad_input_gives_one_line_error_and_no_output(small_resnet, tmp_path, args, needle):
     out = tmp_path / "o.onnx"
