@@ -367,7 +367,8 @@ class Runner:
             filtering = self.cycle_filter and c.multi
             for b in c.builds:
                 res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
-                                    result=b.name, target=None if filtering else b.target)
+                                    result=b.name, target=None if filtering else b.target,
+                                    changed_only=b.changed_only)
                 new_nodes += res.new_nodes
                 r.budget -= res.new_nodes
                 applied += res.targeted  # an application that needs no union
@@ -375,10 +376,7 @@ class Runner:
                 cyclic_matches(g, c.pairs)
                 for t in ("_m",) + c.results:  # the unions read these
                     g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM _cyc)")
-            before = g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
-            for u in c.unions:
-                g.union_from(u)
-            applied += g.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
+            applied += sum(g.union_from(u) for u in c.unions)
             for b in c.builds:  # free the rule's intermediate tables before the next rule
                 g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
         t2 = time.perf_counter()

@@ -34,6 +34,8 @@ class Build:
     op: str
     source: str
     target: str | None = None  # source column with the pattern root a new top node goes into
+    changed_only: bool = False  # only the unions read the result: it keeps the rows whose node is not in
+    # their target e-class already (the others would queue no union)
 
 
 @dataclass(frozen=True)
@@ -349,10 +351,12 @@ def _sources(plan: list[dict], needs: dict[str, set[str]]) -> tuple[Build, ...]:
         needs[step["name"]] = carried
         if step["base"] != "_m":
             needs.setdefault(step["base"], set()).update(carried | step["refs"])
+    read = {step["base"] for step in plan} | {j.split()[1] for step in plan for j in step["joins"]}
     out = []
     for step in plan:
         carry = [f"m.{c}" for c in sorted(needs[step["name"]])]
         cols = ["m.mid AS rid", "m.mid"] + carry + step["cols"]
         out.append(Build(step["name"], step["op"], f"SELECT {', '.join(cols)} FROM {step['base']} m "
-                         f"{' '.join(step['joins'])}".rstrip(), step["target"]))
+                         f"{' '.join(step['joins'])}".rstrip(), step["target"],
+                         step["target"] is not None and step["name"] not in read))
     return tuple(out)

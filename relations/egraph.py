@@ -101,7 +101,7 @@ class EGraph:
 
     # ---------------------------------------------------------------- insert
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
-                    result: str = "_ins", target: str | None = None) -> InsertResult:
+                    result: str = "_ins", target: str | None = None, changed_only: bool = False) -> InsertResult:
         """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
         child columns and any attribute columns; omitted attributes take their defaults; leaves
         also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added.
@@ -115,6 +115,8 @@ class EGraph:
         is known to equal (the root of a rule's match): a new node goes straight into that e-class
         instead of a fresh one, which saves an e-class and a union per new node.  Its shape must
         agree with the e-class's (else ShapeConflict); a constant node makes the e-class constant.
+        ``changed_only`` (with ``target``): the result keeps only the rows whose node is not in their
+        target e-class (the rows a union still has to join), most rows of a late round dropped unwritten.
 
         Every row is looked up by key first (one left join); only keys not found pay for the shape
         rule's joins with ``eclass`` (except ops whose key canonicalisation needs shapes, and leaves).
@@ -132,6 +134,9 @@ class EGraph:
         # one with the least target, the LIMIT keeps the least keys, and ids follow the key order
         pick = f" ORDER BY {keysel}, {q(target)}" if target else ""
         extra = (target,) if target else ()
+        # changed_only: the result rows a union needs (node not in its target e-class)
+        moved = (lambda node, row: f" AND {node}out <> {row}{q(target)}") if target and changed_only else \
+            (lambda node, row: "")
         if not op.canon and not op.leaf:
             given = [a for a in op.attrs if a.name in src]
             repl = f" REPLACE ({', '.join(f'b.{q(a.name)}::{a.sql_type} AS {q(a.name)}' for a in given)})" if given else ""
@@ -139,24 +144,29 @@ class EGraph:
             cols = ", ".join([f"b.*{repl}"] + defaults)
             c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
                       f"LEFT JOIN {op.table} o ON {on}")
+            if not c.execute("SELECT count(*) FROM _keys WHERE out IS NULL").fetchall()[0][0]:
+                # every row's node is there already (common in late rounds): no shape rules to run
+                c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE true{moved('', '')}")
+                c.execute("DROP TABLE _keys")
+                return InsertResult(result)
             # one row per missing key (hashed, not sorted): any rid, the least target
             least = f", min({q(target)}) AS {q(target)}" if target else ""
             missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM _keys WHERE out IS NULL GROUP BY ALL"
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
                       f"{rule_select(op, missing, given=set(keys), carry=extra, valid_only=True)}")
-            fresh = "SELECT * FROM _cand"
+            fresh, made = "_cand", ["_keys", "_cand"]
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
             c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
                       f"{rule_select(op, source, given=src, carry=carried, valid_only=True)}")
-            fresh = (f"SELECT DISTINCT ON ({keysel}) * FROM _cand c WHERE NOT EXISTS "
-                     f"(SELECT 1 FROM {op.table} o WHERE {on}){pick}")
-        if limit is not None:  # the least keys, sorted for only when the limit cuts
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS {fresh}")
-            if c.execute("SELECT count(*) FROM _fresh").fetchall()[0][0] > limit:
-                c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT * FROM _fresh ORDER BY {keysel} "
-                          f"LIMIT {int(limit)}")
-            fresh = "SELECT * FROM _fresh"
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT DISTINCT ON ({keysel}) * FROM _cand c "
+                      f"WHERE NOT EXISTS (SELECT 1 FROM {op.table} o WHERE {on}){pick}")
+            fresh, made = "_fresh", ["_cand", "_fresh"]
+        if limit is not None and c.execute(f"SELECT count(*) FROM {fresh}").fetchall()[0][0] > limit:
+            # the least keys (sorted for only when the limit cuts)
+            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT * FROM {fresh} ORDER BY {keysel} "
+                      f"LIMIT {int(limit)}")
+            fresh, made = "_fresh", made + ["_fresh"]
         # new nodes numbered in key order (those with a fresh e-class first); a statement takes one
         # contiguous block of each sequence, so the block's least value plus that number is an id
         # that does not depend on the order in which threads happened to draw the values
@@ -167,7 +177,7 @@ class EGraph:
             f"CREATE OR REPLACE TEMP TABLE _new AS SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
             f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM (SELECT nextval('node_seq') AS _nid, "
             f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
-            f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM ({fresh})))")
+            f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM {fresh}))")
         new, targeted = c.execute("SELECT count(*), count(*) FILTER (tgt) FROM _new").fetchall()[0]
         if target:
             self._check_targets()
@@ -177,14 +187,15 @@ class EGraph:
         if new:
             self.live.add(op.table)
         if not op.canon and not op.leaf:
-            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE out IS NOT NULL "
-                      f"UNION ALL SELECT c.* REPLACE (o.out AS out) FROM _keys c JOIN _new o ON {on} "
-                      f"WHERE c.out IS NULL")
+            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE out IS NOT NULL"
+                      f"{moved('', '')} UNION ALL SELECT c.* REPLACE (o.out AS out) FROM _keys c JOIN _new o ON {on} "
+                      f"WHERE c.out IS NULL{moved('o.', 'c.')}")
         else:
             c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.* EXCLUDE (o_shape, o_dtype, o_const, "
-                      f"o_tshapes, o_tdtypes), o.out FROM _cand c JOIN {op.table} o ON {on}")
-        for t in ("_keys", "_cand", "_fresh", "_new"):  # large in big rounds: free them now
-            c.execute(f"DROP TABLE IF EXISTS {t}")
+                      f"o_tshapes, o_tdtypes), o.out FROM _cand c JOIN {op.table} o ON {on} WHERE true"
+                      f"{moved('o.', 'c.')}")
+        for t in dict.fromkeys(made + ["_new"]):  # large in big rounds: free them now
+            c.execute(f"DROP TABLE {t}")
         return InsertResult(result, new, targeted)
 
     def _check_targets(self) -> None:
@@ -263,9 +274,9 @@ class EGraph:
         finally:
             self.con.unregister("_pairs")
 
-    def union_from(self, source: str) -> None:
-        """Queue unions from a SELECT of (a, b) pairs."""
-        self.con.execute(f"INSERT INTO pending SELECT * FROM ({source}) p(a, b) WHERE a <> b")
+    def union_from(self, source: str) -> int:
+        """Queue unions from a SELECT of (a, b) pairs; returns the pairs queued."""
+        return self.con.execute(f"INSERT INTO pending SELECT * FROM ({source}) p(a, b) WHERE a <> b").fetchall()[0][0]
 
     def find(self, ids) -> np.ndarray:
         frame = {"i": np.arange(len(ids), dtype=np.int64), "x": np.asarray(ids, dtype=np.int64)}
@@ -382,6 +393,19 @@ class EGraph:
         if "op_opaque" in self.live:
             yield "op_opaque", (), ("inputs",), ("proto", "inputs")
 
+    def _touched(self, tables: list[tuple]) -> list[tuple]:
+        """The tables (of ``_tables()``) with a row over a displaced id, found in one statement: the
+        others need no rewriting."""
+        if not tables:
+            return []
+        parts = []
+        for table, fixed, var, _ in tables:
+            cols = [q(col) for col in fixed + ("out",)] + [f"unnest({q(col)})" for col in var]
+            ids = " UNION ALL ".join(f"SELECT {col} AS x FROM {table}" for col in cols)
+            parts.append(f"SELECT '{table}' AS t WHERE EXISTS (SELECT 1 FROM ({ids}) WHERE x IN (SELECT id FROM _map))")
+        hit = {t for (t,) in self.con.execute(" UNION ALL ".join(parts)).fetchall()}
+        return [entry for entry in tables if entry[0] in hit]
+
     def rebuild(self, ts: int | None = None) -> RebuildReport:
         """Apply pending unions and restore congruence, to a fixpoint; rows rewritten get round
         ``ts`` (when given) so that semi-naive matching treats them as new."""
@@ -403,7 +427,7 @@ class EGraph:
             self.pass_no += 1
             displaced_const |= self._merge_analyses()
             before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
-            for table, fixed, var, keys in list(self._tables()):
+            for table, fixed, var, keys in self._touched(list(self._tables())):
                 self._recanonicalize(table, fixed, var, keys, ts)
             report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
         for t in ("_adj", "_map", "_t", "_g"):
