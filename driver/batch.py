@@ -1,20 +1,30 @@
 """``relsat batch``: optimize every model of a folder or glob, in parallel, resumably.
 
-``run_batch(spec, outdir, ...)`` is the Python API and ``batch`` the typer command (the CLI
-registers it with ``app.command()(batch)``).  Each model runs the ``optimize`` pipeline
+``run_batch(spec, outdir, ...)`` is the Python API; the ``batch`` command of
+:mod:`relsat.driver.cli` calls it.  This module owns what a batch is whatever runs the models:
+finding and naming them, resume, the worker-side function that turns one model into the fields of
+its row (:func:`model_fields`), the parent-side :class:`Recorder` that commits a model's files and
+writes its row, the results table, CSV and summary; and the *local* executor (the default).  The
+*ray* executor (``executor="ray"``, :mod:`relsat.driver.batch_ray`) runs each model as a Ray task
+instead, on this machine or a cluster, through the same two functions.
+
+Local executor: each model runs the ``optimize`` pipeline
 (:func:`relsat.driver.optimize.optimize`) in its own worker process, started with the *spawn*
 method (DuckDB and ONNX Runtime are not fork-safe once used, and ``import onnxruntime`` already
 starts a thread).  At most ``jobs`` workers run at once.  A worker gets one model and then
 exits, so a model that runs past ``model_timeout`` is stopped by killing exactly its process
 (a ``concurrent.futures`` pool cannot kill one task without breaking every other one), and a
 model that crashes its process (a segfault, the OOM killer) is a failure of that model only.
+The workers store the costs they measure in the shared cost cache themselves (one DuckDB file,
+locked per call: :mod:`relsat.extract.cost_cache`).
 
 What goes into OUTDIR:
 
 - ``<name>.onnx`` the optimized model (with ``<name>.onnx.data`` when its tensors are stored
   externally), ``<name>.json`` its report and, with ``keep_db``, ``<name>.duckdb`` its e-graph.
   A worker never writes a file of OUTDIR under its final name: it writes them into its own hidden
-  stage folder ``OUTDIR/.<name>.stage-<pid>/`` and names that folder in its "done" message.  The
+  stage folder ``OUTDIR/.<name>.stage-<pid>/`` (``.stage-ray<N>`` for a Ray task) and names that
+  folder in its "done" message.  The
   parent then commits the model: it renames the staged files into place, hashes them (SHA-256)
   and only then writes the model's row, with the hashes (``output_sha256``: the ``.onnx`` file
   and its external data; ``report_sha256``; ``db_sha256`` with ``keep_db``).  When a model fails,
@@ -26,7 +36,7 @@ What goes into OUTDIR:
 - ``results.csv`` and ``summary.md``: the rows of the models of this run, rewritten atomically
   at the end (also after Ctrl-C).
 
-Killing the batch: the workers die with it, however it ends (SIGKILL included).  On Linux each
+Killing the batch (local executor): the workers die with it, however it ends (SIGKILL included).  On Linux each
 worker asks the kernel for SIGKILL when its parent exits (``prctl(PR_SET_PDEATHSIG)``, then a
 ``getppid`` check for a parent that died before the call); elsewhere, or should that fail, a
 watchdog thread in the worker exits it within about half a second of the parent's pid changing
@@ -46,8 +56,9 @@ kept)`` (``keep_db`` now, not then), or ``redone (no file hashes recorded)`` for
 a relsat that recorded none.  Failed models are
 attempted again (a time-out or a crash may not recur; a fixed environment may help);
 ``skip_failed`` skips them too when their key is unchanged, and ``force`` reruns everything.
-``jobs``, ``model_timeout`` and ``keep_db`` are not part of the options hash (but without a thread
-count given, ``jobs`` sets each worker's, :func:`worker_threads`, which is).
+``jobs``, ``model_timeout``, ``keep_db`` and the executor are not part of the options hash (but
+without a thread count given, ``jobs`` sets each worker's, :func:`worker_threads`, which is), so a
+batch started with one executor resumes with the other.
 
 Names: a model's name is its path relative to the folder (or, for a glob, to the common
 folder of the matches) without ``.onnx``, with ``/`` replaced by ``__``.  Files under OUTDIR
@@ -77,6 +88,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
@@ -280,7 +292,7 @@ def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     return worker, recorded, digest
 
 
-# ---------------------------------------------------------------- the worker (a child process)
+# ---------------------------------------------------------------- the worker side (either executor)
 
 
 def _outputs(outdir: Path, name: str) -> dict[str, Path]:
@@ -806,18 +818,15 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
                 continue
             todo.append(task)
         result = BatchResult(outdir, [], skipped=len(rows))
-        rec = Recorder(outdir, keep_db, common, results, rows, result, on_result, console, len(todo))
         try:
-            if executor == "ray" and todo:
-                from .batch_ray import schedule_ray
-
-                schedule_ray(todo, rec, worker_options, jobs, model_timeout or None, address)
-            else:
-                _schedule_local(todo, rec, worker_options, jobs, model_timeout or None)
+            with _executor(executor, address, todo) as schedule:
+                rec = Recorder(outdir, keep_db, common, results, rows, result, on_result, console, len(todo))
+                try:
+                    schedule(todo, rec, worker_options, jobs, model_timeout or None)
+                finally:
+                    rec.close()
         except KeyboardInterrupt:
             result.interrupted = True
-        finally:
-            rec.close()
         result.rows = [rows[t.name] for t in sorted(tasks, key=lambda t: t.name) if t.name in rows]
         result.failed = sum(r["status"] == "failed" for r in result.rows)
         result.seconds = time.perf_counter() - t0
@@ -826,6 +835,19 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         return result
     finally:
         lock.close()
+
+
+@contextmanager
+def _executor(executor: str, address: str | None, todo):
+    """The function that runs ``todo``: the local executor's, or, when there is something to run,
+    the Ray executor's, connected to Ray before any progress is drawn and disconnected after."""
+    if executor == "ray" and todo:
+        from .batch_ray import ray_executor
+
+        with ray_executor(address) as schedule:
+            yield schedule
+    else:
+        yield _schedule_local
 
 
 # ---------------------------------------------------------------- the local executor

@@ -36,7 +36,9 @@ import tempfile
 import time
 import warnings
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from .batch import ModelTask, Recorder, _one_line, _remove_temps, _stage_dir, model_fields, timeout_reason
@@ -175,66 +177,73 @@ def _cancel(ray, run: _Remote) -> None:
         pass
 
 
-def schedule_ray(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: int, model_timeout: float | None,
-                 address: str | None) -> None:
-    """Run ``todo`` as Ray tasks, at most ``jobs`` at once, recording each model through ``rec``."""
+@contextmanager
+def ray_executor(address: str | None):
+    """Connect to Ray (:func:`_connect`) and give the function that runs a batch's models on it;
+    disconnect at the end if this connected."""
     ray = require_ray()
     shutdown = _connect(ray, address)
+    try:
+        yield partial(_schedule, ray)
+    finally:
+        if shutdown:
+            ray.shutdown()
+
+
+def _schedule(ray, todo: deque[ModelTask], rec: Recorder, options: dict, jobs: int,
+              model_timeout: float | None) -> None:
+    """Run ``todo`` as Ray tasks, at most ``jobs`` at once, recording each model through ``rec``."""
     remote = ray.remote(max_retries=0)(_optimize_task)
     num_cpus = options.get("threads") or 1
     outdir, keep_db = rec.outdir, rec.keep_db
     running: dict[int, _Remote] = {}  # by id() of the generator
     submitted = 0
-    try:
-        with tempfile.TemporaryDirectory(prefix="relsat-batch-") as tmp:
-            costs = _Costs(ray, Path(tmp)) if options["cost_model"] == "measured" else None
-            try:
-                while todo or running:
-                    while todo and len(running) < jobs:
-                        task = todo.popleft()
-                        tag = f"ray{submitted}"
-                        submitted += 1
-                        gen = remote.options(num_cpus=num_cpus, name=f"relsat-batch-{task.name}").remote(
-                            task, outdir, options, keep_db, tag, costs.seed() if costs else None)
-                        running[id(gen)] = _Remote(task, gen, _stage_dir(outdir, task.name, tag), time.monotonic())
-                        rec.status(task, "waiting for a Ray worker")
-                    deadlines = [r.deadline for r in running.values() if r.deadline is not None]
-                    wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
-                    ready, _ = ray.wait([r.gen for r in running.values()], num_returns=1, timeout=wait_s)
-                    for gen in ready:
-                        run = running[id(gen)]
-                        try:
-                            msg = ray.get(next(gen))
-                        except Exception as e:  # a Ray error: the worker died, or the task raised
-                            del running[id(gen)]
-                            rec.finish(run.task, dict(_failure(ray, e), status="failed",
-                                                      wall_s=time.monotonic() - run.started))
-                            continue
-                        if msg[0] == "started":
-                            run.started = time.monotonic()
-                            run.deadline = run.started + model_timeout if model_timeout else None
-                            rec.status(run.task, f"running on {msg[1]}")
-                        else:
-                            del running[id(gen)]
-                            fields, stage, added = msg[1:]
-                            if added is not None:
-                                rec.result.costs_merged += costs.merge(run.task.name, added)
-                            rec.finish(run.task, fields, stage, run.expected)
-                    now = time.monotonic()
-                    for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
-                        _cancel(ray, run)
-                        del running[id(run.gen)]
-                        rec.finish(run.task, {"status": "failed", "wall_s": now - run.started,
-                                              "reason": timeout_reason(model_timeout)})
-            finally:
-                for run in list(running.values()):  # Ctrl-C or an error here: no tasks left, no half files
+    with tempfile.TemporaryDirectory(prefix="relsat-batch-") as tmp:
+        costs = _Costs(ray, Path(tmp)) if options["cost_model"] == "measured" else None
+        try:
+            while todo or running:
+                while todo and len(running) < jobs:
+                    task = todo.popleft()
+                    tag = f"ray{submitted}"
+                    submitted += 1
+                    gen = remote.options(num_cpus=num_cpus, name=f"relsat-batch-{task.name}").remote(
+                        task, outdir, options, keep_db, tag, costs.seed() if costs else None)
+                    running[id(gen)] = _Remote(task, gen, _stage_dir(outdir, task.name, tag), time.monotonic())
+                    rec.status(task, "waiting for a Ray worker")
+                deadlines = [r.deadline for r in running.values() if r.deadline is not None]
+                wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
+                ready, _ = ray.wait([r.gen for r in running.values()], num_returns=1, timeout=wait_s)
+                for gen in ready:
+                    run = running[id(gen)]
+                    try:
+                        msg = ray.get(next(gen))
+                    except Exception as e:  # a Ray error: the worker died, or the task raised
+                        del running[id(gen)]
+                        rec.finish(run.task, dict(_failure(ray, e), status="failed",
+                                                  wall_s=time.monotonic() - run.started))
+                        continue
+                    if msg[0] == "started":
+                        run.started = time.monotonic()
+                        run.deadline = run.started + model_timeout if model_timeout else None
+                        rec.status(run.task, f"running on {msg[1]}")
+                    else:
+                        del running[id(gen)]
+                        fields, stage, added = msg[1:]
+                        if added is not None:
+                            rec.result.costs_merged += costs.merge(run.task.name, added)
+                        rec.finish(run.task, fields, stage, run.expected)
+                now = time.monotonic()
+                for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
                     _cancel(ray, run)
-                    _remove_temps(outdir, run.task.name)
-            if rec.result.costs_merged:
-                from rich.markup import escape
+                    del running[id(run.gen)]
+                    rec.finish(run.task, {"status": "failed", "wall_s": now - run.started,
+                                          "reason": timeout_reason(model_timeout)})
+        finally:
+            for run in list(running.values()):  # Ctrl-C or an error here: no tasks left, no half files
+                _cancel(ray, run)
+                _remove_temps(outdir, run.task.name)
+        if rec.result.costs_merged:
+            from rich.markup import escape
 
-                rec.print(f"merged {rec.result.costs_merged} cost rows measured by the Ray tasks into "
-                          f"{escape(str(costs.cache.path))}")
-    finally:
-        if shutdown:
-            ray.shutdown()
+            rec.print(f"merged {rec.result.costs_merged} cost rows measured by the Ray tasks into "
+                      f"{escape(str(costs.cache.path))}")

@@ -455,8 +455,9 @@ def rules_generate(
 def batch(
     models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
     outdir: Path = typer.Option(..., "-o", "--output", help="output folder: models, reports, results table"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="models optimized at once, one worker process each "
-                                                   "(more than 1 perturbs measured costs and latencies)"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="models optimized at once, one worker process (or Ray task) "
+                                                   "each (more than 1 on one machine perturbs measured costs "
+                                                   "and latencies)"),
     model_timeout: float = typer.Option(DEFAULT_MODEL_TIMEOUT_S, "--model-timeout",
                                         help="seconds per model before its worker is killed (0: no limit)"),
     keep_db: bool = typer.Option(False, "--keep-db", help="keep each e-graph as OUTDIR/NAME.duckdb"),

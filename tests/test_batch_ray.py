@@ -62,6 +62,8 @@ def test_costs_a_ray_task_measures_are_merged_into_the_drivers_cache(local_ray, 
     assert again.ok and again.rows[0]["this_run"] == "optimized"
     assert (rep["profiled"], rep["cached"], again.costs_merged) == (0, rep["profile"]["signatures"], 0)
     assert CostCache(cache).count() == first.costs_merged
+    # the executor is not part of a model's key: the local executor resumes what Ray did
+    assert B.run_batch(tmp_path / "m", out, **FAST).rows[0]["this_run"] == "skipped (done)"
 
 
 def test_ray_model_timeout_cancels_the_task_and_removes_stale_outputs(local_ray, tmp_path):
