@@ -26,6 +26,10 @@ What runs where:
   worker process).  A task whose worker dies (a crash, the OOM killer) is that model's failure;
   tasks are never retried.  Ray reuses its worker processes across models, so the imports are paid
   once per worker, not once per model as with the local executor.
+- Ctrl-C cancels the tasks in flight and removes their stage folders.  A driver killed with SIGKILL
+  takes a Ray instance it started down with it, task workers included (seen with Ray 2.60: two of
+  its agent processes, ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, outlived it); the
+  stage folders left are removed by the next run, as with the local executor.
 """
 
 from __future__ import annotations
