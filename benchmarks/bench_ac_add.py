@@ -2,6 +2,7 @@
 relsat beside egglog saturating the same two rules.
 
     python -m relsat.benchmarks.bench_ac_add [--n 8 9 10 11] [--no-egglog] [--timeout S]
+    python -m relsat.benchmarks.bench_ac_add --cli --n 10 11 12 13
 
 Saturating Add(...Add(Add(x0, x1), x2)..., x{n-1}) with exactly commutativity and
 associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.  Each
@@ -9,6 +10,11 @@ associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.
 included; ``base_mib`` is the RSS before saturation) is its own, under a wall-clock cap: a run
 that passes it is reported with ``seconds = None``.  ``series()`` returns the rows for other
 benchmarks (``benchmarks/compare.py``); ``main`` prints them as a Markdown table.
+
+``--cli`` checks the user's path instead: the chain is written as an ONNX model and optimized by
+``relsat optimize --rules ac-add`` with the default scheduler and iteration limit (node and time
+limits raised, greedy extraction over analytic costs so that extracting from millions of e-nodes
+is not what is timed), and the counts are read from the ``enodes`` view of its ``--db`` file.
 """
 
 from __future__ import annotations
@@ -140,6 +146,53 @@ def series(ns, with_egglog: bool = True, timeout: float = 600.0, memory_limit: s
     return rows
 
 
+def chain_model(n: int):
+    """Add(...Add(Add(x0, x1), x2)..., x{n-1}) over float[4] inputs, as an ONNX model."""
+    from onnx import TensorProto, helper
+
+    xs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [4]) for i in range(n)]
+    nodes, acc = [], "x0"
+    for i in range(1, n):
+        out = f"s{i}" if i < n - 1 else "y"
+        nodes.append(helper.make_node("Add", [acc, f"x{i}"], [out]))
+        acc = out
+    graph = helper.make_graph(nodes, f"chain{n}", xs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
+    """``relsat optimize chain{n}.onnx --rules ac-add`` with the default scheduler and iteration limit;
+    the counts from the ``enodes`` view of ``--db``."""
+    import duckdb
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="relsat-chain-") as tmp:
+        d = Path(tmp)
+        onnx.save(chain_model(n), d / "chain.onnx")
+        cmd = ["relsat", "optimize", str(d / "chain.onnx"), "-o", str(d / "out.onnx"), "--rules", "ac-add",
+               "--node-limit", str(10**9), "--time-limit", str(10**6), "--extractor", "greedy",
+               "--cost-model", "analytic", "--db", str(d / "chain.duckdb"), "--report", str(d / "report.json")]
+        if memory_limit:
+            cmd += ["--memory-limit", memory_limit, "--temp-dir", str(d / "spill")]
+        t = time.perf_counter()
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"n": n, "exact": False, "note": f"killed after {timeout:g} s"}
+        wall = time.perf_counter() - t
+        if res.returncode != 0:
+            return {"n": n, "exact": False, "note": (res.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+        rep = json.loads((d / "report.json").read_text())
+        con = duckdb.connect(str(d / "chain.duckdb"), read_only=True)
+        nodes, classes = con.execute("SELECT count(*), count(DISTINCT eclass) FROM enodes WHERE op = 'Add'").fetchall()[0]
+        con.close()
+    return {"n": n, "rounds": len(rep["iterations"]), "stop": rep["stop_reason"], "eclasses": classes,
+            "enodes": nodes, "exact": (classes, nodes) == exact_counts(n),
+            "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2)}
+
+
 def _cell(v) -> str:
     return "-" if v is None else str(v)
 
@@ -151,8 +204,18 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock cap per run, seconds")
     p.add_argument("--memory-limit", default="12GB", help="DuckDB memory_limit for the relsat runs")
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
+    p.add_argument("--cli", action="store_true", help="through `relsat optimize` with default scheduler and rounds")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.cli:
+        print("| n | rounds | stop | Add e-classes | Add e-nodes | exact | saturation s | wall s | note |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for n in args.n:
+            row = run_cli(n, args.timeout, args.memory_limit)
+            print(" | ".join([""] + [_cell(row.get(k)) for k in ("n", "rounds", "stop", "eclasses", "enodes", "exact",
+                                                                  "saturation_s", "wall_s", "note")]).strip() + " |",
+                  flush=True)
+        return
     if args.one:
         system, n = args.one[0], int(args.one[1])
         row = run_relsat(n, args.memory_limit) if system == "relsat" else run_egglog(n)
