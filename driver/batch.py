@@ -24,10 +24,10 @@ What goes into OUTDIR:
   externally), ``<name>.json`` its report and, with ``keep_db``, ``<name>.duckdb`` its e-graph.
   A worker never writes a file of OUTDIR under its final name: it writes them into its own hidden
   stage folder ``OUTDIR/.<name>.stage-<pid>/`` (``.stage-ray<N>`` for a Ray task) and names that
-  folder in its "done" message.  The
-  parent then commits the model: it renames the staged files into place, hashes them (SHA-256)
-  and only then writes the model's row, with the hashes (``output_sha256``: the ``.onnx`` file
-  and its external data; ``report_sha256``; ``db_sha256`` with ``keep_db``).  When a model fails,
+  folder in its "done" message.  The parent then commits the model: it renames the staged files
+  into place, hashes them (SHA-256) and only then writes the model's row, with the hashes
+  (``output_sha256``: the ``.onnx`` file and its external data; ``report_sha256``; ``db_sha256``
+  with ``keep_db``).  When a model fails,
   the files of any earlier success of that name are removed.
 - ``results.duckdb``, table ``results``: one row per model name (its latest attempt), written
   by this process only, after every model (a batch that is interrupted keeps what it did).
@@ -36,15 +36,15 @@ What goes into OUTDIR:
 - ``results.csv`` and ``summary.md``: the rows of the models of this run, rewritten atomically
   at the end (also after Ctrl-C).
 
-Killing the batch (local executor): the workers die with it, however it ends (SIGKILL included).  On Linux each
-worker asks the kernel for SIGKILL when its parent exits (``prctl(PR_SET_PDEATHSIG)``, then a
-``getppid`` check for a parent that died before the call); elsewhere, or should that fail, a
-watchdog thread in the worker exits it within about half a second of the parent's pid changing
-or its end of the pipe closing.  (The death signal follows the parent *thread* that started the
-worker: ``run_batch`` starts, waits for and joins its workers in the thread that called it, so
-that thread outlives them.)  A killed batch leaves at most stage folders and, if it died inside a
-commit, files that do not match their row; the next run removes the former and redoes the
-latter.
+Killing the batch (local executor; for Ray see :mod:`relsat.driver.batch_ray`): the workers die
+with it, however it ends (SIGKILL included).  On Linux each worker asks the kernel for SIGKILL when
+its parent exits (``prctl(PR_SET_PDEATHSIG)``, then a ``getppid`` check for a parent that died
+before the call); elsewhere, or should that fail, a watchdog thread in the worker exits it within
+about half a second of the parent's pid changing or its end of the pipe closing.  (The death signal
+follows the parent *thread* that started the worker: ``run_batch`` starts, waits for and joins its
+workers in the thread that called it, so that thread outlives them.)  A killed batch leaves at most
+stage folders and, if it died inside a commit, files that do not match their row; the next run
+removes the former and redoes the latter.
 
 Resume: a model is skipped when the table holds an ``ok`` row with the same model-file hash
 (SHA-256 of the ``.onnx`` file and of any external-data files it names) and the same options
