@@ -37,7 +37,8 @@ count and says whether they are applied (not applied: the rule is banned, shown 
 ``SimpleScheduler`` runs every rule every round; ``BackoffScheduler`` (the
 default) bans a rule whose matches exceed its threshold for a few rounds, both
 doubling each time, and fast-forwards the bans when a round changes nothing (the
-earliest ban ends at once), so no round idles waiting for a ban to run out.
+earliest ban ends at once, and the rule it held is not banned again at once), so no
+round idles waiting for a ban to run out.
 ``Runner(scheduler=...)`` takes ``"simple"``, ``"backoff"`` (built from
 ``match_limit`` and ``ban_length``) or a ``Scheduler``.
 
@@ -142,6 +143,7 @@ class SimpleScheduler(Scheduler):
 class _Ban:
     until: int = -1  # banned through this round
     times: int = 0  # bans so far
+    forced: bool = False  # released by a fast-forward: its next matches are applied whatever their count
 
 
 class BackoffScheduler(Scheduler):
@@ -164,7 +166,8 @@ class BackoffScheduler(Scheduler):
 
     def matched(self, round: int, rule: Compiled, matches: int) -> bool:
         ban = self._ban(rule)
-        if matches <= self.match_limit << ban.times:
+        if matches <= self.match_limit << ban.times or ban.forced:
+            ban.forced = False
             return True
         ban.until = round + (self.ban_length << ban.times)
         ban.times += 1
@@ -174,13 +177,16 @@ class BackoffScheduler(Scheduler):
     def can_stop(self, round: int) -> bool:
         """A quiet round is saturation only when no rule is banned; otherwise the bans are
         fast-forwarded (egg's ``can_stop``): the earliest still running ends now and the others are
-        shortened by as much, so the next round runs that rule instead of waiting quiet rounds out."""
+        shortened by as much, so the next round runs that rule instead of waiting quiet rounds out.
+        A rule released so is not banned again at once (unlike egg): with nothing else left to do, a
+        ban would only cost another quiet round and another match of the same rows."""
         pending = [b for b in self._bans.values() if b.until > round]
         if not pending:
             return not self._held.get(round, False)
         skip = min(b.until for b in pending) - round
         for b in pending:
             b.until -= skip
+            b.forced = b.until == round
         return False
 
 
