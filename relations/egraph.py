@@ -14,8 +14,8 @@ Every operation is a fixed number of SQL statements per operator table:
 * ``union(a, b)`` queues pairs; ``rebuild()`` merges them: connected components
   by min-label propagation (one recursive CTE keyed by node), analyses merged (a
   shape conflict is an error naming both e-classes), the union-find table
-  (displaced ids only) extended, and per op table the rows touching a displaced
-  id rewritten and regrouped by key (congruent rows collapse to the oldest, their
+  (displaced ids only) extended, and in each op table that holds a row over a
+  displaced id (one statement finds them) those rows rewritten and regrouped by key (congruent rows collapse to the oldest, their
   e-classes queued for union), the whole table when most rows move, repeated
   until nothing new is unioned.  Nothing runs when nothing was unioned.
 
