@@ -16,6 +16,7 @@ from relsat.driver.cli import app
 from relsat.driver.errors import RelsatError
 from relsat.driver.onnx_import import import_model
 from relsat.driver.optimize import optimize
+from relsat.driver.options import DEFAULTS
 from relsat.programs.rulesets import load_rule_list
 from relsat.driver.runner import Limits, Runner
 from relsat.extract.analytic import analytic_costs, problem_from
@@ -41,7 +42,7 @@ def cache_env(tmp_path, monkeypatch):
 def saturated(model, rules=("default",), node_limit=2000):
     g = EGraph()
     imported = import_model(model, egraph=g)
-    Runner(g, load_rule_list(rules), Limits(6, node_limit, 60.0, 1)).run()
+    Runner(g, load_rule_list(rules), Limits(6, node_limit, 60.0, DEFAULTS.multi_rounds)).run()  # as optimize does
     return g, imported
 
 
