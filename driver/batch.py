@@ -2,11 +2,13 @@
 
 ``run_batch(spec, outdir, ...)`` is the Python API; the ``batch`` command of
 :mod:`relsat.driver.cli` calls it.  This module owns what a batch is whatever runs the models:
-finding and naming them, resume, the worker-side function that turns one model into the fields of
-its row (:func:`model_fields`), the parent-side :class:`Recorder` that commits a model's files and
-writes its row, the results table, CSV and summary; and the *local* executor (the default).  The
-*ray* executor (``executor="ray"``, :mod:`relsat.driver.batch_ray`) runs each model as a Ray task
-instead, on this machine or a cluster, through the same two functions.
+finding and naming them, resume, the CSV and the summary; and the *local* executor (the default).
+One model's way from its run to its row is :mod:`relsat.driver.batch_model`'s, for both executors:
+the worker-side :func:`~relsat.driver.batch_model.model_fields` turns a model into the fields of
+its row, the parent-side :class:`~relsat.driver.batch_model.Recorder` commits its files and writes
+the row to the results table.  The *ray* executor (``executor="ray"``,
+:mod:`relsat.driver.batch_ray`) runs each model as a Ray task instead, on this machine or a
+cluster, through the same two.
 
 Local executor: each model runs the ``optimize`` pipeline
 (:func:`relsat.driver.optimize.optimize`) in its own worker process, started with the *spawn*
@@ -81,12 +83,10 @@ import io
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,6 +94,8 @@ from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
 from typing import Callable
 
+from .batch_model import (COLUMN_NAMES, BatchResult, ModelTask, Recorder, Results, model_fields, output_hashes,
+                          remove_temps, sha256_file, stage_dir, timeout_reason)
 from .errors import RelsatError
 from .options import DEFAULTS, Options, all_cores
 from .outputs import write_text_atomic
@@ -107,70 +109,6 @@ def worker_threads(jobs: int) -> int:
     """The default intra-op threads of each of ``jobs`` workers: the cores shared among them,
     ``max(1, cores // jobs)`` (``run_batch`` refuses ``jobs`` < 1)."""
     return max(1, all_cores() // max(1, jobs))
-
-# the results table: (column, DuckDB type); the order is the CSV's
-COLUMNS = [
-    ("model", "VARCHAR PRIMARY KEY"),
-    ("status", "VARCHAR"),  # ok | failed
-    ("reason", "VARCHAR"),  # one line, for failures
-    ("speedup", "DOUBLE"),  # before / after (> 1 is faster)
-    ("speedup_source", "VARCHAR"),  # measured latency | predicted cost (<cost model>)
-    ("latency_before_ms", "DOUBLE"),
-    ("latency_after_ms", "DOUBLE"),
-    ("cost_before", "DOUBLE"),
-    ("cost_after", "DOUBLE"),
-    ("cost_model", "VARCHAR"),
-    ("written", "VARCHAR"),  # optimized | original (the latency guard kept the original graph)
-    ("optimizer_s", "DOUBLE"),  # the pipeline's phases summed (import .. verify)
-    ("wall_s", "DOUBLE"),  # the worker from start to end, process start included
-    ("enodes", "BIGINT"),
-    ("eclasses", "BIGINT"),
-    ("rounds", "INTEGER"),
-    ("stop_reason", "VARCHAR"),
-    ("nodes_in", "INTEGER"),
-    ("nodes_out", "INTEGER"),
-    ("top_rules", "VARCHAR"),  # the rules applied most: "name xN, ..."
-    ("rules_applied", "JSON"),
-    ("max_abs_err", "DOUBLE"),
-    ("path", "VARCHAR"),
-    ("file_sha256", "VARCHAR"),
-    ("options_sha256", "VARCHAR"),
-    ("options", "JSON"),
-    ("output", "VARCHAR"),
-    ("report", "VARCHAR"),
-    ("db", "VARCHAR"),
-    ("output_sha256", "VARCHAR"),  # SHA-256 of the files as committed (output: with its external data)
-    ("report_sha256", "VARCHAR"),
-    ("db_sha256", "VARCHAR"),
-    ("phases_s", "JSON"),
-    ("detail", "VARCHAR"),  # traceback of an unexpected error
-    ("finished_at", "TIMESTAMP"),
-]
-COLUMN_NAMES = [c for c, _ in COLUMNS]
-
-
-@dataclass
-class ModelTask:
-    name: str
-    path: Path
-    file_sha256: str = ""
-    redo: str = ""  # why a model done earlier is optimized again (its files do not match its row)
-
-
-@dataclass
-class BatchResult:
-    outdir: Path
-    rows: list[dict]  # one per model of this run, sorted by name, with "this_run" added
-    ran: int = 0
-    skipped: int = 0
-    failed: int = 0  # rows of this run whose status is failed (skipped ones included)
-    seconds: float = 0.0
-    interrupted: bool = False
-    costs_merged: int = 0  # cost rows the Ray workers measured, merged into the cost cache here
-
-    @property
-    def ok(self) -> bool:
-        return self.failed == 0 and not self.interrupted
 
 
 # ---------------------------------------------------------------- inputs, names, hashes
@@ -214,18 +152,10 @@ def find_models(spec: str | os.PathLike, outdir: Path | None = None) -> list[Mod
     return tasks
 
 
-def _sha256_file(path: Path, h=None):
-    h = h or hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h
-
-
 def model_hash(path: Path) -> str:
     """SHA-256 of the model file and, in order, of the external-data files it names (a file that
     does not parse as ONNX is hashed as bytes: it will fail, and a changed file is a new key)."""
-    h = _sha256_file(path)
+    h = sha256_file(path)
     try:
         import onnx
 
@@ -240,7 +170,7 @@ def model_hash(path: Path) -> str:
             target = path.parent / loc
             h.update(b"\0external:" + loc.encode())
             if target.is_file():
-                _sha256_file(target, h)
+                sha256_file(target, h)
     except Exception:
         pass
     return h.hexdigest()
@@ -286,78 +216,10 @@ def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     worker = opts.replace(rules=tuple(str(f.resolve()) for f in files), check_rules=False).as_dict()
     recorded = {k: list(v) if isinstance(v, tuple) else v for k, v in opts.as_dict().items() if k != "check_rules"}
     keyed = dict(recorded, relsat=__version__,
-                 rules=[[name, [_sha256_file(src).hexdigest() for src in rule_sources([str(f)])]]
+                 rules=[[name, [sha256_file(src).hexdigest() for src in rule_sources([str(f)])]]
                         for name, f in zip(opts.rules, files)])  # included files too
     digest = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()
     return worker, recorded, digest
-
-
-# ---------------------------------------------------------------- the worker side (either executor)
-
-
-def _outputs(outdir: Path, name: str) -> dict[str, Path]:
-    return {"output": outdir / f"{name}.onnx", "report": outdir / f"{name}.json", "db": outdir / f"{name}.duckdb"}
-
-
-def _companions(outdir: Path, name: str) -> dict[str, Path]:
-    """The files that go with the outputs: an external-data model's tensors (``save_model_atomic``
-    writes them to ``<name>.onnx.data``) and an e-graph's WAL."""
-    return {"output": outdir / f"{name}.onnx.data", "db": outdir / f"{name}.duckdb.wal"}
-
-
-def _stage_dir(outdir: Path, name: str, tag: int | str) -> Path:
-    """The folder a worker writes a model's files to: hidden, one per attempt (``tag``: the local
-    worker's pid, or the number the Ray executor gives the task)."""
-    return outdir / f".{name}.stage-{tag}"
-
-
-def _temp_paths(outdir: Path, name: str) -> list[Path]:
-    """Temporary files and folders of a model: worker stage folders, and what older relsat
-    versions and ``save_model_atomic`` leave when killed."""
-    stem = globlib.escape(str(outdir / f".{name}"))
-    paths = []
-    for pattern in (".stage-*", ".onnx.*", ".json.*.tmp", ".duckdb.tmp-*"):
-        paths += [Path(p) for p in globlib.glob(stem + pattern)]
-    return paths
-
-
-def _remove_paths(paths) -> None:
-    for p in paths:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-
-
-def _remove_temps(outdir: Path, name: str) -> None:
-    _remove_paths(_temp_paths(outdir, name))
-
-
-def _remove_outputs(outdir: Path, name: str) -> None:
-    """Remove a model's outputs and any temporary files a killed worker left."""
-    _remove_paths([*_outputs(outdir, name).values(), *_companions(outdir, name).values(),
-                   *_temp_paths(outdir, name)])
-
-
-def _hash_with_companion(path: Path, companion: Path) -> str:
-    h = _sha256_file(path)
-    if companion.is_file():
-        h.update(b"\0companion:" + companion.name.encode())
-        _sha256_file(companion, h)
-    return h.hexdigest()
-
-
-def output_hashes(outdir: Path, name: str, keep_db: bool) -> dict[str, str | None]:
-    """SHA-256 of a model's files in OUTDIR as the results table records them: ``output_sha256``
-    (the ``.onnx`` file and its external data), ``report_sha256`` (the ``.json``) and, with
-    ``keep_db``, ``db_sha256`` (the e-graph and its WAL).  A missing file hashes to None."""
-    outs, comp = _outputs(outdir, name), _companions(outdir, name)
-    return {
-        "output_sha256": _hash_with_companion(outs["output"], comp["output"]) if outs["output"].is_file() else None,
-        "report_sha256": _sha256_file(outs["report"]).hexdigest() if outs["report"].is_file() else None,
-        "db_sha256": (_hash_with_companion(outs["db"], comp["db"]) if outs["db"].is_file() else None)
-        if keep_db else None,
-    }
 
 
 def _files_disagree(outdir: Path, prev: dict, keep_db: bool) -> str | None:
@@ -373,121 +235,6 @@ def _files_disagree(outdir: Path, prev: dict, keep_db: bool) -> str | None:
     if any(now[k] != prev[k] for k in keys):
         return "files changed"
     return None
-
-
-def _commit(outdir: Path, name: str, stage: Path, keep_db: bool) -> dict:
-    """Parent side: move a worker's files from its stage folder into OUTDIR (stale companions of
-    an earlier result removed) and return the row fields naming and hashing them.  The caller
-    writes the row after this: a parent killed in between leaves files that do not match the
-    row, and the next run redoes the model."""
-    outs, comp = _outputs(outdir, name), _companions(outdir, name)
-    if not (stage / outs["output"].name).is_file() or not (stage / outs["report"].name).is_file():
-        raise RelsatError(f"internal error: the worker reported success but left no {outs['output'].name} "
-                          f"and {outs['report'].name} in {stage.name}")
-    if keep_db and not (stage / outs["db"].name).is_file():
-        raise RelsatError(f"internal error: the worker left no e-graph {outs['db'].name} in {stage.name}")
-    moves = [outs["output"], comp["output"], outs["report"]] + ([outs["db"], comp["db"]] if keep_db else [])
-    for final in moves:
-        staged = stage / final.name
-        if staged.is_file():
-            os.replace(staged, final)
-        else:  # a companion the new result does not have
-            final.unlink(missing_ok=True)
-    if not keep_db:  # an e-graph of an earlier attempt no longer goes with these files
-        _remove_paths([outs["db"], comp["db"]])
-    shutil.rmtree(stage, ignore_errors=True)
-    return dict(output_hashes(outdir, name, keep_db), output=str(outs["output"]), report=str(outs["report"]),
-                db=str(outs["db"]) if keep_db else None)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _latencies(rep: dict) -> tuple[float | None, float | None]:
-    """Measured latencies (ms) before and after, from the report, when it has them."""
-    def num(v):
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    for before_key, after_key in (("latency_before_ms", "latency_after_ms"), ("latency_before", "latency_after")):
-        if num(rep.get(before_key)) and num(rep.get(after_key)):
-            return num(rep[before_key]), num(rep[after_key])
-    for key in ("latency", "latency_ms", "measured", "measurement"):
-        sub = rep.get(key)
-        if isinstance(sub, dict):
-            for b, a in (("before_ms", "after_ms"), ("original_ms", "optimized_ms"), ("before", "after"),
-                         ("original", "optimized")):
-                if num(sub.get(b)) and num(sub.get(a)):
-                    return num(sub[b]), num(sub[a])
-    return None, None
-
-
-def row_from_report(rep: dict) -> dict:
-    """The results-table fields one optimize report gives."""
-    before, after = _latencies(rep)
-    cost_model = rep.get("cost_model")
-    if before and after:
-        speedup, source = before / after, "measured latency"
-    elif rep.get("cost_before") and rep.get("cost_after"):
-        speedup, source = rep["cost_before"] / rep["cost_after"], f"predicted cost ({cost_model})"
-    else:
-        speedup, source = None, None
-    applied = rep.get("rules_applied") or {}
-    top = sorted(((k, v) for k, v in applied.items() if v), key=lambda kv: -kv[1])[:3]
-    phases = rep.get("phases_s") or {}
-    return {
-        "speedup": speedup, "speedup_source": source, "latency_before_ms": before, "latency_after_ms": after,
-        "cost_before": rep.get("cost_before"), "cost_after": rep.get("cost_after"), "cost_model": cost_model,
-        "written": rep.get("written", "optimized"),
-        "optimizer_s": float(sum(phases.values())) if phases else None,
-        "enodes": rep.get("enodes"), "eclasses": rep.get("eclasses"),
-        "rounds": len(rep.get("iterations") or []), "stop_reason": rep.get("stop_reason"),
-        "nodes_in": rep.get("nodes_in"), "nodes_out": rep.get("nodes_out"),
-        "top_rules": ", ".join(f"{k} x{v}" for k, v in top), "rules_applied": json.dumps(applied),
-        "max_abs_err": (rep.get("verification") or {}).get("max_abs_err"), "phases_s": json.dumps(phases),
-    }
-
-
-def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, keep_db: bool, on_round,
-                  on_status, cost_cache) -> dict:
-    """Optimize one model, writing its files under their final names into ``stage`` only (the
-    parent moves them into ``outdir``); return the row fields of its report."""
-    from .optimize import optimize
-
-    shutil.rmtree(stage, ignore_errors=True)  # a stale one of an earlier process with this pid
-    stage.mkdir()
-    outs = _outputs(outdir, task.name)
-    staged = {k: stage / p.name for k, p in outs.items()}
-    # the final file names inside the stage folder: an external-data model names its data file
-    # after the model file, so it stays valid once both are moved into OUTDIR
-    result = optimize(task.path, Options(**options), output=staged["output"],
-                      db=staged["db"] if keep_db else None, on_round=on_round, on_status=on_status,
-                      cost_cache=cost_cache)
-    rep = result.report.as_dict()
-    rep.update(input=str(task.path), output=str(outs["output"]), model=task.name, file_sha256=task.file_sha256)
-    staged["report"].write_text(json.dumps(rep, indent=2, default=str))
-    return row_from_report(rep)
-
-
-def model_fields(task: ModelTask, outdir: Path, options: dict, keep_db: bool, stage: Path, *,
-                 on_round=None, on_status=None, cost_cache=None) -> dict:
-    """Worker side, whatever the executor: optimize one model into ``stage`` and return the fields
-    of its row: ``status`` ok (with the report's fields) or failed (with a one-line ``reason``, and
-    the traceback as ``detail`` for an unexpected error; the stage folder removed), and ``wall_s``.
-    ``cost_cache`` goes to :func:`relsat.driver.optimize.optimize` (None: the default cache)."""
-    started = time.perf_counter()
-    try:
-        fields = _optimize_one(task, stage, outdir, options, keep_db, on_round, on_status, cost_cache)
-        fields["status"] = "ok"
-    except RelsatError as e:
-        fields = {"status": "failed", "reason": _one_line(e)}
-    except Exception as e:  # a bug or an unexpected library error: still one model's failure
-        fields = {"status": "failed", "reason": _one_line(f"internal error: {type(e).__name__}: {e}"),
-                  "detail": traceback.format_exc()}
-    if fields["status"] != "ok":
-        shutil.rmtree(stage, ignore_errors=True)
-    fields["wall_s"] = time.perf_counter() - started
-    return fields
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -547,10 +294,10 @@ def _watch_parent(parent_pid: int, fd: int | None) -> None:
 def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, parent_pid: int) -> None:
     """Local executor, child process: optimize one model into a stage folder, send ("status", text)
     messages while it runs and one ("done", fields, stage folder) message at the end
-    (:func:`model_fields`).  A worker never writes a file of OUTDIR under its final name."""
+    (:func:`~relsat.driver.batch_model.model_fields`).  A worker never writes a file of OUTDIR under its final name."""
     _die_with_parent(parent_pid, conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    stage = _stage_dir(outdir, task.name, os.getpid())
+    stage = stage_dir(outdir, task.name, os.getpid())
 
     def send(*msg):
         try:
@@ -565,45 +312,6 @@ def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, p
                           on_status=lambda text: send("status", str(text)))
     conn.send(("done", fields, str(stage)))
     conn.close()
-
-
-# ---------------------------------------------------------------- the results table and files
-
-
-class _Results:
-    """OUTDIR/results.duckdb, opened for each read or write only."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._run(self._create)
-
-    def _run(self, work):
-        import duckdb
-
-        try:
-            with duckdb.connect(str(self.path)) as con:
-                return work(con)
-        except duckdb.Error as e:
-            raise RelsatError(f"{self.path}: {str(e).splitlines()[0]}") from None
-
-    @staticmethod
-    def _create(con):
-        con.execute("CREATE TABLE IF NOT EXISTS results(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")")
-        for c, t in COLUMNS[1:]:  # tables written by an older relsat get the new columns
-            con.execute(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {c} {t}")
-
-    def rows(self) -> dict[str, dict]:
-        def work(con):
-            cur = con.execute(f"SELECT {', '.join(COLUMN_NAMES)} FROM results")
-            return {r[0]: dict(zip(COLUMN_NAMES, r)) for r in cur.fetchall()}
-
-        return self._run(work)
-
-    def put(self, row: dict) -> None:
-        values = [row.get(c) for c in COLUMN_NAMES]
-        self._run(lambda con: con.execute(
-            f"INSERT OR REPLACE INTO results ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join('?' * len(values))})",
-            values))
 
 
 def _fmt(v, spec="") -> str:
@@ -653,92 +361,6 @@ def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: 
             _fmt(r.get("optimizer_s"), ".2f"), r.get("enodes"), r.get("eclasses"), nodes,
             r.get("top_rules"), r["this_run"], r.get("reason")]) + " |")
     write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-# ---------------------------------------------------------------- the parent: recording results
-
-
-class Recorder:
-    """Parent side, whatever the executor: draws the progress and turns what a worker reported for
-    a model into its row (:meth:`finish`: the staged files committed, the row written to the
-    results table, ``rows`` and the ``BatchResult`` counts updated, ``on_result`` called)."""
-
-    def __init__(self, outdir: Path, keep_db: bool, common: dict, results: _Results, rows: dict[str, dict],
-                 result: BatchResult, on_result, console, total: int):
-        self.outdir, self.keep_db, self.common, self.results = outdir, keep_db, common, results
-        self.rows, self.result, self.on_result = rows, result, on_result
-        self.progress = self.overall = None
-        self._bars: dict[str, int] = {}
-        if console is not None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=console, transient=False)
-            self.progress.start()
-            self.overall = self.progress.add_task("batch", total=total)
-
-    def status(self, task: ModelTask, text: str) -> None:
-        """Show what a model's worker is doing (its first status adds its line)."""
-        if self.progress is None:
-            return
-        if task.name in self._bars:
-            self.progress.update(self._bars[task.name], description=f"  {task.name}: {text}")
-        else:
-            self._bars[task.name] = self.progress.add_task(f"  {task.name}: {text}", total=None)
-
-    def print(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.console.print(text, highlight=False, soft_wrap=True)
-
-    def finish(self, task: ModelTask, fields: dict, stage: str | None = None, expected: Path | None = None) -> None:
-        """Record a model's attempt from its worker's ``fields`` (:func:`model_fields`).  For a
-        success the worker's files are moved from ``stage``, which must be the ``expected`` stage
-        folder, into place, then the row naming their hashes is written."""
-        name, outdir = task.name, self.outdir
-        row = dict.fromkeys(COLUMN_NAMES)
-        row.update(self.common, model=name, path=str(task.path), file_sha256=task.file_sha256,
-                   finished_at=dt.datetime.now())
-        row.update({k: v for k, v in fields.items() if k in row})
-        if row["status"] == "ok":
-            try:
-                if stage is None or expected is None or Path(stage) != expected:
-                    raise RelsatError(f"internal error: the worker reported its files in {stage}, "
-                                      f"not in {expected.name if expected else 'its stage folder'}")
-                row.update(_commit(outdir, name, expected, self.keep_db))
-            except (RelsatError, OSError) as e:
-                row.update(status="failed", reason=_one_line(e if isinstance(e, RelsatError) else
-                                                             f"internal error: {type(e).__name__}: {e}"))
-        if row["status"] != "ok":
-            _remove_outputs(outdir, name)
-            row.update({k: None for k in ("output", "report", "db", "output_sha256", "report_sha256",
-                                          "db_sha256")})
-        self.results.put(row)
-        done = f"redone ({task.redo})" if task.redo else "optimized"
-        self.rows[name] = dict(row, this_run=done if row["status"] == "ok" else "failed")
-        self.result.ran += 1
-        if self.on_result is not None:
-            self.on_result(self.rows[name])
-        if self.progress is not None:
-            if name in self._bars:
-                self.progress.remove_task(self._bars.pop(name))
-            self.progress.advance(self.overall)
-            from rich.markup import escape
-
-            if row["status"] == "ok":
-                sp = "" if row.get("speedup") is None else f"{row['speedup']:.3f}x ({row['speedup_source']}), "
-                self.print(f"[green]ok[/green] {escape(name)}: {escape(sp)}{row.get('wall_s', 0):.1f} s")
-            else:
-                self.print(f"[red]failed[/red] {escape(name)}: {escape(row['reason'])}")
-            failed = sum(r["status"] == "failed" for r in self.rows.values())
-            self.progress.update(self.overall, description=f"batch ({failed} failed)" if failed else "batch")
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
-def timeout_reason(model_timeout: float) -> str:
-    return f"timed out: still running after {model_timeout:g} s (--model-timeout), worker killed"
 
 
 def _lock_outdir(outdir: Path):
@@ -794,13 +416,13 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     outdir.mkdir(parents=True, exist_ok=True)
     lock = _lock_outdir(outdir)
     try:
-        results = _Results(outdir / "results.duckdb")
+        results = Results(outdir / "results.duckdb")
         previous = results.rows()
         common = {"options_sha256": options_hash, "options": json.dumps(recorded, sort_keys=True, default=str)}
         rows: dict[str, dict] = {}
         todo: deque[ModelTask] = deque()
         for task in tasks:
-            _remove_temps(outdir, task.name)  # what a killed batch or worker left
+            remove_temps(outdir, task.name)  # what a killed batch or worker left
             task.file_sha256 = model_hash(task.path)
             prev = previous.get(task.name)
             same = (prev is not None and prev["file_sha256"] == task.file_sha256
@@ -917,7 +539,7 @@ def _schedule_local(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: 
                     run.proc.join(10)
                     stop(run)
                     rec.finish(run.task, msg[1], msg[2] if len(msg) > 2 else None,
-                               _stage_dir(outdir, run.task.name, run.proc.pid))
+                               stage_dir(outdir, run.task.name, run.proc.pid))
             now = time.monotonic()
             for run in [r for r in running.values() if r.deadline is not None and now >= r.deadline]:
                 stop(run)
@@ -926,4 +548,4 @@ def _schedule_local(todo: deque[ModelTask], rec: Recorder, options: dict, jobs: 
     finally:
         for run in list(running.values()):  # Ctrl-C or an error here: no orphans, no half files
             stop(run)
-            _remove_temps(outdir, run.task.name)  # files of an earlier result still match its row
+            remove_temps(outdir, run.task.name)  # files of an earlier result still match its row

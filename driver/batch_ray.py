@@ -1,8 +1,9 @@
 """``relsat batch --executor ray``: each model a Ray task, on this machine or a Ray cluster.
 
-Owns the Ray executor of :func:`relsat.driver.batch.run_batch`; everything else of a batch (finding
-the models, resume, committing a model's files and writing its row, ``results.csv`` and
-``summary.md``) is :mod:`relsat.driver.batch`'s and the same for both executors.  Ray is imported
+Owns the Ray executor of :func:`relsat.driver.batch.run_batch`; everything else of a batch is the
+same for both executors: finding the models, resume, ``results.csv`` and ``summary.md``
+(:mod:`relsat.driver.batch`), running a model and committing its files and row
+(:mod:`relsat.driver.batch_model`).  Ray is imported
 only here, and only when this executor is asked for (``pip install 'relsat[ray]'``).
 
 What runs where:
@@ -10,9 +11,9 @@ What runs where:
 - The driver (the process running ``relsat batch``) joins the Ray instance at ``address`` (None:
   the one ``ray start`` left on this machine, else a new local one, shut down at the end), submits
   at most ``jobs`` tasks at once and records each model as its task reports it
-  (:class:`relsat.driver.batch.Recorder`).
+  (:class:`relsat.driver.batch_model.Recorder`).
 - A task (:func:`_optimize_task`) reserves ``num_cpus`` = the options' thread count and runs
-  :func:`relsat.driver.batch.model_fields` on whatever node Ray places it: it writes the model's
+  :func:`relsat.driver.batch_model.model_fields` on whatever node Ray places it: it writes the model's
   files into its stage folder ``OUTDIR/.<name>.stage-ray<N>/`` and the driver moves them into
   place.  So the models, OUTDIR, rule files and ``--costs`` must be at the same paths on every node
   (a shared filesystem), with relsat installed on each.
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from .batch import ModelTask, Recorder, _one_line, _remove_temps, _stage_dir, model_fields, timeout_reason
+from .batch_model import ModelTask, Recorder, model_fields, one_line, remove_temps, stage_dir, timeout_reason
 from .errors import RelsatError, error_line
 
 INSTALL = "pip install 'relsat[ray]'"
@@ -79,7 +80,7 @@ def _optimize_task(task: ModelTask, outdir: Path, options: dict, keep_db: bool, 
     """A Ray task (a generator): yields ("started", host name) first, then ("done", fields, stage
     folder, the cost rows it added as Parquet bytes or None)."""
     yield ("started", socket.gethostname())
-    stage = _stage_dir(outdir, task.name, tag)
+    stage = stage_dir(outdir, task.name, tag)
     with tempfile.TemporaryDirectory(prefix="relsat-ray-costs-") as tmp:
         cache = _seeded_cache(Path(tmp), seed) if options["cost_model"] == "measured" else None
         fields = model_fields(task, outdir, options, keep_db, stage, cost_cache=cache)
@@ -166,10 +167,10 @@ def _failure(ray, e: Exception) -> dict:
     """The row fields of a task that ended in a Ray error rather than reporting."""
     if isinstance(e, ray.exceptions.RayTaskError):  # raised in the task outside model_fields
         cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
-        return {"reason": _one_line(f"internal error: {type(cause).__name__}: {cause}"), "detail": str(e)}
+        return {"reason": one_line(f"internal error: {type(cause).__name__}: {cause}"), "detail": str(e)}
     first = (str(e).strip().splitlines() or [""])[0]
     hint = " (out of memory?)" if isinstance(e, ray.exceptions.OutOfMemoryError) else ""
-    return {"reason": _one_line(f"worker process died{hint}: {type(e).__name__}: {first}")}
+    return {"reason": one_line(f"worker process died{hint}: {type(e).__name__}: {first}")}
 
 
 def _cancel(ray, run: _Remote) -> None:
@@ -212,7 +213,7 @@ def _schedule(ray, todo: deque[ModelTask], rec: Recorder, options: dict, jobs: i
                     submitted += 1
                     gen = remote.options(num_cpus=num_cpus, name=f"relsat-batch-{task.name}").remote(
                         task, outdir, options, keep_db, tag, costs.seed() if costs else None)
-                    running[id(gen)] = _Remote(task, gen, _stage_dir(outdir, task.name, tag), time.monotonic())
+                    running[id(gen)] = _Remote(task, gen, stage_dir(outdir, task.name, tag), time.monotonic())
                     rec.status(task, "waiting for a Ray worker")
                 deadlines = [r.deadline for r in running.values() if r.deadline is not None]
                 wait_s = 0.5 if not deadlines else max(0.0, min(0.5, min(deadlines) - time.monotonic()))
@@ -245,7 +246,7 @@ def _schedule(ray, todo: deque[ModelTask], rec: Recorder, options: dict, jobs: i
         finally:
             for run in list(running.values()):  # Ctrl-C or an error here: no tasks left, no half files
                 _cancel(ray, run)
-                _remove_temps(outdir, run.task.name)
+                remove_temps(outdir, run.task.name)
         if rec.result.costs_merged:
             from rich.markup import escape
 

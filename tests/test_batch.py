@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from relsat.benchmarks import zoo
 from relsat.driver import batch as B
+from relsat.driver import batch_model as M
 from relsat.driver import cli
 from relsat.driver.errors import RelsatError
 from relsat.driver.verify import verify
@@ -160,7 +161,7 @@ def check_small_zoo_batch(models, out, run, failing):
     for name in done:
         assert verify(onnx.load(models / f"{name}.onnx"), onnx.load(out / f"{name}.onnx")).ok
         assert json.loads((out / f"{name}.json").read_text())["verification"]["ok"]
-        hashes = B.output_hashes(out, name, False)
+        hashes = M.output_hashes(out, name, False)
         assert (rows[name]["output_sha256"], rows[name]["report_sha256"]) == \
             (hashes["output_sha256"], hashes["report_sha256"])
     assert leftovers(out) == []

@@ -17,6 +17,7 @@ import pytest
 
 from relsat.benchmarks import zoo
 from relsat.driver import batch as B
+from relsat.driver import batch_model as M
 from relsat.driver import outputs
 from relsat.driver.options import Options
 from relsat.driver.verify import verify
@@ -207,16 +208,16 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
     zoo.save(zoo.build("vgg19", small=True), src)
     out = tmp_path / "out"
     out.mkdir()
-    task = B.ModelTask("vgg19", src, B.model_hash(src))
+    task = M.ModelTask("vgg19", src, B.model_hash(src))
     options = B.resolve_options(Options(**QUICK_KW))[0]
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
 
     monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 0)
-    stage = B._stage_dir(out, "vgg19", 1)
-    assert B.model_fields(task, out, options, False, stage)["status"] == "ok"
+    stage = M.stage_dir(out, "vgg19", 1)
+    assert M.model_fields(task, out, options, False, stage)["status"] == "ok"
     assert sorted(p.name for p in stage.iterdir()) == ["vgg19.json", "vgg19.onnx", "vgg19.onnx.data"]
     assert not (out / "vgg19.onnx").exists()  # nothing under a final name before the commit
-    fields = B._commit(out, "vgg19", stage, False)
+    fields = M.commit(out, "vgg19", stage, False)
     assert not stage.exists() and (out / "vgg19.onnx.data").is_file()
     assert verify(str(src), str(out / "vgg19.onnx")).ok  # the model finds its data after the move
     row = dict(fields, model="vgg19")
@@ -226,9 +227,9 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
     assert B._files_disagree(out, row, False) == "files changed"
 
     monkeypatch.setattr(outputs, "EXTERNAL_DATA_BYTES", 1 << 40)
-    stage = B._stage_dir(out, "vgg19", 2)
-    assert B.model_fields(task, out, options, False, stage)["status"] == "ok"
-    fields = B._commit(out, "vgg19", stage, False)
+    stage = M.stage_dir(out, "vgg19", 2)
+    assert M.model_fields(task, out, options, False, stage)["status"] == "ok"
+    fields = M.commit(out, "vgg19", stage, False)
     assert not (out / "vgg19.onnx.data").exists()
     assert fields["output_sha256"] == sha256(out / "vgg19.onnx")
     assert verify(str(src), str(out / "vgg19.onnx")).ok
