@@ -73,6 +73,7 @@ class EGraph:
     tensors: dict = field(init=False, repr=False, default_factory=dict)  # weight ref -> np.ndarray
     live: set = field(init=False, default_factory=set)  # op tables that hold rows
     pass_no: int = field(init=False, default=0)
+    _columns: dict = field(init=False, repr=False, default_factory=dict)  # insert source SQL -> its column names
     const_dirty: bool = field(init=False, default=False)  # constness changed outside a rebuild
 
     def __post_init__(self) -> None:
@@ -126,7 +127,9 @@ class EGraph:
         rows goes into the least of their targets, and new nodes (and new e-classes) are numbered
         in key order, so the same input gives the same rows and ids whatever DuckDB's threads do."""
         c = self.con
-        src = [r[0] for r in c.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()]
+        src = self._columns.get(source)
+        if src is None:  # the sources (a compiled build, ``add``'s batch) name their columns: same text, same names
+            src = self._columns[source] = [r[0] for r in c.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()]
         keys = key_columns(op)
         keysel = ", ".join(q(k) for k in keys)
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM c.{q(k)}" for k in keys)
