@@ -39,8 +39,10 @@ import onnxruntime as ort
 
 from relsat.relations import runtime
 
+from . import torch_runtime
 from .errors import RelsatError, error_line
 from .options import GUARD_THRESHOLD
+from .torch_runtime import whole_graph_runtime
 from .verify import random_inputs
 
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
@@ -86,7 +88,11 @@ class GuardResult:
 
 def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.InferenceSession:
     """A timing session (``relations.runtime.session``): level ALL, ``threads`` intra-op threads,
-    sequential execution; RelsatError when the provider is not available to ONNX Runtime here."""
+    sequential execution; RelsatError when the provider is not available to ONNX Runtime here.
+    ``provider="cuda"`` without onnxruntime-gpu but with PyTorch CUDA: a ``TorchSession`` on the GPU
+    (``relsat.driver.torch_runtime``), timed the same way."""
+    if whole_graph_runtime(provider) == "torch":
+        return torch_runtime.session(model_or_path, "cuda")
     try:
         return runtime.session(model_or_path, provider=provider, threads=threads)
     except runtime.ProviderMissing as e:

@@ -49,7 +49,7 @@ from relsat.programs.parser import load_rules
 from relsat.relations import runtime
 from relsat.relations.egraph import EGraph
 
-from . import bindings, feeds, latency
+from . import bindings, feeds, latency, torch_runtime
 from .errors import RelsatError, error_line
 from .onnx_export import export_model
 from .candidates import Search
@@ -57,6 +57,7 @@ from .onnx_import import check_ort_loadable, import_model, load_model
 from .options import DEFAULTS, Options
 from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
 from .runner import Limits, Runner
+from .torch_runtime import whole_graph_runtime
 from .verify import VerifyResult, verify
 
 
@@ -143,9 +144,10 @@ def _cuda_here(provider: str) -> bool:
     return provider != "cuda" or "cuda" in available_providers()
 
 
-def _ort_times(provider: str) -> bool:
-    """Whether ONNX Runtime can run (and so time) whole models on ``provider`` here."""
-    return provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers()
+def _times(provider: str) -> bool:
+    """Whether whole models can be run (and so timed) on ``provider`` here: ONNX Runtime, or for cuda
+    without onnxruntime-gpu the PyTorch runtime."""
+    return whole_graph_runtime(provider) is not None
 
 
 def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
@@ -341,7 +343,7 @@ class _Pipeline:
         with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the provider."""
         o = self.o
         return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not self.cache_only
-                and _ort_times(o.provider))
+                and _times(o.provider))
 
     def search_candidates(self) -> None:
         o = self.o
@@ -397,6 +399,12 @@ class _Pipeline:
         if self.written == "optimized":
             self.check = verify(self.model, self.session, bindings=self.binding.all, input_sets=self.input_sets)
             self.session = None
+            if self.check.ok and whole_graph_runtime(self.o.provider) == "torch":  # and where it will run
+                gpu = verify(self.model, torch_runtime.session(self.optimized, "cuda"), bindings=self.binding.all,
+                             input_sets=self.input_sets)
+                gpu.message = f"on the GPU (PyTorch): {gpu.message}"
+                self.check = gpu if not gpu.ok else self.check
+                self.notices.append(f"verified under ONNX Runtime on the CPU and {gpu.message}")
         else:
             self.check = VerifyResult(True, 0.0, 0.0, {}, "the input model is written unchanged")
             if not self.fallbacks:
@@ -407,9 +415,9 @@ class _Pipeline:
 
     def guard(self) -> None:
         o = self.o
-        if not _ort_times(o.provider):
-            self.notices.append("latency guard skipped: ONNX Runtime has no CUDAExecutionProvider here to time "
-                                "whole models")
+        if not _times(o.provider):
+            self.notices.append("latency guard skipped: neither ONNX Runtime's CUDAExecutionProvider nor PyTorch "
+                                "with CUDA is here to time whole models")
             return
         with self.phase("latency"):
             self.status("timing the original and the optimized model ...")

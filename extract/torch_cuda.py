@@ -1,9 +1,11 @@
-"""CUDA operator timing with PyTorch, for machines without onnxruntime-gpu.
+"""ONNX nodes as PyTorch calls, and CUDA operator timing with them, for machines without onnxruntime-gpu.
 
-Owns the mapping from a single ONNX node to an equivalent PyTorch call and its timing with
-CUDA events. Imported lazily by :mod:`relsat.extract.profile`; importing it needs torch,
-which is not a relsat dependency. Only common operators are mapped; any other raises
-``NotImplementedError``, which the profiler records as the sample's failure reason.
+Owns the mapping from a single ONNX node to an equivalent PyTorch call on any torch device
+(``node_call``: every operator of relsat's catalog), used for whole graphs by
+:mod:`relsat.driver.torch_runtime`, and one node's timing with CUDA events (``time_op``, used by
+:mod:`relsat.extract.profile`). Imported lazily; importing it needs torch, which is not a relsat
+dependency. An operator without a mapping raises ``NotImplementedError``, which the profiler
+records as the sample's failure reason and the runtime reports naming the node.
 """
 
 from __future__ import annotations
@@ -138,6 +140,63 @@ def _layer_norm(v, a):
     return lambda: F.layer_norm(x, shape, scale, bias, eps)
 
 
+def _pad(v, a):
+    x, pads, value = (v + [None, None])[:3]
+    pads = [int(p) for p in (pads.tolist() if pads is not None else a["pads"])]
+    fill = float(value.item()) if value is not None and value.size else a.get("value", 0.0)
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise NotImplementedError(f"Pad mode {mode!r} has no mapping here")
+    n = len(pads) // 2
+    flat = [p for i in reversed(range(n)) for p in (pads[i], pads[i + n])]
+    return lambda: F.pad(x, flat, value=fill)
+
+
+def _axes(v, a):
+    """Squeeze/Unsqueeze axes: the input (opset 13 on) or the attribute."""
+    return [int(i) for i in (v[1].tolist() if len(v) > 1 and v[1] is not None else a.get("axes", []))]
+
+
+def _squeeze(v, a):
+    x, axes = v[0], _axes(v, a)
+    axes = sorted(i % x.dim() for i in axes) if axes else [i for i, d in enumerate(x.shape) if d == 1]
+    return lambda: x.reshape([d for i, d in enumerate(x.shape) if i not in axes])
+
+
+def _unsqueeze(v, a):
+    x, axes = v[0], _axes(v, a)
+    rank = x.dim() + len(axes)
+    axes = sorted(i % rank for i in axes)
+
+    def run():
+        y = x
+        for i in axes:
+            y = y.unsqueeze(i)
+        return y
+    return run
+
+
+def _flatten(v, a):
+    x = v[0]
+    axis = a.get("axis", 1) % (x.dim() + 1)
+    return lambda: x.reshape(int(math.prod(x.shape[:axis])), -1)
+
+
+def _fused_matmul(v, a):
+    x, y = v
+    x = x.transpose(-1, -2) if a.get("transA", 0) else x
+    y = y.transpose(-1, -2) if a.get("transB", 0) else y
+    alpha = a.get("alpha", 1.0)
+    return (lambda: torch.matmul(x, y)) if alpha == 1.0 else (lambda: alpha * torch.matmul(x, y))
+
+
+def _gelu(v, a):
+    approx = a.get("approximate", b"none")
+    approx = approx.decode() if isinstance(approx, bytes) else approx
+    return lambda: F.gelu(v[0], approximate=approx)
+
+
 def _div(x, y):
     return torch.div(x, y, rounding_mode=None if x.is_floating_point() else "trunc")
 
@@ -149,8 +208,14 @@ def _elementwise(f, v, a):
 _OPS: dict[str, Callable] = {
     **{op: partial(_elementwise, f) for op, f in [
         ("Relu", torch.relu), ("Sigmoid", torch.sigmoid), ("Tanh", torch.tanh),
-        ("Erf", torch.erf), ("Add", torch.add), ("Sub", torch.sub), ("Mul", torch.mul),
-        ("Div", _div), ("MatMul", torch.matmul)]},
+        ("Erf", torch.erf), ("Sqrt", torch.sqrt), ("Add", torch.add), ("Sub", torch.sub), ("Mul", torch.mul),
+        ("Div", _div), ("MatMul", torch.matmul), ("Identity", lambda x: x)]},
+    "FusedMatMul": _fused_matmul,
+    "Gelu": _gelu,
+    "Flatten": _flatten,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Pad": _pad,
     "Conv": _conv,
     "Gemm": _gemm,
     "LeakyRelu": lambda v, a: lambda: F.leaky_relu(v[0], a.get("alpha", 0.01)),
@@ -169,7 +234,32 @@ _OPS: dict[str, Callable] = {
     "Clip": _clip,
     "LayerNormalization": _layer_norm,
 }
-_SHAPE_ARGS = {"Reshape": {1}, "Split": {1}, "Slice": {1, 2, 3, 4}, "Clip": {1, 2}}
+# inputs read on the host (numpy): shapes, sizes, axes, pads, bounds
+SHAPE_ARGS = {"Reshape": {1}, "Split": {1}, "Slice": {1, 2, 3, 4}, "Clip": {1, 2}, "Squeeze": {1}, "Unsqueeze": {1},
+              "Pad": {1, 2}}
+_DOMAINS = {("", ""), ("", "ai.onnx"), ("com.microsoft", "com.microsoft")}
+
+
+def mapped(node) -> bool:
+    """Whether ``node`` has a PyTorch mapping."""
+    expected = "com.microsoft" if node.op_type == "FusedMatMul" else ""
+    return node.op_type in _OPS and (expected, node.domain or "") in _DOMAINS
+
+
+def node_call(node, args: list, opset: int) -> Callable[[], object]:
+    """A closure computing ``node`` from ``args`` (torch tensors on one device; numpy arrays for the
+    inputs in ``SHAPE_ARGS``; None for an omitted input): a tensor, or a list for Split.
+    ``opset``: the default domain's opset (Softmax's axis before 13)."""
+    if not mapped(node):
+        raise NotImplementedError(f"no PyTorch mapping for {node.domain or 'ai.onnx'}::{node.op_type}")
+    args = list(args)
+    while args and args[-1] is None:
+        args.pop()
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs.setdefault("num_outputs", len(node.output))  # Split without sizes, as in opset 18
+    if node.op_type == "Softmax" and opset < 13:
+        attrs.setdefault("axis", 1)
+    return _OPS[node.op_type](args, attrs)
 
 
 def build(sample, values: dict[str, np.ndarray], device: str = "cuda") -> Callable[[], object]:
@@ -179,20 +269,13 @@ def build(sample, values: dict[str, np.ndarray], device: str = "cuda") -> Callab
     host as numpy arrays; data inputs are copied to the device once, here.
     """
     node = sample.node
-    if node.domain not in ("", "ai.onnx") or node.op_type not in _OPS:
-        raise NotImplementedError(f"no PyTorch mapping for {node.domain or 'ai.onnx'}::"
-                                  f"{node.op_type}")
-    host = _SHAPE_ARGS.get(node.op_type, set())
+    if not mapped(node):
+        raise NotImplementedError(f"no PyTorch mapping for {node.domain or 'ai.onnx'}::{node.op_type}")
+    host = SHAPE_ARGS.get(node.op_type, set())
     args = [None if not name else values[name] if i in host
             else torch.tensor(values[name], device=device)
             for i, name in enumerate(node.input)]
-    while args and args[-1] is None:
-        args.pop()
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    attrs.setdefault("num_outputs", len(node.output))  # Split without sizes, as in opset 18
-    if node.op_type == "Softmax" and sample.opset < 13:
-        attrs.setdefault("axis", 1)
-    return _OPS[node.op_type](args, attrs)
+    return node_call(node, args, sample.opset)
 
 
 def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) -> float:

@@ -1,0 +1,125 @@
+"""Whole ONNX graphs run by PyTorch: the GPU runtime for machines without onnxruntime-gpu.
+
+Owns ``TorchSession``: an ONNX model's nodes run in graph order on a torch device (``cpu`` or
+``cuda``), each through the per-node mapping of :mod:`relsat.extract.torch_cuda`, behind the part of
+ONNX Runtime's ``InferenceSession`` interface that timing and verification use (``get_inputs``,
+``get_outputs``, ``run``), so that ``driver.latency`` times original and written graphs on the GPU
+with it, interleaved as it does ONNX Runtime sessions. A run ends with the device synchronized, so
+wall-clock times are the kernels' (CUDA events would time the same span). ``whole_graph_runtime``
+says which runtime times whole models for a provider here. torch is not a relsat dependency: it is
+imported when a session is made, and a node without a mapping (an opaque node, a catalog-less
+operator) is refused with a one-line ``RelsatError`` naming the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from .errors import RelsatError
+
+_TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
+          onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.INT64: "tensor(int64)",
+          onnx.TensorProto.INT32: "tensor(int32)", onnx.TensorProto.BOOL: "tensor(bool)",
+          onnx.TensorProto.INT8: "tensor(int8)", onnx.TensorProto.UINT8: "tensor(uint8)"}
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def whole_graph_runtime(provider: str) -> str | None:
+    """What times and runs whole models on ``provider`` here: ``"onnxruntime"``, ``"torch"`` (cuda
+    without onnxruntime-gpu, with PyTorch CUDA) or None."""
+    if provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers():
+        return "onnxruntime"
+    return "torch" if _torch_cuda() else None
+
+
+@dataclass(frozen=True)
+class Value:
+    """A graph input or output as ONNX Runtime describes it (``NodeArg``)."""
+
+    name: str
+    shape: list  # ints, or strings for dynamic dims
+    type: str
+
+
+def _value(vi: onnx.ValueInfoProto) -> Value:
+    t = vi.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    return Value(vi.name, dims, _TYPES.get(t.elem_type, f"tensor({onnx.TensorProto.DataType.Name(t.elem_type).lower()})"))
+
+
+class TorchSession:
+    """An ONNX model run node by node with PyTorch on ``device``; weights moved there once."""
+
+    def __init__(self, model: onnx.ModelProto, device: str = "cuda") -> None:
+        import torch
+
+        from relsat.extract import torch_cuda
+
+        self.torch, self.ops, self.device = torch, torch_cuda, device
+        # full-precision float32 on the GPU (cuDNN would use TF32 for convolutions): outputs are verified
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        graph = model.graph
+        for k, node in enumerate(graph.node):
+            if not torch_cuda.mapped(node):
+                raise RelsatError(f"the PyTorch runtime cannot run node {node.name or k} "
+                                  f"({node.domain or 'ai.onnx'}::{node.op_type}): no mapping for this operator")
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+        self.nodes = list(graph.node)
+        self.host = {n: numpy_helper.to_array(t) for t in graph.initializer for n in [t.name]}
+        self.weights = {n: torch.from_numpy(np.array(a)).to(device) for n, a in self.host.items()}
+        self.inputs = [_value(i) for i in graph.input if i.name not in self.host]
+        self.outputs = [_value(o) for o in graph.output]
+
+    def get_inputs(self) -> list[Value]:
+        return self.inputs
+
+    def get_outputs(self) -> list[Value]:
+        return self.outputs
+
+    def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The outputs (all, or those named) as numpy arrays, for the inputs in ``feeds``."""
+        torch = self.torch
+        values = dict(self.weights)
+        host = dict(self.host)
+        for name, array in feeds.items():
+            host[name] = np.asarray(array)
+            values[name] = torch.from_numpy(np.array(array)).to(self.device)
+        with torch.inference_mode():
+            for node in self.nodes:
+                shape_args = self.ops.SHAPE_ARGS.get(node.op_type, set())
+                args = [None if not name else self._host(name, host, values) if i in shape_args else values[name]
+                        for i, name in enumerate(node.input)]
+                out = self.ops.node_call(node, args, self.opset)()
+                outs = out if isinstance(out, (list, tuple)) else [out]
+                for name, t in zip(node.output, outs):
+                    if name:
+                        values[name] = t
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+        names = output_names or [o.name for o in self.outputs]
+        return [values[n].detach().cpu().numpy() for n in names]
+
+    def _host(self, name: str, host: dict, values: dict) -> np.ndarray:
+        """A shape-like input on the host: an initializer or feed as given, a computed one copied back."""
+        if name not in host:
+            host[name] = values[name].detach().cpu().numpy()
+        return host[name]
+
+
+def session(model_or_path, device: str = "cuda") -> TorchSession:
+    """A ``TorchSession`` for a ModelProto or a path (weights of external data loaded)."""
+    model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else onnx.load_model(str(model_or_path))
+    return TorchSession(model, device)
