@@ -72,13 +72,16 @@ class TorchSession:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         graph = model.graph
+        constants = [n for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")]
+        const_ids = {id(n) for n in constants}
         for k, node in enumerate(graph.node):
-            if not torch_cuda.mapped(node):
+            if not torch_cuda.mapped(node) and id(node) not in const_ids:
                 raise RelsatError(f"the PyTorch runtime cannot run node {node.name or k} "
                                   f"({node.domain or 'ai.onnx'}::{node.op_type}): no mapping for this operator")
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-        self.nodes = list(graph.node)
+        self.nodes = [n for n in graph.node if id(n) not in const_ids]
         self.host = {n: numpy_helper.to_array(t) for t in graph.initializer for n in [t.name]}
+        self.host.update({n.output[0]: _constant(n) for n in constants})  # Constant nodes are weights too
         self.weights = {n: torch.from_numpy(np.array(a)).to(device) for n, a in self.host.items()}
         self.inputs = [_value(i) for i in graph.input if i.name not in self.host]
         self.outputs = [_value(o) for o in graph.output]
@@ -117,6 +120,21 @@ class TorchSession:
         if name not in host:
             host[name] = values[name].detach().cpu().numpy()
         return host[name]
+
+
+def _constant(node) -> np.ndarray:
+    """A Constant node's value (its ``value`` tensor, or a ``value_*`` list or scalar)."""
+    from onnx import helper
+
+    a = node.attribute[0]
+    v = helper.get_attribute_value(a)
+    if a.name in ("value", "sparse_value"):
+        return numpy_helper.to_array(v)
+    dtype = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}.get(a.name)
+    if dtype is None:
+        raise RelsatError(f"the PyTorch runtime cannot run Constant node {node.name!r} ({a.name})")
+    return np.asarray(v, dtype=dtype)
 
 
 def session(model_or_path, device: str = "cuda") -> TorchSession:

@@ -59,6 +59,21 @@ def test_a_node_without_a_mapping_is_refused_by_name():
         TorchSession(model, "cpu")
 
 
+def test_constant_nodes_are_weights():
+    """Constant nodes (common in exported models; relsat's writer folds them) run as weights."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])
+    nodes = [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.FLOAT, [2, 3],
+                                                                              [1, 2, 3, 4, 5, 6])),
+             helper.make_node("Constant", [], ["shape"], value_ints=[3, 2]),
+             helper.make_node("Mul", ["x", "c"], ["m"]),
+             helper.make_node("Reshape", ["m", "shape"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=10)
+    res = verify(model, TorchSession(model, "cpu"))
+    assert res.ok, res.message
+
+
 def test_which_runtime_times_whole_models():
     assert whole_graph_runtime("cpu") == "onnxruntime"
     import onnxruntime as ort
