@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 
+from relsat.relations.catalog import BY_TYPE, OPS
+
 
 def available() -> bool:
     return torch.cuda.is_available()
@@ -183,7 +185,8 @@ def _flatten(v, a):
     return lambda: x.reshape(int(math.prod(x.shape[:axis])), -1)
 
 
-def _fused_matmul(v, a):
+def _matmul_t(v, a):
+    """alpha * op(A) @ op(B), op transposing the last two dims (a catalog matmul with transA/transB)."""
     x, y = v
     x = x.transpose(-1, -2) if a.get("transA", 0) else x
     y = y.transpose(-1, -2) if a.get("transB", 0) else y
@@ -210,7 +213,6 @@ _OPS: dict[str, Callable] = {
         ("Relu", torch.relu), ("Sigmoid", torch.sigmoid), ("Tanh", torch.tanh),
         ("Erf", torch.erf), ("Sqrt", torch.sqrt), ("Add", torch.add), ("Sub", torch.sub), ("Mul", torch.mul),
         ("Div", _div), ("MatMul", torch.matmul), ("Identity", lambda x: x)]},
-    "FusedMatMul": _fused_matmul,
     "Gelu": _gelu,
     "Flatten": _flatten,
     "Squeeze": _squeeze,
@@ -234,16 +236,16 @@ _OPS: dict[str, Callable] = {
     "Clip": _clip,
     "LayerNormalization": _layer_norm,
 }
+# the catalog's contrib matmuls (alpha, transA, transB), whatever their name
+_OPS.update({op.op_type: _matmul_t for op in OPS if op.draw == "matmul" and op.domain
+             and {a.name for a in op.attrs} == {"alpha", "transA", "transB"}})
 # inputs read on the host (numpy): shapes, sizes, axes, pads, bounds
 SHAPE_ARGS = {"Reshape": {1}, "Split": {1}, "Slice": {1, 2, 3, 4}, "Clip": {1, 2}, "Squeeze": {1}, "Unsqueeze": {1},
               "Pad": {1, 2}}
-_DOMAINS = {("", ""), ("", "ai.onnx"), ("com.microsoft", "com.microsoft")}
-
-
 def mapped(node) -> bool:
-    """Whether ``node`` has a PyTorch mapping."""
-    expected = "com.microsoft" if node.op_type == "FusedMatMul" else ""
-    return node.op_type in _OPS and (expected, node.domain or "") in _DOMAINS
+    """Whether ``node`` has a PyTorch mapping (in its operator's domain)."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return node.op_type in _OPS and domain == (BY_TYPE[node.op_type].domain if node.op_type in BY_TYPE else "")
 
 
 def node_call(node, args: list, opset: int) -> Callable[[], object]:

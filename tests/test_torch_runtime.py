@@ -74,6 +74,21 @@ def test_constant_nodes_are_weights():
     assert res.ok, res.message
 
 
+def test_a_contrib_matmul_runs():
+    """com.microsoft FusedMatMul (alpha * A @ B^T here), which relsat rewrites into, matches ONNX Runtime."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 5, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 5])
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", alpha=0.5, transB=1)
+    model = helper.make_model(helper.make_graph([node], "g", [a, b], [y]), ir_version=10,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    res = verify(model, TorchSession(model, "cpu"))
+    assert res.ok, res.message
+    model.graph.node[0].domain = ""  # the same name in the default domain is another operator: refused
+    with pytest.raises(RelsatError, match="no mapping"):
+        TorchSession(model, "cpu")
+
+
 def test_which_runtime_times_whole_models():
     assert whole_graph_runtime("cpu") == "onnxruntime"
     import onnxruntime as ort
