@@ -144,6 +144,11 @@ def _cuda_here(provider: str) -> bool:
     return provider != "cuda" or "cuda" in available_providers()
 
 
+def _ort_times(provider: str) -> bool:
+    """Whether ONNX Runtime can run (and so profile kernel by kernel) whole models on ``provider`` here."""
+    return provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 def _times(provider: str) -> bool:
     """Whether whole models can be run (and so timed) on ``provider`` here: ONNX Runtime, or for cuda
     without onnxruntime-gpu the PyTorch runtime."""
@@ -343,7 +348,7 @@ class _Pipeline:
         with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the provider."""
         o = self.o
         return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not self.cache_only
-                and _times(o.provider))
+                and _ort_times(o.provider))  # in-context costs come from ONNX Runtime's profiler
 
     def search_candidates(self) -> None:
         o = self.o
