@@ -2,7 +2,7 @@
 ``--input-shape``; every model keeps its dynamic dims.
 
     python -m relsat.benchmarks.bench_corpus [--models NAME ...] [--threads 1 2] [--budget 2]
-        [--out results.jsonl] [--no-peers] [--reexport] [--table]
+        [--out results.jsonl] [--peers NAME ... | --no-peers] [--reexport] [--table]
 
 For each model:
 
@@ -14,13 +14,23 @@ For each model:
   original's, and it runs in ONNX Runtime at a third binding, neither costed nor verified at
   (batch 2, other dims the first of 96, 160, 48, 200 at which the original runs), with every
   output equal to the original's there (the same element-wise check as verification);
-- **latency** at the costed binding, at 1 thread and at all cores, original and relsat's model
-  and, beside them, onnxsim's (``onnxsim.simplify``, defaults, dynamic dims kept) and, for the
-  transformer models, ONNX Runtime's transformers optimizer
-  (``onnxruntime.transformers.optimizer.optimize_model``, the model type, heads and hidden size
-  given per model, default options otherwise): all timed together (``relsat.driver.latency.time_models``: fresh sessions, blocks of
-  back-to-back runs interleaved, medians), level ALL; each peer verified against the original
-  first (one that fails is reported, not timed).
+- **peers** (``PEERS``, made by ``relsat.benchmarks.compare.run_system``, which owns them): onnxsim
+  (``onnxsim.simplify``, defaults, dynamic dims kept), onnxslim (``onnxslim.slim``, defaults),
+  onnxoptimizer (its default fuse-and-eliminate passes, then onnxsim's constant folding), for the
+  transformer models ONNX Runtime's transformers optimizer (``optimize_model``, the model type, heads
+  and hidden size given per model in ``ORT_TYPES``, default options otherwise), and relsat run on
+  onnxsim's model (default options: relsat is never worse than a peer output it could have reached).
+  Each is verified against the original element by element at relsat's two bindings and must keep
+  every dynamic dim; one that fails gets an 'x' and its one-line reason, and is not timed;
+- **latency** at the costed binding, at 1 thread and at all cores, of the original, relsat's model
+  and the verified peers, all timed together (``relsat.driver.latency.time_models``: fresh sessions,
+  blocks of back-to-back runs interleaved, medians), level ALL; the table gives each one's speedup
+  over the original, relsat / the best peer (relsat-on-onnxsim is not a peer there), and the
+  geometric mean of both per group of models (``corpus.Entry.group``) and over all;
+- **ONNX Runtime's ops** for every written model (relsat's, and relsat-on-onnxsim's against
+  onnxsim's model): the op histogram of the graph ONNX Runtime actually runs, before and after
+  (``relsat.benchmarks.ort_ops``, level ALL at the first timed thread count), so that the table shows
+  which fusion the rewrite enabled.
 
 ``--reexport`` instead writes the extracted graph whatever its speed (analytic costs, no timing), so
 that a model with relsat's rewrites in it goes through verification at two bindings and the dims
@@ -34,13 +44,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 
 import onnx
 
-from relsat.benchmarks import corpus
+from relsat.benchmarks import compare, corpus
+from relsat.benchmarks.compare import declared_dims, dims_kept
 from relsat.driver import feeds
 from relsat.driver.latency import time_models
 from relsat.driver.optimize import optimize
@@ -49,38 +61,10 @@ from relsat.driver.verify import verify
 from relsat.relations import runtime
 
 THIRD = (96, 160, 48, 200)  # sizes tried for the non-batch dims of the third binding
+PEERS = ("onnxsim", "onnxslim", "onnxoptimizer", "ort-transformers", "relsat-on-onnxsim")  # compare.MAKERS names
 # the transformers optimizer's model_type, num_heads and hidden_size per model
 ORT_TYPES = {"bert_base": ("bert", 12, 768), "distilbert": ("bert", 12, 768), "gpt2": ("gpt2", 12, 768),
              "vit_b16": ("vit", 12, 768), "whisper_tiny_encoder": ("bert", 6, 384)}
-
-
-def _dims(v) -> list:
-    return [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else None)
-            for d in v.type.tensor_type.shape.dim]
-
-
-def _declared(model: onnx.ModelProto) -> dict:
-    inits = {t.name for t in model.graph.initializer}
-    return {"inputs": {v.name: _dims(v) for v in model.graph.input if v.name not in inits},
-            "outputs": {v.name: _dims(v) for v in model.graph.output}}
-
-
-def _dynamic(dims: list) -> list[int]:
-    return [i for i, d in enumerate(dims) if not isinstance(d, int)]
-
-
-def dims_kept(original: onnx.ModelProto, written: onnx.ModelProto) -> tuple[bool, str]:
-    """Whether every dynamic dim of the original's inputs and outputs is dynamic in the written model."""
-    a, b = _declared(original), _declared(written)
-    for kind in ("inputs", "outputs"):
-        for name, dims in a[kind].items():
-            got = b[kind].get(name)
-            if got is None or len(got) != len(dims):
-                return False, f"{kind[:-1]} {name}: {got} for {dims}"
-            lost = [i for i in _dynamic(dims) if isinstance(got[i], int)]
-            if lost:
-                return False, f"{kind[:-1]} {name}: dims {lost} fixed ({got} for {dims})"
-    return True, ""
 
 
 def third_binding(path: Path, binding: dict) -> dict | None:
@@ -92,7 +76,7 @@ def third_binding(path: Path, binding: dict) -> dict | None:
     for v in THIRD:
         values = {k: (2 if s[0] == 1 and s[1] == 3 else v) for k, s in syms.items()}
         shapes = {}
-        for name, dims in _declared(model)["inputs"].items():
+        for name, dims in declared_dims(model)["inputs"].items():
             costed = binding["costed"][name]
             shapes[name] = [values.get(d, c) if isinstance(d, str) else c for d, c in zip(dims, costed)]
             for i, d in enumerate(dims):  # unnamed dims: the one value of a non-batch symbol
@@ -112,31 +96,26 @@ def _first_line(e: BaseException, n: int) -> str:
     return (str(e).splitlines()[0] if str(e).strip() else type(e).__name__)[:n]
 
 
-def _peer(name: str, path: Path, tmp: Path) -> dict:
-    """onnxsim's and (transformer models) ONNX Runtime's transformers optimizer's models: path or error."""
+def run_peers(name: str, path: Path, original: onnx.ModelProto, binding: dict, tmp: Path, row: dict,
+              peers=PEERS) -> dict[str, compare.SystemResult]:
+    """Make and check ``peers`` for corpus model ``name`` (``compare.run_system``: verified at the
+    binding's costed and second shapes, dynamic dims kept); into ``row`` each one's status
+    (``verified`` or ``failed: <why>``, one line), seconds and nodes, and relsat-on-onnxsim's choice.
+    Returns the verified ones."""
+    opts = compare.Options(threads=None, node_limit=None, time_limit=None, transformer=ORT_TYPES.get(name),
+                           bindings=[b for b in (binding["costed"], binding["second"]) if b])
     out = {}
-    try:
-        import onnxsim
-
-        m, ok = onnxsim.simplify(str(path))
-        if not ok:
-            raise RuntimeError("onnxsim's own check failed")
-        p = tmp / "onnxsim.onnx"
-        onnx.save_model(m, str(p))
-        out["onnxsim"] = p
-    except Exception as e:
-        out["onnxsim"] = f"failed: {_first_line(e, 200)}"
-    if name in ORT_TYPES:
-        try:
-            from onnxruntime.transformers.optimizer import optimize_model
-
-            kind, heads, hidden = ORT_TYPES[name]
-            m = optimize_model(str(path), model_type=kind, num_heads=heads, hidden_size=hidden)
-            p = tmp / "ort_transformers.onnx"
-            m.save_model_to_file(str(p))
-            out["ort-transformers"] = p
-        except Exception as e:
-            out["ort-transformers"] = f"failed: {_first_line(e, 200)}"
+    for peer in peers:
+        r = compare.run_system(peer, compare.MAKERS[peer], original, opts, tmp, original=path)
+        if r.status == "not applicable":
+            continue
+        row[f"{peer}_status"] = "verified" if r.status == "ok" else " ".join(
+            f"failed: {r.status}: {r.message}".split())[:240]
+        row[f"{peer}_make_s"], row[f"{peer}_nodes"] = round(r.make_s, 1), r.nodes
+        if "written" in r.info:
+            row[f"{peer}_written"] = r.info["written"]
+        if r.status == "ok":
+            out[peer] = r
     return out
 
 
@@ -156,7 +135,9 @@ def _check_written(row: dict, path: Path, original: onnx.ModelProto, out_path: P
             row["third_msg"] = check.message
 
 
-def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool = True) -> dict:
+def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS) -> dict:
+    """Optimize, check and time one corpus model beside ``peers`` (module docstring); the row of the
+    results file."""
     path = corpus.build([name])[name]
     original = onnx.load_model(str(path))
     row: dict = {"model": name, "nodes_in": len(original.graph.node), "mb": round(path.stat().st_size / 1e6, 1)}
@@ -180,16 +161,16 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers: bool 
             cost_label=rep.cost_label)
         g.close()
         _check_written(row, path, original, out_path, rep.binding, run=True)
-        systems = {"original": path, "relsat": out_path}
-        if peers:
-            for peer, p in _peer(name, path, tmp).items():
-                if isinstance(p, str):
-                    row[f"{peer}_status"] = p
-                    continue
-                check = verify(str(path), str(p), bindings=[rep.binding["costed"]])
-                row[f"{peer}_status"] = "verified" if check.ok else f"not verified: {check.message[:200]}"
-                if check.ok:
-                    systems[peer] = p
+        verified = run_peers(name, path, original, rep.binding, tmp, row, peers or ())
+        systems = {"original": path, "relsat": out_path, **{k: r.path for k, r in verified.items()}}
+        pairs = {k: (r.info["input"], r.path) for k, r in verified.items() if r.info.get("written") == "optimized"}
+        if rep.written == "optimized":
+            pairs = {"relsat": (path, out_path), **pairs}
+        n_ops = threads[0] or all_cores()
+        for who, (before, after) in pairs.items():
+            row.setdefault("ort_ops", {})[who] = compare.ort_ops_diff(before, after, threads=n_ops)
+        if pairs:
+            row["ort_ops_threads"] = n_ops
         roles = feeds.input_roles(original, rep.binding["costed"])
         for t in threads:
             n = t or all_cores()
@@ -227,11 +208,79 @@ def _fmt(x, d=3):
     return "" if x is None else f"{x:.{d}f}" if isinstance(x, float) else str(x)
 
 
+def _group(name: str) -> str:
+    try:
+        return corpus.entry(name).group
+    except KeyError:
+        return "other"
+
+
+def _geomean(xs) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _mean_cell(xs: list, models: int, fmt: str) -> str:
+    """The geometric mean of ``xs``, with their number when fewer than the group's ``models``."""
+    mean = _geomean(xs)
+    return "-" if mean is None else fmt.format(mean) + (f" ({len(xs)})" if len(xs) < models else "")
+
+
+def _failed(r: dict, system: str) -> bool:
+    return r.get(f"{system}_status", "verified") != "verified"
+
+
+def _best_peer(m: dict) -> tuple[str, float] | None:
+    """The fastest timed peer of a row's ms dict (relsat on a peer's output is not a peer)."""
+    peers = [(k, v) for k, v in m.items() if compare.is_peer(k)]
+    return min(peers, key=lambda kv: kv[1]) if peers else None
+
+
+def latency_table(rows: list[dict], n: int) -> str:
+    """Median ms at ``n`` threads of every system with its speedup over the original, relsat / the best
+    peer, then the geometric means per group (speedups: over the models where the system was timed,
+    their number in brackets when fewer than the group's), and the failed peers' reasons."""
+    rows = [r for r in rows if f"ms_{n}t" in r]
+    systems = ["original", "relsat"] + [s for s in PEERS if any(s in r[f"ms_{n}t"] or f"{s}_status" in r
+                                                                for r in rows)]
+    lines = ["| model | " + " | ".join(systems) + " | relsat / best peer |", "|---|" + "---:|" * (len(systems) + 1)]
+    speed: dict = {}  # group -> system -> [speedups]; "relsat / best peer" -> ratios
+    for r in rows:
+        m = r[f"ms_{n}t"]
+        cells = [_fmt(m["original"])]
+        for s in systems[1:]:
+            if s in m:
+                cells.append(f"{_fmt(m[s])} ({m['original'] / m[s]:.3f}x)")
+            else:
+                cells.append("x" if _failed(r, s) else "-")
+        best = _best_peer(m)
+        ratio = m["relsat"] / best[1] if best else None
+        cells.append(f"{ratio:.3f} ({best[0]})" if best else "-")
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+        for g in (_group(r["model"]), "all"):
+            at = speed.setdefault(g, {"models": 0})
+            at["models"] += 1
+            for s in systems[1:]:
+                if s in m:
+                    at.setdefault(s, []).append(m["original"] / m[s])
+            if ratio:
+                at.setdefault("relsat / best peer", []).append(ratio)
+    for g in sorted(speed, key=lambda g: g == "all"):  # the groups as they come, then all
+        at = speed[g]
+        cells = [_mean_cell(at.get(s, []), at["models"], "{:.3f}x") for s in systems[1:]]
+        cells.append(_mean_cell(at.get("relsat / best peer", []), at["models"], "{:.3f}"))
+        lines.append(f"| **geomean {g}** ({at['models']}) | | " + " | ".join(cells) + " |")
+    why = [f"- x {r['model']} {s}: {r[f'{s}_status'].removeprefix('failed: ')}" for r in rows for s in systems
+           if _failed(r, s)]
+    return "\n".join(lines + ([""] + why if why else []))
+
+
 def table(rows: list[dict]) -> str:
-    cores = all_cores()
+    """The Markdown tables of a results file: per model what relsat did and checked, with the ops of the
+    graph ONNX Runtime runs for every written model; then one latency table per thread count timed."""
     head = ("| model | nodes in -> out | opaque | import s | optimize s | e-nodes | e-classes | costed at | "
-            "dims kept, third binding | verify max abs err | "
-            f"ms 1 thread: original / relsat / onnxsim / ort-tr | ms {cores} threads: original / relsat / onnxsim / ort-tr |")
+            "dims kept, third binding | verify max abs err | written | ONNX Runtime's ops, before -> after "
+            "(written models) |")
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---|---|---:|---|---|"]
     for r in rows:
         if "error" in r:
@@ -242,22 +291,18 @@ def table(rows: list[dict]) -> str:
             f", runs and matches at {' '.join(f'{k}={chr(215).join(map(str, v))}' for k, v in third.items())}"
             if third and r.get("third_ok") else ", third binding FAILED" if third else ", no third binding ran")
         costed = ", ".join(f"{k}={v[0]}" for k, v in r["binding"].items()) or "static"
-
-        def ms(t):
-            m = r.get(f"ms_{t}t") or {}
-            cells = []
-            for k in ("original", "relsat", "onnxsim", "ort-transformers"):
-                if k in m:
-                    cells.append(_fmt(m[k]))
-                elif k in ("onnxsim", "ort-transformers") and r.get(f"{k}_status", "").startswith(("failed", "not")):
-                    cells.append("x")
-                else:
-                    cells.append("-")
-            return " / ".join(cells)
-
+        written = r.get("written", "")
+        if "relsat-on-onnxsim_written" in r:
+            written += f"; on onnxsim's: {r['relsat-on-onnxsim_written']}"
+        ops = "; ".join(f"{who}{' (vs onnxsim)' if who != 'relsat' else ''}: {d}"
+                        for who, d in (r.get("ort_ops") or {}).items())
         lines.append(f"| {r['model']} | {r['nodes_in']} -> {r['nodes_out']} | {r['opaque']} | {r['import_s']} | "
                      f"{r['optimize_s']} | {r['enodes']} | {r['eclasses']} | {costed} | {kept} | "
-                     f"{r['verify_err']:.2e} | {ms(1)} | {ms(cores)} |")
+                     f"{r['verify_err']:.2e} | {written} | {ops or '-'} |")
+    counts = sorted({int(k[3:-1]) for r in rows for k in r if k.startswith("ms_") and k.endswith("t")})
+    for n in counts:
+        lines += ["", f"Latency at {n} thread{'s' if n > 1 else ''}: median ms (speedup over the original)", "",
+                  latency_table(rows, n)]
     return "\n".join(lines)
 
 
@@ -286,7 +331,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", nargs="*", type=int, default=None, help="thread counts timed (default: 1 and all)")
     ap.add_argument("--budget", type=float, default=2.0, help="timing seconds per model and thread count")
     ap.add_argument("--out", default="corpus_results.jsonl")
-    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--peers", nargs="*", choices=PEERS, default=list(PEERS), metavar="PEER",
+                    help=f"peers made, verified and timed (default: all of {', '.join(PEERS)})")
+    ap.add_argument("--no-peers", action="store_true", help="no peer (as --peers with none)")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     ap.add_argument("--reexport", action="store_true", help="instead: the extracted graph written whatever its "
                     "speed (analytic costs, no timing), verified, its dims checked (``run_reexport``)")
@@ -308,7 +355,7 @@ def main(argv=None) -> None:
     threads = tuple(a.threads) if a.threads else (1, None)
     for name in names:
         t = time.perf_counter()
-        row = run_model(name, threads=threads, budget=a.budget, peers=not a.no_peers)
+        row = run_model(name, threads=threads, budget=a.budget, peers=() if a.no_peers else tuple(a.peers))
         row["bench_s"] = round(time.perf_counter() - t, 1)
         with out.open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")

@@ -1,4 +1,5 @@
-"""relsat beside its peers on the model zoo, all timed in one run (DESIGN section 11).
+"""relsat beside its peers on the model zoo, all timed in one run (DESIGN section 11); and the peer
+runners (``MAKERS``, ``run_system``: make one system's model, verify it) that ``bench_corpus`` shares.
 
     python -m relsat.benchmarks.compare [--models NAME ...] [--small] [--threads 1]
         [--node-limit 2000] [--cost-model measured|analytic] [--budget 2] [--min-runs 20]
@@ -16,10 +17,20 @@ For every zoo model, each system below produces a model from the same original:
   ort-offline    the model ONNX Runtime writes itself (``SessionOptions.optimized_model_filepath``,
                  level ALL, CPU provider, the same thread count); it may hold NCHWc and com.microsoft
                  operators that only load on that provider, which is the one timed
+  onnxslim       ``onnxslim.slim`` with its defaults
+  ort-transformers  ONNX Runtime's transformers optimizer (``optimize_model``, default options), for
+                 transformer models only (``Options.transformer``: model type, heads, hidden size;
+                 0 = detected from the graph, as for the zoo's two BERTs)
+  relsat-on-onnxsim  relsat (as above) run on onnxsim's output: relsat is never worse than a peer
+                 output it could have reached
 
 Every model is checked against the original under ONNX Runtime with
-``relsat.driver.verify.verify`` before it is timed; one that fails verification, or a
-system that crashes or is not installed, is reported as such and not timed. The
+``relsat.driver.verify.verify`` (at ``Options.bindings``, default the model's own shapes), and
+its declared dynamic dims against the original's (``dims_kept``), before it is timed
+(``run_system``); one that fails verification or freezes a dynamic dim, or a system that crashes
+or is not installed, is reported as such (one line) and not timed. Where relsat (or relsat-on-onnxsim)
+wrote a rewritten graph, its notes give what changed in the graph ONNX Runtime runs (``ort_ops``:
+op counts of ONNX Runtime's optimized model, before -> after). The
 verified models of one zoo model are then timed together (``time_interleaved``), in
 sessions made by ``relsat.driver.latency.session``: ONNX Runtime level ALL, fixed
 intra-op threads, one inter-op thread, sequential execution; the same seeded inputs; in
@@ -54,18 +65,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from relsat.benchmarks import zoo
+from relsat.benchmarks import ort_ops, zoo
 from relsat.driver.verify import error_line, random_inputs, verify
 
 SECTION = "Peer comparison"
-SYSTEMS = ("original", "relsat", "onnxsim", "onnxoptimizer", "ort-offline")
+SYSTEMS = ("original", "relsat", "onnxsim", "onnxoptimizer", "ort-offline")  # the first comparison's systems
+ADDED = ("onnxslim", "ort-transformers", "relsat-on-onnxsim")  # issue 25's peers, after them in the tables
+ORDER = SYSTEMS + ADDED
+# the zoo's transformer models, for ONNX Runtime's transformers optimizer: (model_type, num_heads, hidden_size);
+# 0 lets it read heads and hidden size from the graph
+ZOO_TRANSFORMERS = {"bert": ("bert", 0, 0), "bert_encoder": ("bert", 0, 0)}
 NOISE = 0.03  # relative latency differences below this are noise on these machines (DESIGN section 11)
 
 
@@ -73,15 +89,22 @@ class NotInstalled(Exception):
     """A peer's package is missing (or has no wheel for this Python): the system is skipped."""
 
 
+class NotApplicable(Exception):
+    """The system does not apply to this model (ort-transformers on a model that is no transformer): it
+    is left out of the results."""
+
+
 @dataclass
 class Options:
-    threads: int = 1
-    node_limit: int = 2000
-    time_limit: float = 60.0
+    threads: int | None = 1  # ONNX Runtime intra-op threads (relsat's: None is its default, all cores)
+    node_limit: int | None = 2000  # None: relsat's default
+    time_limit: float | None = 60.0  # None: relsat's default
     cost_model: str | None = None  # None: relsat's default
     budget_s: float = 2.0  # seconds of timed runs per system (fast models)
     min_runs: int = 20  # at least this many timed runs per system (slow models)
     relsat_kwargs: dict = field(default_factory=dict)  # passed on to optimize() (e.g. measure=False)
+    transformer: tuple | None = None  # (model_type, num_heads, hidden_size) of this model; None: no transformer
+    bindings: list | None = None  # input shapes dicts every system is verified at; None: the model's own
 
 
 @dataclass
@@ -136,16 +159,15 @@ def make_original(model: onnx.ModelProto, opts: Options, tmp: Path):
     return path, {}
 
 
-def make_relsat(model: onnx.ModelProto, opts: Options, tmp: Path):
+def _relsat(model: onnx.ModelProto, opts: Options, path: Path):
+    """relsat's model for ``model``, written to ``path``, and its facts worth reporting."""
     from relsat.driver.optimize import optimize
 
-    kw = {"node_limit": opts.node_limit, "time_limit": opts.time_limit, "threads": opts.threads}
-    if opts.cost_model:
-        kw["cost_model"] = opts.cost_model
+    kw = {k: v for k, v in (("node_limit", opts.node_limit), ("time_limit", opts.time_limit),
+                            ("threads", opts.threads), ("cost_model", opts.cost_model)) if v is not None}
     kw.update(opts.relsat_kwargs)
     res = optimize(model, **kw)
     rep = res.report
-    path = tmp / "relsat.onnx"
     onnx.save(res.model, path)
     info = {"cost_model": rep.get("cost_model", "analytic"), "written": rep.get("written", "optimized"),
             "enodes": rep.get("enodes"), "stop": rep.get("stop_reason"),
@@ -159,6 +181,24 @@ def make_relsat(model: onnx.ModelProto, opts: Options, tmp: Path):
     return path, info
 
 
+def make_relsat(model: onnx.ModelProto, opts: Options, tmp: Path):
+    return _relsat(model, opts, tmp / "relsat.onnx")
+
+
+def make_relsat_on_onnxsim(model: onnx.ModelProto, opts: Options, tmp: Path):
+    """relsat run on onnxsim's model (the one ``make_onnxsim`` wrote in ``tmp``, else made here)."""
+    sim = tmp / "onnxsim.onnx"
+    if not sim.exists():
+        try:
+            make_onnxsim(model, opts, tmp)
+        except NotInstalled:
+            raise
+        except Exception as e:
+            raise RuntimeError(f"onnxsim failed: {error_line(e)}") from None
+    path, info = _relsat(onnx.load(str(sim)), opts, tmp / "relsat-on-onnxsim.onnx")
+    return path, dict(info, input=str(sim))
+
+
 def make_onnxsim(model: onnx.ModelProto, opts: Options, tmp: Path):
     onnxsim = _require("onnxsim")
     out, ok = onnxsim.simplify(model)
@@ -167,6 +207,31 @@ def make_onnxsim(model: onnx.ModelProto, opts: Options, tmp: Path):
     path = tmp / "onnxsim.onnx"
     onnx.save(out, path)
     return path, {}
+
+
+def make_onnxslim(model: onnx.ModelProto, opts: Options, tmp: Path):
+    onnxslim = _require("onnxslim")
+    out = onnxslim.slim(model)  # a new model; the input is left as it is
+    if out is None:
+        raise RuntimeError("onnxslim returned no model")
+    path = tmp / "onnxslim.onnx"
+    onnx.save(out, path)
+    return path, {}
+
+
+def make_ort_transformers(model: onnx.ModelProto, opts: Options, tmp: Path):
+    if opts.transformer is None:
+        raise NotApplicable("not a transformer model")
+    _require("onnxruntime.transformers.optimizer")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    kind, heads, hidden = opts.transformer
+    given = tmp / "ort-transformers-input.onnx"  # given a ModelProto, optimize_model moves its weights to
+    onnx.save(model, given)  # external data in place and then fails to read them (zoo BERT)
+    out = optimize_model(str(given), model_type=kind, num_heads=heads, hidden_size=hidden)
+    path = tmp / "ort-transformers.onnx"
+    out.save_model_to_file(str(path))
+    return path, {"model_type": kind}
 
 
 def make_onnxoptimizer(model: onnx.ModelProto, opts: Options, tmp: Path):
@@ -200,12 +265,86 @@ MAKERS: dict[str, Callable] = {
     "onnxsim": make_onnxsim,
     "onnxoptimizer": make_onnxoptimizer,
     "ort-offline": make_ort_offline,
+    "onnxslim": make_onnxslim,
+    "ort-transformers": make_ort_transformers,
+    "relsat-on-onnxsim": make_relsat_on_onnxsim,
 }
 
 
-def _count(path: Path) -> tuple[int, int]:
-    m = onnx.load(str(path), load_external_data=False)
-    return len(m.graph.node), sum(1 for n in m.graph.node if n.domain not in ("", "ai.onnx"))
+def _count(model: onnx.ModelProto) -> tuple[int, int]:
+    return len(model.graph.node), sum(1 for n in model.graph.node if n.domain not in ("", "ai.onnx"))
+
+
+def _dims(v) -> list:
+    return [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else None)
+            for d in v.type.tensor_type.shape.dim]
+
+
+def declared_dims(model: onnx.ModelProto) -> dict:
+    """The dims the graph's inputs (initializers left out) and outputs declare: int, dim_param, or None."""
+    inits = {t.name for t in model.graph.initializer}
+    return {"inputs": {v.name: _dims(v) for v in model.graph.input if v.name not in inits},
+            "outputs": {v.name: _dims(v) for v in model.graph.output}}
+
+
+def dims_kept(original: onnx.ModelProto, written: onnx.ModelProto) -> tuple[bool, str]:
+    """Whether every dynamic dim of the original's inputs and outputs is dynamic in the written model
+    (and why not: one line)."""
+    a, b = declared_dims(original), declared_dims(written)
+    for kind in ("inputs", "outputs"):
+        for name, dims in a[kind].items():
+            got = b[kind].get(name)
+            if got is None or len(got) != len(dims):
+                return False, f"{kind[:-1]} {name}: {got} for {dims}"
+            lost = [i for i, d in enumerate(dims) if not isinstance(d, int) and isinstance(got[i], int)]
+            if lost:
+                return False, f"{kind[:-1]} {name}: dims {lost} fixed ({got} for {dims})"
+    return True, ""
+
+
+def ort_ops_diff(before, after, *, threads: int = 1) -> str:
+    """What a rewrite changed in the graph ONNX Runtime runs (``ort_ops.diff`` of the two models'
+    optimized graphs), or why that could not be read."""
+    try:
+        return ort_ops.diff(ort_ops.ort_histogram(before, threads), ort_ops.ort_histogram(after, threads))
+    except Exception as e:
+        return f"not read: {error_line(e)}"
+
+
+def run_system(sysname: str, maker: Callable, model: onnx.ModelProto, opts: Options, tmp: Path, *,
+               original=None) -> SystemResult:
+    """Make one system's model (``maker(model, opts, tmp)``) and check it against the original
+    (``original``: its path or ModelProto, default ``model``): verified element by element at
+    ``opts.bindings``, and every dynamic dim kept. Status ``ok`` with ``path`` the verified model, else
+    ``not applicable`` / ``not installed`` / ``error`` / ``verification failed`` / ``dims lost`` with a
+    one-line message; ``nodes`` and ``foreign_ops`` once a model was made."""
+    r = SystemResult(sysname, "ok")
+    t = time.perf_counter()
+    try:
+        path, r.info = maker(model, opts, tmp)
+    except (NotApplicable, NotInstalled) as e:
+        r.status, r.message = "not applicable" if isinstance(e, NotApplicable) else "not installed", str(e)
+        return r
+    except Exception as e:  # a crashing system is reported, not timed
+        r.status, r.message = "error", f"{type(e).__name__}: {error_line(e)}"
+        return r
+    finally:
+        r.make_s = time.perf_counter() - t
+    r.path = str(path)
+    try:
+        made = onnx.load(str(path), load_external_data=False)
+        r.nodes, r.foreign_ops = _count(made)
+        check = verify(model if original is None else original, path, bindings=opts.bindings)
+        r.max_abs_err = check.max_abs_err
+        if not check.ok:
+            r.status, r.message = "verification failed", check.message
+            return r
+        kept, why = dims_kept(model, made)
+        if not kept:
+            r.status, r.message = "dims lost", why
+    except Exception as e:
+        r.status, r.message = "verification failed", f"{type(e).__name__}: {error_line(e)}"
+    return r
 
 
 # ------------------------------------------------------------------------------------ timing
@@ -286,9 +425,10 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
 def compare_model(name: str, *, small: bool = False, opts: Options | None = None, systems=None,
                   workdir: str | Path | None = None, progress=print) -> ModelResult:
     """Produce, verify and time every system's model for zoo model ``name``. ``systems``: a dict
-    name -> maker (default ``MAKERS``; ``original`` is always first). Model files are written under
-    ``workdir`` (a temporary folder, removed afterwards, when None)."""
-    opts = opts or Options()
+    name -> maker (default ``MAKERS``; ``original`` is always first; a system that does not apply to the
+    model is left out). Model files are written under ``workdir`` (a temporary folder, removed
+    afterwards, when None)."""
+    opts = replace(opts or Options(), transformer=ZOO_TRANSFORMERS.get(name))
     makers = dict(systems or MAKERS)
     makers = {"original": makers.pop("original", make_original), **makers}
     with tempfile.TemporaryDirectory() if workdir is None else _nullctx(workdir) as tmp:
@@ -297,30 +437,12 @@ def compare_model(name: str, *, small: bool = False, opts: Options | None = None
         model = zoo.build(name, small=small)
         result = ModelResult(name, small, len(model.graph.node), [], metric="cpu" if opts.threads == 1 else "wall")
         for sysname, maker in makers.items():
-            r = SystemResult(sysname, "ok")
             progress(f"  {name}: {sysname} ...")
-            t = time.perf_counter()
-            try:
-                path, r.info = maker(model, opts, tmp)
-                r.make_s = time.perf_counter() - t
-            except NotInstalled as e:
-                r.status, r.message = "not installed", str(e)
-                result.systems.append(r)
+            r = run_system(sysname, maker, model, opts, tmp)
+            if r.status == "not applicable":
                 continue
-            except Exception as e:  # a crashing system is reported, not timed
-                r.status, r.message = "error", f"{type(e).__name__}: {error_line(e)}"
-                r.make_s = time.perf_counter() - t
-                result.systems.append(r)
-                continue
-            r.path = str(path)
-            try:
-                r.nodes, r.foreign_ops = _count(path)
-                check = verify(model, path)
-                r.max_abs_err = check.max_abs_err
-                if not check.ok:
-                    r.status, r.message = "verification failed", check.message
-            except Exception as e:
-                r.status, r.message = "verification failed", f"{type(e).__name__}: {error_line(e)}"
+            if r.status == "ok" and r.info.get("written") == "optimized":
+                r.info["ort_ops"] = ort_ops_diff(r.info.get("input") or model, r.path, threads=opts.threads)
             result.systems.append(r)
         timed = [s for s in result.systems if s.status == "ok"]
         if not timed or timed[0].system != "original":
@@ -441,6 +563,12 @@ def _series(s: SystemResult, metric: str):
     return s.times, s.speedup, s.median_ms
 
 
+def is_peer(system: str) -> bool:
+    """Whether ``system`` is a peer relsat is judged against: neither the original nor relsat (on its own
+    or on a peer's output)."""
+    return system != "original" and not system.startswith("relsat")
+
+
 def verdict(res: ModelResult) -> tuple[str, str]:
     """relsat against the fastest verified peer under the model's metric: (verdict, detail). Ahead
     or behind only when the paired ratio differs from 1 by more than ``NOISE`` and its 95%
@@ -449,7 +577,7 @@ def verdict(res: ModelResult) -> tuple[str, str]:
     rel = by.get("relsat")
     if rel is None or rel.times is None:
         return "relsat not timed", (rel.status + (f": {rel.message}" if rel.message else "")) if rel else "not run"
-    peers = [s for s in res.systems if s.system not in ("relsat", "original") and s.times is not None]
+    peers = [s for s in res.systems if is_peer(s.system) and s.times is not None]
     if not peers:
         return "no peer timed", ""
     best = max(peers, key=lambda s: _series(s, res.metric)[1])
@@ -487,7 +615,7 @@ def _table(results, systems, metric: str) -> list[str]:
 
 def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, command: str, opts: Options,
            started: str, load: tuple[float, float], chart: str | None) -> str:
-    systems = [s for s in SYSTEMS if any(s in r.by_system() for r in results)]
+    systems = [s for s in ORDER if any(s in r.by_system() for r in results)]
     systems += sorted({s.system for r in results for s in r.systems} - set(systems))
     metric = "cpu" if opts.threads == 1 else "wall"
     L = [f"## {SECTION}", "", f"Command: `{command}`", ""]
@@ -498,12 +626,17 @@ def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, com
     L.append(
         "Systems: relsat = `relsat.driver.optimize.optimize` with its defaults (default rules, "
         f"{'cost model ' + opts.cost_model + ', ' if opts.cost_model else ''}ILP extraction, latency guard) and "
-        f"node limit {opts.node_limit}; onnxsim = `onnxsim.simplify` with its defaults; onnxoptimizer = its "
-        "default fuse-and-eliminate passes, then constant folding by `onnxsim.simplify(perform_optimization="
-        "False)` (onnxsim's folder with its optimizer off); ort-offline = the model ONNX Runtime saves at level "
-        "ALL (`optimized_model_filepath`; NCHWc and com.microsoft operators, for the CPU provider only). Every "
+        f"node limit {opts.node_limit or 'default'}; onnxsim = `onnxsim.simplify` with its defaults; "
+        "onnxoptimizer = its default fuse-and-eliminate passes, then constant folding by "
+        "`onnxsim.simplify(perform_optimization=False)` (onnxsim's folder with its optimizer off); ort-offline = the model ONNX Runtime saves at level "
+        "ALL (`optimized_model_filepath`; NCHWc and com.microsoft operators, for the CPU provider only); "
+        "onnxslim = `onnxslim.slim` with its defaults; ort-transformers = ONNX Runtime's transformers optimizer "
+        "(`optimize_model`, model type bert, heads and hidden size read from the graph; the two BERTs only); "
+        "relsat-on-onnxsim = relsat as above on onnxsim's model (not counted as a peer in the verdicts). Every "
         "system's model is verified against the original under ONNX Runtime (`relsat.driver.verify.verify`) "
-        "before it is timed; a model that fails, or a system that crashes, is reported and not timed.")
+        "before it is timed; a model that fails, or a system that crashes, is reported and not timed. Where "
+        "relsat wrote a rewritten graph, its notes give what changed in the graph ONNX Runtime runs (op counts "
+        "of its optimized model, before -> after).")
     L.append("")
     L.append(
         f"Timing: ONNX Runtime {ort.__version__}, CPU provider, level ALL for every model (so the original "
@@ -550,14 +683,15 @@ def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, com
     for r in results:
         for s in r.systems:
             notes = s.message
-            if s.system == "relsat" and s.info:
+            if s.system.startswith("relsat") and s.info:
                 i = s.info
                 notes = "; ".join(x for x in (
                     f"cost model {i.get('cost_model')}", f"{i.get('enodes')} e-nodes, {i.get('stop')}",
                     f"wrote the {i.get('written')} graph" + (f" ({i['why_original']})" if i.get("why_original") else ""),
                     (f"model cost {i['cost_before']:.3g} -> {i['cost_after']:.3g} ms" if i.get("cost_after") is not None
                      else ""),
-                    (f"its guard measured {i['guard_speedup']:.2f}x" if i.get("guard_speedup") else ""), notes) if x)
+                    (f"its guard measured {i['guard_speedup']:.2f}x" if i.get("guard_speedup") else ""),
+                    (f"ONNX Runtime's ops {i['ort_ops']}" if i.get("ort_ops") else ""), notes) if x)
             nodes = "-" if s.nodes is None else f"{s.nodes}" + (f" ({s.foreign_ops})" if s.foreign_ops else "")
             spread = "-" if s.q1_ms is None else f"{_fmt(s.q1_ms)} / {_fmt(s.median_ms)} / {_fmt(s.q3_ms)}"
             err = "-" if s.max_abs_err is None else f"{s.max_abs_err:.2g}"
@@ -630,7 +764,7 @@ def chart(results: list[ModelResult], path: str | Path, metric: str = "cpu") -> 
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    systems = [s for s in SYSTEMS if s != "original" and any(s in r.by_system() for r in results)]
+    systems = [s for s in ORDER if s != "original" and any(s in r.by_system() for r in results)]
     labels = [r.model for r in results]
     width = 0.8 / max(len(systems), 1)
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels) + 2), 4.2))
