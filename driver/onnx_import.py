@@ -34,7 +34,7 @@ import onnx.version_converter
 from onnx import AttributeProto, helper, numpy_helper
 
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
-from relsat.relations.dims import Symbols, is_batch_like, is_sym
+from relsat.relations.dims import Symbols, is_batch_like, is_sym, window_dim
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
@@ -684,6 +684,95 @@ class _Importer:
             self.cls = dict(zip(names, self.g.find([self.cls[n] for n in names]).tolist()))
 
 
+_WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
+
+
+def _bcast(a: list, b: list) -> list | None:
+    """Broadcast two shapes as the catalog's ``bcast`` does (symbols equal only to themselves)."""
+    n = max(len(a), len(b))
+    a, b = [1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return out
+
+
+def _window_shape(node: onnx.NodeProto, x: list, types: dict) -> list | None:
+    """The output shape of a Conv or pool over ``x`` (``dims.window_dim`` per spatial dim), None when unknown."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    n = len(x) - 2
+    if auto_pad not in ("NOTSET", "VALID") or n < 1:
+        return None
+    kernel = attrs.get("kernel_shape")
+    channels = x[1]
+    if node.op_type == "Conv":
+        w = (types.get(node.input[1]) or (None, None))[1] if len(node.input) > 1 else None
+        if not w or len(w) != n + 2 or any(is_sym(d) for d in w):
+            return None
+        kernel, channels = kernel or list(w[2:]), w[0]
+    if kernel is None or len(kernel) != n:
+        return None
+    strides = attrs.get("strides") or [1] * n
+    pads = attrs.get("pads") if auto_pad == "NOTSET" and attrs.get("pads") else [0] * (2 * n)
+    dil = attrs.get("dilations") or [1] * n
+    ceil_mode = int(attrs.get("ceil_mode", 0))
+    dims = [window_dim(x[j + 2], kernel[j], strides[j], pads[j], pads[j + n], dil[j], ceil_mode) for j in range(n)]
+    return None if any(d is None for d in dims) else [x[0], channels, *dims]
+
+
+def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs: set[str]) -> dict:
+    """``types`` with the dynamic dims that catalog rules derive put where shape inference left a symbol
+    of its own: ONNX's inference gives every value of a model over a dynamic image size fresh unknown
+    dims, which the catalog's shape rules (the same dim through an element-wise op, broadcasting, the
+    derived symbol of a sliding window, ``dims.window_dim``) would then contradict, keeping the nodes
+    opaque. Walking the graph in order, a symbol inference gave an output is renamed to the dim the
+    rule derives when it is not a graph input's dim and stands for one dim only; the rest is left as
+    inference gave it (and checked against the rules at insertion, as before)."""
+    input_syms = {d for n in inputs for d in ((types.get(n) or (None, None))[1] or ()) if is_sym(d)}
+    sub: dict[int, int] = {}
+
+    def shape_of(name):
+        shape = (types.get(name) or (None, None))[1] if name else None
+        return None if shape is None else [sub.get(d, d) for d in shape]
+
+    for node in graph.node:
+        op = for_node(node.domain, node.op_type)
+        if op is None or op.domain or not node.output or len(node.output) > 1 and any(node.output[1:]):
+            continue
+        x = shape_of(node.input[0]) if node.input else None
+        out = shape_of(node.output[0])
+        if not x or not out:
+            continue
+        if op.op_type in _WINDOW_OPS:
+            got = _window_shape(node, x, types) if len(x) >= 3 else None
+        elif op.op_type == "GlobalAveragePool":
+            got = x[:2] + [1] * (len(x) - 2)
+        elif op.shape == "bcast(s_a, s_b)" and len(node.input) == 2:
+            y = shape_of(node.input[1])
+            got = _bcast(x, y) if y is not None else None
+        elif op.shape == "s_x" or op.op_type == "BatchNormalization":
+            got = x
+        else:
+            continue
+        if got is None or len(got) != len(out):
+            continue
+        for inferred, d in zip(out, got):
+            if is_sym(inferred) and inferred != d and inferred not in input_syms and inferred not in sub:
+                sub[inferred] = d
+                if is_sym(d) and d not in symbols.by_code:
+                    symbols.add_derived(d)
+    if not sub:
+        return types
+    return {name: (dt, None if shape is None else [sub.get(d, d) for d in shape]) for name, (dt, shape) in types.items()}
+
+
 def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     """A model below relsat's lowest default-domain opset, upgraded with ONNX's version converter
     (to ``UPGRADE_OPSET``), and the notice saying so; other models unchanged (notice None).
@@ -724,6 +813,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     except Exception as e:
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
+    types = _propagate_dims(graph, types, symbols, {v.name for v in real_inputs})
     g = egraph if egraph is not None else EGraph()
     imp = _Importer(g, model, opset, types)
     imp.symbols = symbols

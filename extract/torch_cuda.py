@@ -221,6 +221,8 @@ _OPS: dict[str, Callable] = {
     "Conv": _conv,
     "Gemm": _gemm,
     "LeakyRelu": lambda v, a: lambda: F.leaky_relu(v[0], a.get("alpha", 0.01)),
+    "HardSigmoid": lambda v, a: lambda: torch.clamp(v[0] * a.get("alpha", 0.2) + a.get("beta", 0.5), 0.0, 1.0),
+    "HardSwish": lambda v, a: lambda: F.hardswish(v[0]),
     "Softmax": lambda v, a: lambda: torch.softmax(v[0], a.get("axis", -1)),
     "Concat": lambda v, a: lambda: torch.cat(v, a["axis"]),
     "MaxPool": _pool("max"),

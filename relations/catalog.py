@@ -147,7 +147,12 @@ CREATE OR REPLACE MACRO matmul_shape(a, b) AS CASE
     WHEN len(a) = 1 THEN CASE WHEN a[1] = b[-2] THEN b[1:len(b) - 2] || [b[-1]] END
     WHEN len(b) = 1 THEN CASE WHEN a[-1] = b[1] THEN a[1:len(a) - 1] END
     WHEN a[-1] = b[-2] THEN bcast(a[1:len(a) - 2], b[1:len(b) - 2]) || [a[-2], b[-1]] END;
-CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN is_sym(i) THEN NULL WHEN ceil_mode = 0
+CREATE OR REPLACE MACRO dsym(i, a, s, c) AS -1099511627776 - 1073741824
+    - ((((-1099511627776 - i) % 274877906944) * 1024 + (a + 512)) * 32 + s * 2 + c) % 274877906879;
+CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN is_sym(i) THEN CASE
+    WHEN s = 1 AND p0 + p1 = d * (k - 1) THEN i
+    WHEN p0 + p1 - d * (k - 1) - 1 BETWEEN -512 AND 511 AND s BETWEEN 1 AND 15 AND ceil_mode IN (0, 1)
+    THEN dsym(i, p0 + p1 - d * (k - 1) - 1, s, ceil_mode) END WHEN ceil_mode = 0
     THEN floor((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
     ELSE ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT + 1
          - CASE WHEN ceil((i + p0 + p1 - d * (k - 1) - 1) / s)::BIGINT * s >= i + p0 THEN 1 ELSE 0 END END;
@@ -234,6 +239,8 @@ OPS: tuple[OpDef, ...] = (
     _unary("Sqrt", flops="2 * prod(s_out)", positive=(0,)),
     _unary("LeakyRelu", (Attr("alpha", "float", 0.01),)),
     _unary("Gelu", (Attr("approximate", "string", "none"),), flops="8 * prod(s_out)"),
+    _unary("HardSigmoid", (Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)), flops="2 * prod(s_out)"),
+    _unary("HardSwish", flops="3 * prod(s_out)"),  # below opset 14 written as x * HardSigmoid(x, 1/6, 1/2)
     OpDef(
         "Clip",
         _X,

@@ -11,13 +11,18 @@ costs and timing (the representative shape) and a second value used in verificat
 What the catalog's shape rules may do with a symbol (SQL macros in ``catalog.SQL_MACROS``):
 equal symbols are equal dims (``=`` compares codes); a symbol is never provably 1, 0 or equal to
 a number; arithmetic that involves a symbol gives NULL (the node is not derived) except where the
-result is the symbol itself (``x * 1``, ``x + 0``, a full slice, the product of one symbol) or a
-product compared as a whole (Reshape: same concrete factor and the same multiset of symbols).
+result is the symbol itself (``x * 1``, ``x + 0``, a full slice, the product of one symbol), a
+product compared as a whole (Reshape: same concrete factor and the same multiset of symbols), or a
+sliding window's output size (Conv, pools over a dynamic image size): a *derived symbol*
+(``window_dim``) whose code is computed from the input symbol and the window, so that the same
+window over the same dim gives the same symbol wherever it is derived (import maps the dim ONNX
+shape inference gives there onto it; its sizes at each binding come from that inference).
 So a rule whose condition needs a concrete size fires only when the shapes prove it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +42,31 @@ def is_sym(d) -> bool:
 def code(k: int) -> int:
     """The code of the k-th symbol (k >= 1)."""
     return SYM_BASE - k
+
+
+DERIVED_BASE = SYM_BASE - (1 << 30)  # derived symbols (window_dim) have codes below this
+_DERIVED_MOD = 274877906879  # a prime below 2**38
+
+
+def window_dim(i: int, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: int) -> int | None:
+    """The output size of a sliding window (Conv, pools) over an input dim ``i``, as the catalog's SQL
+    ``window_dim`` computes it: a number for a number; over a symbol, the symbol itself where the window
+    keeps the size (stride 1, padded by the kernel's reach), else a *derived symbol* whose code is a
+    deterministic function of (symbol, pad excess, stride, ceil mode), the same in SQL (``dsym``) and
+    here, so that import and rules name the same dim alike. None where no dim follows."""
+    a = p0 + p1 - d * (k - 1) - 1
+    if not is_sym(i):
+        q = (i + a) / s
+        out = (math.floor(q) if not ceil_mode else math.ceil(q)) + 1
+        if ceil_mode and (out - 1) * s >= i + p0:
+            out -= 1
+        return out if out >= 0 else None
+    if s == 1 and a == -1:
+        return i
+    if not (-512 <= a <= 511 and 1 <= s <= 15 and ceil_mode in (0, 1)):
+        return None
+    x = (((SYM_BASE - i) % (1 << 38)) * 1024 + (a + 512)) * 32 + s * 2 + ceil_mode
+    return DERIVED_BASE - x % _DERIVED_MOD
 
 
 def is_batch_like(name: str, index: int, rank: int) -> bool:
@@ -69,6 +99,10 @@ class Symbols:
         s = self.by_name.get(name) or self._add(Symbol(code(len(self.by_name) + 1), name, anonymous, batch))
         s.batch = s.batch or batch
         return s.code
+
+    def add_derived(self, c: int) -> None:
+        """Register the derived symbol ``c`` (``window_dim``): written as an unnamed dim, bound from inference."""
+        self._add(Symbol(c, f"derived:{c}", anonymous=True))
 
     def anonymous(self, d) -> bool:
         """Whether ``d`` is a symbol for a dim nothing named (an unknown dim of shape inference)."""

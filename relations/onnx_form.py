@@ -10,7 +10,7 @@ attributes equal to the ONNX default left out, lifted attributes (``Input.lifted
 initializer inputs from the opset that takes them as inputs (else as attributes), the
 number of outputs of a tuple operator from the catalog (``OpDef.arity``), the op's domain, and
 the few operator-specific spellings (``_SPELLINGS``: Slice's INT64_MIN end, Reshape's
-allowzero, Softmax's axis before opset 13, Gelu below opset 20 as its definition in
+allowzero, Softmax's axis before opset 13, Gelu below opset 20 and HardSwish below 14 as their definitions in
 primitives).  ``opaque_node`` writes an opaque node back with new value names (subgraph reads of
 outer values renamed too).  ``enode_proto`` writes one e-node standing alone (the profiler's
 one-node models).  Export (driver/onnx_export.py), rule verification (programs/verify.py)
@@ -122,8 +122,8 @@ def catalog_nodes(op: OpDef, inputs: list[str], outputs: list[str], attrs: dict,
     initializer holding a value, ``fresh(hint)`` a new value name.  FormError when it cannot be
     written at ``opset``."""
     spell = _SPELLINGS.get(op.op_type)
-    if op.op_type == "Gelu" and opset < 20:
-        return _gelu(inputs[0], outputs[0], attrs, opset, data_dtype, const, fresh)
+    if op.op_type in _DEFINITIONS and opset < _DEFINITIONS[op.op_type][0]:
+        return _DEFINITIONS[op.op_type][1](inputs[0], outputs[0], attrs, opset, data_dtype, const, fresh)
     schema_attrs = _attribute_names(op, opset)
     inputs, values = list(inputs), dict(attrs)
     extra_attrs = spell(values, opset, data_shape, schema_attrs) if spell else []
@@ -197,6 +197,18 @@ def _gelu(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -
         nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [name], name=name))
         prev = name
     return nodes
+
+
+def _hardswish(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -> list[onnx.NodeProto]:
+    """HardSwish below opset 14, where ONNX has no HardSwish op: x * HardSigmoid(x) with alpha 1/6 and
+    beta 1/2, its definition (and the form ONNX Runtime keeps in its blocked NCHWc layout)."""
+    gate = fresh("hardswish")
+    return [helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", [x, gate], [out], name=out)]
+
+
+# ops written as their definition in older ONNX primitives below the opset that introduced them
+_DEFINITIONS = {"Gelu": (20, _gelu), "HardSwish": (14, _hardswish)}
 
 
 def opaque_node(blob: bytes, inputs: list[str], outputs: list[str]) -> onnx.NodeProto:
@@ -283,8 +295,6 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def _window(ctx, node, attrs, data, shapes) -> bool:
     x = shapes[0]
     sp = len(x) - 2
-    if any(is_sym(d) for d in x[2:]):
-        return False  # window arithmetic over a dynamic spatial dim proves no output size
     k = attrs.get("kernel_shape") or (list(shapes[1][2:]) if node.op_type == "Conv" and len(shapes) > 1 else None)
     if sp < 1 or not k or len(k) != sp:
         return False
@@ -295,6 +305,8 @@ def _window(ctx, node, attrs, data, shapes) -> bool:
     if auto == "VALID":
         pads = [0] * (2 * sp)
     elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        if any(is_sym(d) for d in x[2:]):
+            return False  # the pads depend on a dynamic spatial dim's size
         total = [max(0, (-(-x[i + 2] // s[i]) - 1) * s[i] + (k[i] - 1) * d[i] + 1 - x[i + 2]) for i in range(sp)]
         small = [t // 2 for t in total]
         big = [t - t // 2 for t in total]

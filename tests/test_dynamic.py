@@ -16,7 +16,7 @@ from relsat.driver.runner import Limits, Runner
 from relsat.programs.parser import parse_rules
 from relsat.programs.verify import _shape_rule
 from relsat.relations.catalog import BY_TYPE
-from relsat.relations.dims import code, spell_reshape
+from relsat.relations.dims import DERIVED_BASE, code, spell_reshape, window_dim
 from relsat.relations.runtime import session
 
 F = TensorProto.FLOAT
@@ -57,8 +57,15 @@ SHAPES = [
     ("Pad", [[B, 3, 8]], {"mode": "constant", "pads": [1, 0, 0, 0, 0, 0], "value": 0.0}, None),
     ("Conv", [[B, 3, 8, 8], [4, 3, 3, 3], None],
      {"group": 1, "kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}, [B, 4, 8, 8]),
+    # a window that keeps the size keeps the symbol; a strided one gives the derived symbol (dims.window_dim)
     ("Conv", [[B, 3, S, 8], [4, 3, 3, 3], None],
-     {"group": 1, "kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}, None),
+     {"group": 1, "kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}, [B, 4, S, 8]),
+    ("Conv", [[B, 3, S, 8], [4, 3, 3, 3], None],
+     {"group": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1]},
+     [B, 4, window_dim(S, 3, 2, 1, 1, 1, 0), 4]),
+    ("MaxPool", [[B, 3, S, 8]],
+     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1], "ceil_mode": 1},
+     [B, 3, window_dim(S, 3, 2, 0, 0, 1, 1), 4]),
     ("GlobalAveragePool", [[B, 4, S, T]], {}, [B, 4, 1, 1]),
     ("Gemm", [[B, 8], [8, 4], [4]], {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, [B, 4]),
     ("LayerNormalization", [[B, S, 8], [8], [8]], {"axis": 2, "epsilon": 1e-5, "stash_type": 1}, [B, S, 8]),
@@ -334,3 +341,62 @@ def test_a_merge_guessed_by_symbolic_inference_is_not_taken():
         x = np.random.default_rng(s).random((4, s)).astype(np.float32)
         for r, g in zip(session(m).run(None, {"x": x}), session(out).run(None, {"x": x})):
             np.testing.assert_allclose(g, r)
+
+
+def test_window_dims_are_deterministic_and_distinct():
+    """A derived symbol names one window over one dim: the same window gives the same code, another
+    stride, pad or dim another one; all of them are symbols below the atomic ones."""
+    S, T = code(2), code(3)
+    a = window_dim(S, 3, 2, 1, 1, 1, 0)
+    assert a == window_dim(S, 3, 2, 1, 1, 1, 0) and a <= DERIVED_BASE
+    assert a == window_dim(S, 1, 2, 0, 0, 1, 0)  # the same size function: floor((S - 1) / 2) + 1
+    others = {window_dim(S, 3, 2, 0, 0, 1, 0), window_dim(S, 3, 3, 1, 1, 1, 0), window_dim(T, 3, 2, 1, 1, 1, 0),
+              window_dim(S, 3, 2, 1, 1, 1, 1), window_dim(a, 3, 2, 1, 1, 1, 0)}
+    assert a not in others and len(others) == 5
+    assert window_dim(17, 3, 2, 1, 1, 1, 0) == 9 and window_dim(S, 3, 1, 1, 1, 1, 0) == S
+
+
+def _dynamic_image_cnn(path):
+    """Conv (stride 2) -> x * c[1] + c[1] -> hard-swish decomposed -> Conv, over a dynamic image size."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b1"),
+             numpy_helper.from_array(np.array([0.7], np.float32), "scale"),
+             numpy_helper.from_array(np.array([0.2], np.float32), "shift"),
+             numpy_helper.from_array(np.array(3, np.float32), "three"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(6, np.float32), "six"),
+             numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Mul", ["scale", "c"], ["m"]), helper.make_node("Add", ["m", "shift"], ["y"]),
+             helper.make_node("Add", ["y", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+             helper.make_node("Mul", ["y", "k"], ["p"]), helper.make_node("Div", ["p", "six"], ["h"]),
+             helper.make_node("Conv", ["h", "w2"], ["out"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "dyn_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 4, None, None])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return model
+
+
+def test_cnn_over_a_dynamic_image_size_imports_as_catalog_nodes(tmp_path):
+    """ONNX inference gives every value of this model fresh unknown dims; relsat's derived window
+    dims put the catalog's dims there, so no node is opaque and the runtime rules fire through the
+    strided Conv; the written model keeps the dynamic dims and runs at another size."""
+    src = tmp_path / "cnn.onnx"
+    _dynamic_image_cnn(src)
+    imported = import_model(onnx.load(src))
+    assert not any("opaque" in n for n in imported.notices), imported.notices
+    out = tmp_path / "out.onnx"
+    result = optimize(str(src), output=str(out), rules=["default", "runtime"], cost_model="analytic", measure=False)
+    applied = result.report["rules_applied"]
+    assert applied.get("conv-mul-fold", 0) >= 1 and applied.get("hardswish-div", 0) >= 1, applied
+    written = onnx.load(out)
+    ops = [n.op_type for n in written.graph.node]
+    assert "Clip" not in ops and "HardSigmoid" in ops, ops  # HardSwish written below opset 14
+    x = np.random.default_rng(1).standard_normal((2, 3, 37, 21)).astype(np.float32)
+    want = session(onnx.load(src)).run(None, {"x": x})[0]
+    got = session(written).run(None, {"x": x})[0]
+    assert got.shape == want.shape == (2, 4, 19, 11)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -128,6 +128,8 @@ CASES = [
     case("sqrt", 17, "Sqrt", {"x": [2, 3]}, {}),
     case("leakyrelu", 17, "LeakyRelu", {"x": [2, 3]}, dict(alpha=0.2)),
     case("gelu", 20, "Gelu", {"x": [2, 3]}, dict(approximate="tanh")),
+    case("hardsigmoid", 17, "HardSigmoid", {"x": [2, 3]}, dict(alpha=0.25, beta=0.4)),
+    case("hardswish", 14, "HardSwish", {"x": [2, 3]}, {}),
     case("clip-opset9-attributes", 9, "Clip", {"x": [2, 3]}, dict(min=-0.5, max=0.5)),
     case("clip-opset13-inputs", 13, "Clip", {"x": [2, 3], "lo": np.float32(-0.5), "hi": np.float32(0.5)}, {}),
     case("clip-max-only", 13, "Clip", {"x": [2, 3], "": None, "hi": np.float32(0.25)}, {}),
@@ -343,6 +345,25 @@ def test_gelu_below_opset_20_exports_as_its_definition(approximate):
     out = export_model(imported, {**original_choice(g, [gelu]), int(g.find([gelu])[0]): node})
     onnx.checker.check_model(out, full_check=True)
     assert "Gelu" not in {n.op_type for n in out.graph.node} and len(out.graph.node) == len(nodes)
+    assert verify(model, out).ok
+
+
+def test_hardswish_below_opset_14_exports_as_x_times_hardsigmoid():
+    """x * clip(x + 3, 0, 6) / 6 at opset 12, its e-class given a HardSwish: written x * HardSigmoid(x)
+    (alpha 1/6, beta 1/2), which ONNX Runtime runs equal to the original."""
+    consts = {"three": np.float32(3), "zero": np.float32(0), "six": np.float32(6)}
+    nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["x", "c"], ["m"]), helper.make_node("Div", ["m", "six"], ["y"])]
+    model = make(nodes, {"x": [2, 5]}, ["y"], consts, opset=12)
+    imported = import_model(model)
+    g = imported.egraph
+    (hs,) = g.add("HardSwish", {"x": [imported.values["x"]]})
+    g.union([hs], [imported.values["y"]])
+    g.rebuild()
+    ((node,),) = g.sql("SELECT id FROM op_hardswish")
+    out = export_model(imported, {**original_choice(g, [hs]), int(g.find([hs])[0]): node})
+    onnx.checker.check_model(out, full_check=True)
+    assert sorted(n.op_type for n in out.graph.node) == ["HardSigmoid", "Mul"]
     assert verify(model, out).ok
 
 

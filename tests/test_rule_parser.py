@@ -312,7 +312,7 @@ def _write(tmp_path, files):
 # (other files, the text of main.rules, the error's file, line, column, part of the reason)
 INCLUDE_BAD = [
     ({}, "include fodl", "main.rules", 1, 9, "no shipped rule set 'fodl' (shipped: ac-add, default, fold, generated, "
-     "merge, taso); did you mean 'fold'?"),
+     "merge, runtime, taso); did you mean 'fold'?"),
     ({}, "include fold.rules", "main.rules", 1, 9, 'a file path is quoted: include "fold.rules"'),
     ({}, 'r: (Relu ?x) => ?x\ninclude "nope.rules"', "main.rules", 2, 9, "rule file {tmp}/nope.rules not found"),
     ({}, "include fold: identity\n  idenity", "main.rules", 2, 3,

@@ -59,6 +59,8 @@ CASES = [
     ("Unsqueeze", [[3, 4]], {"axes": [0, 3]}),
     ("Pad", [[2, 3]], {"pads": [1, 0, 2, 3], "mode": "constant", "value": 0.0}),
     ("Gelu", [[2, 3]], {}),
+    ("HardSigmoid", [[2, 3]], {"alpha": 0.25, "beta": 0.4}),
+    ("HardSwish", [[2, 3]], {}),
 ]
 
 
