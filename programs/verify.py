@@ -302,7 +302,11 @@ class _Draw:
         if r < 0.9:
             return shape[-1:]
         i = int(self.rng.integers(len(shape)))
-        return shape[:i] + (1,) + shape[i + 1:]
+        if r < 0.95:
+            return shape[:i] + (1,) + shape[i + 1:]
+        # one axis kept, ones elsewhere (a per-channel scale [1, C, 1, 1]), leading ones dropped now and then
+        one_axis = tuple(d if j == i else 1 for j, d in enumerate(shape))
+        return one_axis[i:] if self.rng.random() < 0.5 else one_axis
 
     def partition(self, total: int, n: int) -> list[int]:
         if total < n:
