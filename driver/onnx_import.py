@@ -520,6 +520,27 @@ class _Importer:
                                      "dtype": np.array([meta[r][0] for r in refs], dtype=np.int64)})
         cls_of = dict(zip(refs, ids.tolist()))
         self.cls.update({name: cls_of[r] for name, r in ref_of.items()})
+        self._scalar_views(refs, ids, meta)
+
+    def _scalar_views(self, refs, ids, meta) -> None:
+        """A float32 weight of one element and a shape of ones (``[1]``, ``[1, 1, 1]``: what exporters
+        write for ``x + 3``) gets a second form in its e-class, ``Reshape(Constant(v), shape)``, so that
+        rules that match a scalar ``(Constant :value_float v)`` see it (runtime.rules reads through the
+        Reshape where broadcasting allows)."""
+        g = self.g
+        one = [(c, r) for r, c in zip(refs, ids.tolist())
+               if meta[r][0] == onnx.TensorProto.FLOAT and meta[r][1] and all(d == 1 for d in meta[r][1])]
+        if not one:
+            return
+        classes, refs1 = zip(*one)
+        values = np.array([float(np.asarray(g.tensors[r]).reshape(-1)[0]) for r in refs1], dtype=np.float64)
+        consts = g.add("Constant", attrs={"value_float": values})
+        views = g.add("Reshape", {"data": consts}, {"shape": np.array(
+            [json.dumps(list(meta[r][1])) for r in refs1], dtype=object)})
+        g.union(np.array(classes, dtype=np.int64), views)
+        g.rebuild()
+        found = dict(zip(classes, g.find(list(classes)).tolist()))
+        self.cls.update({name: found.get(c, c) for name, c in self.cls.items()})
 
     def add_inputs(self, inputs: list[tuple[str, int, list[int]]]) -> None:
         if inputs:
