@@ -380,9 +380,12 @@ def test_float_scalars_import_as_constant_leaves():
                                               "vec": np.float32([2.0]), "half16": np.float16(0.5)})
     imported, out = roundtrip(model)
     g = imported.egraph
-    assert sorted(v for (v,) in g.sql("SELECT value_float FROM op_constant")) == [0.5, 1.0, float(np.float32(2 ** 0.5))]
+    # the [1]-shaped float 2.0 is a weight whose e-class also holds Reshape(Constant(2.0), [1])
+    assert sorted(v for (v,) in g.sql("SELECT value_float FROM op_constant")) == [0.5, 1.0, float(np.float32(2 ** 0.5)), 2.0]
     assert imported.values["c1"] == imported.values["one"]  # one scalar, one e-class
     assert g.sql("SELECT count(*) FROM op_weight")[0][0] == 2  # the [1]-shaped float and the float16 scalar
+    assert g.sql("SELECT r.shape, r.out = w.out FROM op_reshape r, op_weight w, weights t "
+                 "WHERE t.ref = w.ref AND t.shape = [1]") == [([1], True)]
 
 
 @pytest.mark.parametrize("op_type, dtype, inits, catalog", [
