@@ -500,11 +500,13 @@ def _mark_duplicates(rules: list[Generated]) -> None:
     from .rules import RULES_DIR
 
     hand: dict[str, str] = {}
+    named: list[tuple[bool, str, str]] = []  # (conditional, shape key, set:name)
     for path in sorted(RULES_DIR.glob("*.rules")):
         if path.stem == "generated":
             continue
-        for r in load_rules(path).rules:
-            hand.setdefault(_shape_key(r), f"{path.stem}:{r.name}")
+        named += [(bool(r.conditions), _shape_key(r), f"{path.stem}:{r.name}") for r in load_rules(path).rules]
+    for _, key, name in sorted(named, key=lambda t: t[0]):  # an unconditional statement is named first
+        hand.setdefault(key, name)
     for g in rules:
         if g.verdict != "ok":
             continue

@@ -1,0 +1,155 @@
+"""runtime.rules, one test per rule family: a small model in the form exporters write, saturated with
+the shipped set, the rewritten form extracted (the ops the family removes priced out of reach, so the
+test does not depend on which form a cost model prefers), written, and compared with the original
+under ONNX Runtime element by element over several inputs; and the ops ONNX Runtime then runs."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.driver.onnx_export import export_model
+from relsat.driver.onnx_import import import_model
+from relsat.driver.options import DEFAULTS
+from relsat.driver.runner import Limits, Runner
+from relsat.extract.analytic import analytic_costs, problem_from
+from relsat.extract.extraction import greedy_extract, ilp_extract
+from relsat.programs.rulesets import load_rule_list
+from relsat.relations.runtime import session
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(0)
+
+
+def w(name, *shape, scale=1.0):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def c(name, value, shape=()):
+    return numpy_helper.from_array(np.full(shape, value, np.float32), name)
+
+
+def model_of(nodes, x_shape, out_shape, inits, opset=17):
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", F, x_shape)],
+                              [helper.make_tensor_value_info("y", F, out_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def rewrite(model, avoid: set[str], rules=("runtime",)):
+    """Saturate ``model`` with ``rules``, extract with the ops in ``avoid`` priced out of reach (where they
+    compute on data: on constants they fold at export), and return (written model, rules applied)."""
+    imported = import_model(model)
+    g = imported.egraph
+    report = Runner(g, load_rule_list(rules), Limits(8, 20000, 60.0, DEFAULTS.multi_rounds)).run()
+    analytic_costs(g)
+    if avoid:
+        g.con.execute("UPDATE costs SET ms = ms + 1e6 WHERE node IN (SELECT n.id FROM enodes n JOIN eclass e "
+                      f"ON e.id = n.eclass WHERE NOT e.is_const AND n.op IN ({', '.join(repr(o) for o in avoid)}))")
+    roots = [c for _, c in imported.outputs]
+    problem, ids = problem_from(g, roots)
+    ext = ilp_extract(problem, warm_start=greedy_extract(problem), time_limit=30.0)
+    choice = {int(k): int(ids[v]) for k, v in ext.choice.items()}
+    return export_model(imported, choice), Counter({k: v for k, v in report.applied_by_rule.items() if v})
+
+
+def same_outputs(original, written, x_shape, draws=3):
+    a, b = session(original), session(written)
+    for k in range(draws):
+        x = np.random.default_rng(k).standard_normal(x_shape).astype(np.float32) * 3
+        want, got = a.run(None, {"x": x})[0], b.run(None, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def ops(model):
+    return Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("scale_shape", [(1,), (), (1, 6, 1, 1), (6, 1, 1)])
+def test_affine_folding_into_conv(scale_shape):
+    """conv(x) * s + t for a one-element or per-channel s, t (either operand order) is one Conv."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["s", "c"], ["m"]), helper.make_node("Add", ["m", "t"], ["y"])]
+    n = int(np.prod(scale_shape))
+    inits = [w("w", 6, 3, 3, 3), w("b", 6), numpy_helper.from_array(RNG.random(n).astype(np.float32).reshape(
+        scale_shape) + 0.5, "s"), numpy_helper.from_array(RNG.random(n).astype(np.float32).reshape(scale_shape), "t")]
+    m = model_of(nodes, [2, 3, 8, 8], [2, 6, 8, 8], inits)
+    out, applied = rewrite(m, {"Mul", "Add"})
+    assert ops(out) == Counter({"Conv": 1}), ops(out)
+    assert any(k.startswith("conv-mul-fold") for k in applied) and any(k.startswith("conv-add-fold") for k in applied)
+    same_outputs(m, out, [2, 3, 8, 8])
+
+
+def test_affine_folding_into_matmul():
+    """(x w) * s for s one value per column is x (w s)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["y"])]
+    m = model_of(nodes, [2, 5, 8], [2, 5, 4], [w("w", 8, 4), numpy_helper.from_array(
+        RNG.random((1, 1, 4)).astype(np.float32), "s")])
+    out, applied = rewrite(m, {"Mul"})
+    assert ops(out) == Counter({"MatMul": 1}) and applied["matmul-mul-fold"] >= 1
+    same_outputs(m, out, [2, 5, 8])
+
+
+@pytest.mark.parametrize("form", ["div", "gate", "hardsigmoid", "one-element"])
+def test_decomposed_hardswish_is_one_op(form):
+    """x * clip(x + 3, 0, 6) / 6 (and the forms exporters write) is HardSwish; below opset 14 it is
+    written x * HardSigmoid(x)."""
+    three = c("three", 3.0, (1,) if form == "one-element" else ())
+    inits = [three, c("zero", 0.0), c("six", 6.0)]
+    if form in ("div", "one-element"):
+        nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+                 helper.make_node("Mul", ["x", "k"], ["p"]), helper.make_node("Div", ["p", "six"], ["y"])]
+    elif form == "gate":
+        nodes = [helper.make_node("Add", ["three", "x"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+                 helper.make_node("Div", ["k", "six"], ["g"]), helper.make_node("Mul", ["g", "x"], ["y"])]
+    else:
+        inits = []
+        nodes = [helper.make_node("HardSigmoid", ["x"], ["g"], alpha=1 / 6, beta=0.5),
+                 helper.make_node("Mul", ["x", "g"], ["y"])]
+    m = model_of(nodes, [2, 4, 5], [2, 4, 5], inits, opset=12)
+    out, applied = rewrite(m, {"Clip", "Div", "Mul", "Add", "HardSigmoid"} - ({"Mul"} if form == "hardsigmoid" else set()))
+    assert any(k.startswith("hardswish") for k in applied), applied
+    assert ops(out) == Counter({"HardSigmoid": 1, "Mul": 1}), ops(out)  # HardSwish spelled for opset 12
+    same_outputs(m, out, [2, 4, 5])
+
+
+def test_decomposed_hardsigmoid_and_gelu_are_one_op():
+    """clip(x + 3, 0, 6) / 6 is HardSigmoid; x * (erf(x / sqrt 2) + 1) * 0.5 is Gelu (written back in
+    primitives below opset 20)."""
+    nodes = [helper.make_node("Add", ["x", "three"], ["a"]), helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+             helper.make_node("Div", ["k", "six"], ["h"]),
+             helper.make_node("Div", ["h", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["p"]),
+             helper.make_node("Mul", ["p", "half"], ["y"])]
+    inits = [c("three", 3.0), c("zero", 0.0), c("six", 6.0), c("sqrt2", 2 ** 0.5), c("one", 1.0), c("half", 0.5)]
+    m = model_of(nodes, [2, 7], [2, 7], inits, opset=20)
+    out, applied = rewrite(m, {"Clip", "Erf"})
+    assert applied["hardsigmoid-div"] >= 1 and applied["gelu-erf"] >= 1, applied
+    assert ops(out) == Counter({"HardSigmoid": 1, "Gelu": 1}), ops(out)
+    same_outputs(m, out, [2, 7])
+
+
+def test_channel_last_mlp_is_1x1_convs():
+    """ConvNeXt's block: NCHW -> NHWC, LayerNormalization, MatMul + Add, Gelu, MatMul + Add, NHWC -> NCHW,
+    a per-channel scale: the MLP becomes two 1x1 Convs on NCHW (the scale and biases folded into them)
+    with only the LayerNormalization left channel-last; ONNX Runtime runs the Convs in NCHWc."""
+    C = 8
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "be"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["a1"]),
+             helper.make_node("Div", ["a1", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a1", "e1"], ["p"]),
+             helper.make_node("Mul", ["p", "half"], ["gelu"]),
+             helper.make_node("MatMul", ["gelu", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
+             helper.make_node("Transpose", ["a2"], ["back"], perm=[0, 3, 1, 2]),
+             helper.make_node("Mul", ["back", "gamma"], ["y"])]
+    inits = [w("g", C), w("be", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), w("w2", 4 * C, C, scale=0.3),
+             w("b2", C), w("gamma", 1, C, 1, 1), c("sqrt2", 2 ** 0.5), c("one", 1.0), c("half", 0.5)]
+    m = model_of(nodes, [1, C, 6, 6], [1, C, 6, 6], inits)
+    out, applied = rewrite(m, {"MatMul"})
+    assert applied["matmul-nhwc-as-conv"] >= 2 and applied["transpose-nchw-add-channel"] >= 1, applied
+    got = ops(out)
+    assert got["Conv"] == 2 and got["MatMul"] == 0 and got["Transpose"] == 2, got  # around the LayerNorm only
+    same_outputs(m, out, [1, C, 6, 6])
