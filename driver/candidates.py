@@ -18,10 +18,20 @@ here):
    cuts against every graph seen (each must drop at least one of the rewritten e-nodes of every
    earlier one, and one of the original's). These are exported, not profiled: their predicted cost
    is what the refined costs say.
-4. **Choice** (:meth:`Search.choose`): the input model and every candidate are timed as whole models,
-   interleaved (:func:`relsat.driver.latency.time_models`), and the candidates are verified fastest
-   first; the fastest that verifies is written when it beats the input model by more than the guard
-   threshold, else the input model is.
+4. **Check** (:meth:`Search.choose`): the input model and every candidate are timed as whole models,
+   interleaved (:func:`relsat.driver.latency.time_models`); the input model is timed alone when there
+   is no candidate. Every whole-graph profile used so far, from the cost cache or taken in this run, is
+   checked against the fresh timing of its graph (the original's against the input model's): one whose
+   latency disagrees with it by more than the noise, ``max(FIDELITY_FLOOR, (q3 - q1) / median)`` of
+   the fresh runs on either side, is stale. Cached profiles taken while other jobs shared the machine
+   predicted squeezenet at 5.7x and Inception-v3 at 2.3x their latency in every later run. When one is
+   stale, its row is removed from the cache and steps 1 to 3 run again (once), re-taking every profile
+   the check did not confirm (their rows replaced), so the prices and the candidates come from fresh
+   numbers; the candidates are timed again, and the check repeated with the noise widened by how far the
+   input model's two fresh timings moved apart. ``Search.fidelity`` reports the prediction of the
+   original against its measured latency, what was stale and what was re-taken.
+5. **Choice**: the candidates are verified fastest first; the fastest that verifies is written when it
+   beats the input model by more than the guard threshold, else the input model is.
 
 A graph's predicted latency is the sum of its e-nodes' costs plus the call overhead of
 ``session.run``.
@@ -29,6 +39,8 @@ A graph's predicted latency is the sum of its e-nodes' costs plus the call overh
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,9 +52,13 @@ from relsat.relations import runtime
 
 from . import feeds
 from .errors import error_line
-from .latency import Latency, judge, judged_ms, time_models
+from .latency import Latency, judge, judged_ms, metric, time_models
 from .onnx_export import export_graph
 from .verify import VerifyResult, verify
+
+
+FIDELITY_FLOOR = 0.10  # a profile is stale when its latency and the fresh timing differ by more than this
+# (or more than the fresh timing's spread, where that is larger), on either side
 
 
 @dataclass
@@ -59,10 +75,13 @@ class Candidate:
     timing: Latency | None = None
     status: str = "candidate"  # candidate | timed | written | slower | not verified: ... | cannot export: ...
     nodes: int = 0
+    profile_key: str | None = None  # the cost cache key of its whole-graph profile
+    profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
 
     def as_dict(self) -> dict:
         return {"label": self.label, "predicted_ms": self.predicted_ms, "profiled_ms": self.profiled_ms,
-                "measured_ms": self.measured_ms, "wall_ms": self.wall_ms, "status": self.status, "nodes": self.nodes}
+                "measured_ms": self.measured_ms, "wall_ms": self.wall_ms, "status": self.status, "nodes": self.nodes,
+                "profile": self.profile_source}
 
 
 @dataclass
@@ -82,9 +101,22 @@ class Search:
     candidates: list = field(default_factory=list)
     original: Candidate | None = None
     call_overhead_ms: float = 0.0
+    fidelity_floor: float = FIDELITY_FLOOR
+    fidelity: dict = field(default_factory=dict)  # step 4's report (:meth:`choose`)
 
     def __post_init__(self) -> None:
         self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
+        self._reset_prices()
+        self._refresh = False  # which profiles profile_graph re-takes (see :meth:`_retake`)
+        self._run_args: tuple | None = None
+        self._measured_keys: set[str] = set()  # profiles taken in this search
+        self._stale: set[str] = set()  # profiles the check found stale (their rows removed)
+        self._redo: set[str] | None = None  # profiles taken since the search started again (None: it did not)
+        self._retaken: set[str] = set()  # profiles taken again after the check that replace a row
+        self.profiles_measured = self.profiles_cached = 0
+        self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
+
+    def _reset_prices(self) -> None:
         self.ctx = np.full(len(self.alone), np.nan)
         self._shares = np.zeros(len(self.alone))  # summed in-context shares over the profiles of each e-node
         self._seen = np.zeros(len(self.alone))  # profiles each e-node was charged in
@@ -153,10 +185,23 @@ class Search:
         weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
         try:
             prof = profile_graph(cand.model, self.feeds, weights, provider=self.provider, threads=self.threads,
-                                 cache=self.cache)
+                                 cache=self.cache, refresh=self._refresh)
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
+        cand.profile_key = prof.key
+        if prof.cached:
+            self.profiles_cached += 1
+            cand.profile_source = "cache"
+        else:
+            self.profiles_measured += 1
+            retaken = self._redo is not None and (prof.replaced or prof.key in self._stale)
+            cand.profile_source = "re-taken" if retaken else "measured"
+            if retaken:
+                self._retaken.add(prof.key)
+            if self._redo is not None:
+                self._redo.add(prof.key)
+            self._measured_keys.add(prof.key)
         self.call_overhead_ms = prof.call_overhead_ms
         keep = idx >= 0
         kernels = np.unique(idx[keep])
@@ -182,6 +227,8 @@ class Search:
         the input model's node count; when the original choice exports to fewer nodes (a rewrite proved a
         node equal to an older value, so the original e-classes already skip it; identical nodes shared;
         constants folded), that graph is a candidate too."""
+        if self._run_args is None:
+            self._run_args = (original, first, rounds, candidates, input_nodes)
         first = self.ids(first)
         self.original = self.profile(Candidate("original", original, float("nan"), status="input"))
         self.original.predicted_ms = self.predicted(original)
@@ -189,7 +236,8 @@ class Search:
         o = self.original
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
-                                             nodes=o.nodes, profiled_ms=o.profiled_ms))
+                                             nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
+                                             profile_source=o.profile_source))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
@@ -220,16 +268,9 @@ class Search:
     def usable(self) -> list[Candidate]:
         return [c for c in self.candidates if c.model is not None]
 
-    # ------------------------------------------------------------------ choice
-    def choose(self, input_model: onnx.ModelProto, *, bindings, threshold: float, input_sets=(),
-               status=lambda text: None) -> tuple[Candidate | None, VerifyResult | None, dict | None]:
-        """Step 4: time the input model and the usable candidates interleaved, verify fastest first.
-        Returns the candidate to write (None: the input model), its verification, and the guard's
-        report (the input model against the written or, if none, the fastest candidate)."""
-        cands = self.usable()
-        if not cands:
-            return None, None, None
-        status(f"timing the input model and {len(cands)} candidate graph(s) ...")
+    # ------------------------------------------------------------------ check and choice
+    def _time(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings) -> None:
+        """Time the input model and ``cands`` interleaved (the input model alone when there are none)."""
         shapes = bindings[0]  # timed at the costed binding
         res = time_models([input_model] + [c.model for c in cands], threads=self.threads, provider=self.provider,
                           input_shapes=shapes, roles=feeds.input_roles(input_model, shapes))
@@ -239,6 +280,88 @@ class Search:
         for c, t in zip(cands, res[1:]):
             c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.provider), t.median_ms, \
                 "timed"
+
+    def _agreement(self, profiled_ms: float, timing: Latency) -> dict:
+        """A profile's latency against the fresh timing of its graph: the ratio, the tolerance and whether
+        they agree. The tolerance is the noise: the floor, or the fresh runs' interquartile range over their
+        median where larger, widened after a re-take by how far the input model's two fresh timings moved
+        apart (this machine, shared, swung between 0.13 and 0.22 ms on small SqueezeNet within seconds)."""
+        measured = judged_ms(timing, self.threads, self.provider)
+        spread = (timing.q3_ms - timing.q1_ms) / timing.median_ms if timing.median_ms > 0 else 0.0
+        tolerance = (1 + max(self.fidelity_floor, spread)) * (1 + self._drift) - 1
+        ratio = profiled_ms / measured if measured > 0 else math.inf
+        return {"profiled_ms": profiled_ms, "measured_ms": measured, "ratio": ratio, "spread": spread,
+                "drift": self._drift, "tolerance": tolerance, "agrees": 1 / (1 + tolerance) <= ratio <= 1 + tolerance}
+
+    def check(self) -> list[dict]:
+        """Step 4's check: every profiled graph with a fresh timing, one row per profile (cache key). The
+        original's profile is checked against the timing of the same exported graph where it is a
+        candidate ("original, simplified"), else against the input model's."""
+        o = self.original
+        rows, seen = [], set()
+        same = next((c for c in self.usable() if c.model is o.model and c.timing is not None), None)
+        graphs = [(o, (same or o).timing)] + [(c, c.timing) for c in self.usable()]
+        for c, timing in graphs:
+            if c.profile_key is None or c.profiled_ms is None or timing is None or c.profile_key in seen:
+                continue
+            seen.add(c.profile_key)
+            rows.append({"label": c.label, "key": c.profile_key, "profile": c.profile_source,
+                         **self._agreement(c.profiled_ms, timing)})
+        return rows
+
+    def _retake(self, checks: list[dict], status) -> dict:
+        """Remove the stale rows from the cache and run steps 1 to 3 again, re-taking every profile the
+        check did not confirm (a profile taken in this run and not contradicted stands); returns what
+        it did."""
+        t = time.perf_counter()
+        self._stale = {r["key"] for r in checks if not r["agrees"]}
+        trusted = {r["key"] for r in checks if r["agrees"]} | (self._measured_keys - self._stale)
+        removed = self.cache.delete(self._stale) if self.cache is not None else 0
+        status(f"re-taking {len(self._stale)} stale whole-graph profile(s) and the prices made from them ...")
+        self._redo = set()
+        self._refresh = lambda key: key not in trusted and key not in self._redo
+        original, first, rounds, candidates, input_nodes = self._run_args
+        self._reset_prices()
+        self.candidates, self.original = [], None
+        try:
+            self.run(original, first, rounds=rounds, candidates=candidates, input_nodes=input_nodes)
+        finally:
+            self._refresh = False
+        return {"rows_removed": removed, "seconds": time.perf_counter() - t}
+
+    def choose(self, input_model: onnx.ModelProto, *, bindings, threshold: float, input_sets=(),
+               status=lambda text: None) -> tuple[Candidate | None, VerifyResult | None, dict | None]:
+        """Steps 4 and 5: time the input model and the usable candidates interleaved, check the profiles
+        (and re-take stale ones, once), verify fastest first. Returns the candidate to write (None: the
+        input model), its verification, and the guard's report (the input model against the written or,
+        if none, the fastest candidate; None without candidates)."""
+        cands = self.usable()
+        status(f"timing the input model and {len(cands)} candidate graph(s) ..." if cands else
+               "timing the input model ...")
+        self._time(input_model, cands, bindings)
+        checks = self.check()
+        first = {**self._original_fidelity(), "checked": checks}
+        stale = [r for r in checks if not r["agrees"]]
+        retake = None
+        if stale and self._run_args is not None:
+            before = self.original.measured_ms
+            retake = self._retake(checks, status)
+            cands = self.usable()
+            status(f"timing the input model and {len(cands)} candidate graph(s) again ...")
+            self._time(input_model, cands, bindings)
+            after = self.original.measured_ms
+            self._drift = max(before, after) / min(before, after) - 1 if min(before, after) > 0 else 0.0
+            checks = self.check()
+        self.fidelity = {**self._original_fidelity(), "metric": metric(self.threads, self.provider),
+                         "floor": self.fidelity_floor, "timing_drift": self._drift, "checked": checks, "stale": stale,
+                         "profiles_measured": self.profiles_measured, "profiles_from_cache": self.profiles_cached,
+                         "retaken": len(self._retaken), "stale_rows_removed": retake["rows_removed"] if retake else 0,
+                         "stale_rows_replaced": len(self._stale & self._retaken),
+                         "retake_s": retake["seconds"] if retake else 0.0,
+                         "first_pass": first if retake else None}
+        if not cands:
+            return None, None, None
+        orig = self.original
         picked, check = None, None
         for c in sorted(cands, key=lambda c: c.measured_ms):
             if not judge(orig.timing, c.timing, threads=self.threads, provider=self.provider,
@@ -255,6 +378,23 @@ class Search:
         guard = judge(orig.timing, best.timing, threads=self.threads, provider=self.provider, threshold=threshold)
         guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
         return picked, check, guard.as_dict()
+
+    def _original_fidelity(self) -> dict:
+        """The in-context prediction of the original (the sum of its e-nodes' costs plus the call overhead)
+        and its profile against the input model's fresh timing."""
+        o = self.original
+        if o is None or o.timing is None:
+            return {}
+        measured = o.measured_ms
+        predicted = self.predicted(o.choice) if o.model is not None else None
+        agreement = self._agreement(predicted, o.timing) if predicted is not None else {}
+        return {"original_predicted_ms": predicted, "original_profiled_ms": o.profiled_ms,
+                "original_measured_ms": measured,
+                "original_prediction_ratio": predicted / measured if predicted is not None and measured > 0 else None,
+                "original_profile_ratio": o.profiled_ms / measured if o.profiled_ms is not None and measured > 0
+                else None,
+                "original_tolerance": agreement.get("tolerance"),
+                "original_within_tolerance": agreement.get("agrees")}
 
     def fastest(self) -> Candidate | None:
         """The usable candidate measured fastest (None before :meth:`choose`, or without candidates)."""

@@ -42,7 +42,7 @@ from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
 from relsat.extract.original import original_choice
-from relsat.extract.profile import ProviderUnavailable, available_providers
+from relsat.extract.profile import ProviderUnavailable, available_providers, check_call_overhead
 from relsat.programs import rulesets
 from relsat.programs.ir import RuleError
 from relsat.programs.parser import load_rules
@@ -108,6 +108,9 @@ class Report(Mapping):
     notices: list
     phases_s: dict
     search: dict  # how the e-graph was built: the strategy and, for a search, its budget, counts and best cost
+    # the in-context prediction of the original against its fresh timing, the cached profiles found stale and
+    # re-taken, and the call overhead's check (relsat.driver.candidates, step 4); None without the in-context search
+    fidelity: dict | None = None
     extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
 
     def as_dict(self) -> dict:
@@ -180,6 +183,7 @@ class _Pipeline:
         self.phases: dict[str, float] = {}
         self.latency_report: dict | None = None  # set by the guard when it times the models
         self.search: Search | None = None  # the in-context search, when it runs
+        self.overhead_check: dict | None = None  # the call overhead against a fresh timing (check_overhead)
         self.fallbacks: list = []
 
     @contextmanager
@@ -204,6 +208,8 @@ class _Pipeline:
                                              fix_shapes=self.o.fix_shapes, egraph=g)
                 self.roots = [cid for _, cid in self.imported.outputs]  # the output e-classes
                 self.bind()
+            with self.phase("profile"):
+                self.check_overhead()
             with self.phase("saturate"):
                 self.saturate()
             with self.phase("profile"):
@@ -275,6 +281,13 @@ class _Pipeline:
         user's verification input sets."""
         self.binding = bindings.choose(self.model, self.imported)
         self.input_sets = feeds.load_input_sets(self.o.inputs, feeds.graph_inputs(self.model)) if self.o.inputs else []
+
+    def check_overhead(self) -> None:
+        """The cached call overhead against a fresh timing of it, replaced when stale, before any cost uses it
+        (``relsat.extract.profile.check_call_overhead``); with the in-context search only (it times models)."""
+        self.overhead_check = None
+        if self.cache is not None and self.in_context():
+            self.overhead_check = check_call_overhead(self.o.provider, self.o.threads, self.cache)
 
     def saturate(self) -> None:
         """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
@@ -370,6 +383,19 @@ class _Pipeline:
         picked, check, self.latency_report = s.choose(self.model, bindings=self.binding.all,
                                                       input_sets=self.input_sets,
                                                       threshold=o.guard_threshold, status=self.status)
+        fid = s.fidelity
+        if fid.get("first_pass") is not None:  # stale profiles were re-taken: the search ran again
+            self.fallbacks = [{"candidate": c.label, "reason": c.status} for c in s.candidates if c.model is None]
+            _store_costs(self.g, self.node_ids, s.costs(), np.isfinite(s.ctx))
+            first = fid["first_pass"]
+            self.notices.append(
+                f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
+                f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
+                f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
+        if fid.get("original_within_tolerance") is False:
+            self.notices.append(
+                f"the in-context prediction of the original is {fid['original_prediction_ratio']:.2f}x its measured "
+                f"latency, beyond the noise ({fid['original_tolerance']:.0%}): the timings moved during this run")
         choice = picked.choice if picked is not None else self.orig
         _extraction_table(self.g, choice, self.orig)
         self.label = picked.label if picked is not None else "original"
@@ -472,7 +498,9 @@ class _Pipeline:
             verification={"ok": self.check.ok, "max_abs_err": self.check.max_abs_err, "message": self.check.message,
                           "draws": self.check.draws},
             notices=list(self.imported.notices) + self.notices, phases_s=self.phases,
-            search=self.searched.as_dict() if self.searched is not None else {"strategy": "eqsat"})
+            search=self.searched.as_dict() if self.searched is not None else {"strategy": "eqsat"},
+            fidelity=({**self.search.fidelity, "call_overhead": self.overhead_check}
+                      if self.search is not None else None))
 
     def close(self, g, dbfile, complete: bool):
         """Close the e-graph; move a complete one into ``db`` (reopened there with ``keep_egraph``) or
@@ -527,12 +555,13 @@ def _op_counts(model: onnx.ModelProto) -> dict:
 
 
 def _store_costs(g: EGraph, node_ids: np.ndarray, ms: np.ndarray, in_context: np.ndarray) -> None:
-    """The refined costs into ``costs``: ``ms`` what extraction used, ``alone_ms`` the one-node cost before,
-    ``source`` 'context' for e-nodes priced inside a profiled whole graph."""
+    """The refined costs into ``costs``: ``ms`` what extraction used, ``alone_ms`` the one-node cost before
+    (kept when the refined costs are stored again), ``source`` 'context' for e-nodes priced inside a profiled
+    whole graph."""
     g.con.execute("ALTER TABLE costs ADD COLUMN IF NOT EXISTS alone_ms DOUBLE")
     g.con.register("_refined", {"node": node_ids, "ms": ms, "ctx": in_context})
     try:
-        g.con.execute("UPDATE costs SET alone_ms = costs.ms, ms = r.ms, "
+        g.con.execute("UPDATE costs SET alone_ms = coalesce(costs.alone_ms, costs.ms), ms = r.ms, "
                       "source = CASE WHEN r.ctx THEN 'context' ELSE costs.source END "
                       "FROM _refined r WHERE costs.node = r.node")
     finally:

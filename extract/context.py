@@ -26,6 +26,14 @@ the executor's per-kernel cost. This module prices the nodes of a whole exported
 3. The kernel times are scaled so that the nodes' costs add up to the measured latency less the
    call overhead of ``session.run`` (calibrated once per cache): the prediction of a profiled graph
    is its measured latency, and the overhead between kernels is charged to kernels.
+
+A cached profile is only as good as the moment it was taken: one taken while other jobs loaded the
+machine predicted squeezenet at 5.7x its latency in every later run. So each row records its
+conditions (``signature["conditions"]``: when, the load average, CPU count and threads, the latency
+with its quartiles and runs, and the call overhead it was scaled with; :func:`relsat.extract.cost_cache.conditions`),
+and the measured final choice (:mod:`relsat.driver.candidates`) checks every profile it used against
+the fresh timing of the same graph; ``profile_graph(..., refresh=...)`` re-takes one that disagreed,
+replacing its row.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,12 +53,13 @@ import onnxruntime as ort
 
 from relsat.relations import runtime
 
-from .cost_cache import CostCache, CostRow
-from .profile import ProviderUnavailable, _backend, _median_ms, calibrated_call_overhead_ms, timer
+from .cost_cache import CostCache, CostRow, conditions
+from .profile import ProviderUnavailable, _backend, calibrated_call_overhead_ms, timer
 
 GRAPH_OP = "__graph__"  # op_type of a whole-graph profile in the cost cache
 BUDGET_S = 0.6  # about this long of timed runs per session, for fast graphs
 MIN_RUNS, MAX_RUNS = 5, 200
+WARMUP_RUNS, WARMUP_S, WARMUP_MAX = 3, 0.1, 50  # warm-up: at least 3 runs, up to 0.1 s (50 runs at most)
 MIN_WEIGHT = 1e-6  # a member of a fused group with no one-node cost still gets a sliver
 _TOKEN = re.compile(r"RELSATN(\d+)_")
 _SUFFIXES = ("_kernel_time", "_nchwc")
@@ -68,6 +78,10 @@ class GraphProfile:
     key: str
     cached: bool
     seconds: float
+    conditions: dict | None = None  # what the row records it was taken under (None: a row from before they were kept)
+    replaced: bool = False  # re-taken (``refresh``): the cache's row for this graph was replaced
+    q1_ms: float | None = None  # quartiles of the whole-graph runs (None: not recorded)
+    q3_ms: float | None = None
 
 
 def _renamed(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -183,22 +197,34 @@ def _session(model: onnx.ModelProto | bytes, backend: str, threads: int, profile
     return runtime.session(model, provider="cuda" if backend == "cuda" else "cpu", threads=threads, options=opts)
 
 
-def _runs(run, clock, budget_s: float) -> tuple[float, int]:
-    """Median ms of a whole graph: warm-up, then about ``budget_s`` of runs (MIN_RUNS..MAX_RUNS)."""
+def _runs(run, clock, budget_s: float) -> tuple[float, int, float, float]:
+    """(median, runs, first and third quartile) in ms of a whole graph: warm-up (at least WARMUP_RUNS
+    runs and, for fast graphs, about WARMUP_S, as whole-model timing does: two runs left a fresh
+    session's first slow runs in the median), then about ``budget_s`` of runs (MIN_RUNS..MAX_RUNS)."""
     t = time.perf_counter()
-    run()
-    run()
-    per = max((time.perf_counter() - t) / 2, 1e-6)
+    warm = 0
+    while warm < WARMUP_RUNS or (time.perf_counter() - t < WARMUP_S and warm < WARMUP_MAX):
+        run()
+        warm += 1
+    per = max((time.perf_counter() - t) / warm, 1e-6)
     n = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / per)))
-    return _median_ms(run, 1, n, clock=clock)
+    times = []
+    for _ in range(n):
+        c = clock()
+        run()
+        times.append(clock() - c)
+    q1, med, q3 = np.percentile(np.asarray(times) * 1e3, [25, 50, 75])
+    return float(med), n, float(q1), float(q3)
 
 
 def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, provider: str = "cpu",
-                  threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S) -> GraphProfile:
+                  threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
+                  refresh: bool | Callable[[str], bool] = False) -> GraphProfile:
     """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
     ``weights`` its nodes' one-node costs (how a fused group's time is shared). From the cache when
-    this graph was profiled before with these settings. Raises ProviderUnavailable when the provider
-    cannot run whole graphs here through ONNX Runtime."""
+    this graph was profiled before with these settings, unless ``refresh`` (True, or a function of the
+    cache key saying whether to) re-takes it: the cached row is then ignored and replaced. Raises
+    ProviderUnavailable when the provider cannot run whole graphs here through ONNX Runtime."""
     t0 = time.perf_counter()
     backend = _backend(provider)
     if backend == "cuda-torch":
@@ -208,16 +234,23 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
     key = _graph_key(renamed, blob, backend, threads,
                      sorted((k, list(np.shape(v))) for k, v in feeds.items()) if _dynamic(model) else None)
     overhead = calibrated_call_overhead_ms(provider, threads, cache)
+    retake = refresh(key) if callable(refresh) else bool(refresh)
     hit = cache.rows([key]).get(key) if cache is not None else None
+    replaced = retake and hit is not None
+    if retake:
+        hit = None
     if hit is not None:
         latency, sig = hit
         kernels = {k: float(v) for k, v in sig["kernels"]}
+        cond = sig.get("conditions")
+        q1, q3 = (cond.get("q1_ms"), cond.get("q3_ms")) if cond else (None, None)
         cached = True
     else:
         clock = timer(backend, threads)
         fetch = [o.name for o in model.graph.output]
         plain = _session(renamed if blob is None else blob, backend, threads, None)
-        latency, runs = _runs(lambda: plain.run(fetch, feeds), clock, budget_s)
+        cond = conditions(threads)  # taken as the timing starts
+        latency, runs, q1, q3 = _runs(lambda: plain.run(fetch, feeds), clock, budget_s)
         del plain
         with tempfile.TemporaryDirectory() as tmp:
             prof = _session(renamed if blob is None else blob, backend, threads, tmp)
@@ -227,12 +260,15 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
                 kernels = _kernel_medians(json.load(f))
             del prof
         cached = False
+        cond.update(latency_ms=latency, q1_ms=q1, q3_ms=q3, runs=runs, clock=clock.__name__,
+                    call_overhead_ms=overhead)
         if cache is not None:
             cache.store([CostRow(key, backend, threads, GRAPH_OP,
-                                 {"nodes": len(model.graph.node), "kernels": list(kernels.items())},
+                                 {"nodes": len(model.graph.node), "kernels": list(kernels.items()),
+                                  "conditions": cond},
                                  latency, runs, ort.__version__)])
     shares, unnamed = attribute(renamed, kernels, weights)
     total = float(shares.sum())
     scale = max(latency - overhead, 0.0) / total if total > 0 else 0.0
     return GraphProfile(shares * scale, float(latency), total, overhead, len(kernels), unnamed, key, cached,
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0, cond, replaced, q1, q3)

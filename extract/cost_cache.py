@@ -13,6 +13,11 @@ import or export opens the file, does its work in one statement batch and closes
 again. When another process holds the file, DuckDB raises ``IOException("Could not set
 lock ...")``; the call is retried with a jittered exponential backoff (10 ms doubling up to
 0.5 s) for at most ``lock_timeout_s`` seconds in total, after which the error is re-raised.
+
+Timings of whole graphs and of the call overhead depend on the moment as well as on the key: a row
+taken while other jobs loaded the machine stays wrong in every later run. Such rows keep what they
+were taken under in their signature (:func:`conditions`), and are checked against fresh timings and
+replaced (:meth:`CostCache.store` upserts) or removed (:meth:`CostCache.delete`) when they disagree.
 """
 
 from __future__ import annotations
@@ -69,6 +74,21 @@ class CostRow:
     repeats: int
     ort_version: str
     measured_at: dt.datetime = field(default_factory=dt.datetime.now)
+
+
+def conditions(threads: int) -> dict:
+    """What a timing is taken under, as a row's signature records it: the time, this machine's load
+    average (1, 5, 15 minutes) and CPUs (those this process may run on, and all), and the threads."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        load = None
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"measured_at": dt.datetime.now().isoformat(timespec="seconds"), "loadavg": load,
+            "cpus": usable, "cpu_count": os.cpu_count(), "threads": threads}
 
 
 def _object_array(values: Iterable[str]) -> np.ndarray:
@@ -184,6 +204,14 @@ class CostCache:
 
         self._run(work)
         return len(rows)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        """Remove the rows of ``keys`` (one statement); returns how many there were."""
+        keys = sorted(set(keys))
+        if not keys:
+            return 0
+        return self._run(lambda con: len(con.execute(
+            "DELETE FROM costs WHERE key IN (SELECT unnest(?::VARCHAR[])) RETURNING key", [keys]).fetchall()))
 
     def export(self, path: str | os.PathLike) -> None:
         """Write the whole table to ``path``: CSV or Parquet by suffix (through a temporary file and

@@ -12,7 +12,10 @@ The onnxruntime version is part of every key. A signature missing from the cache
 running version is looked up under the other versions the cache holds for the same backend
 and threads (a cost table imported from elsewhere); such costs are used as they are, not timed
 again, and counted in ``ProfileReport.other_versions``. The fixed cost of a ``session.run``
-call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of its own).
+call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of its own that records
+the conditions it was timed under); like every timing it can go stale (measured here: 8 us with both
+cores busy, 13-17 us on the same machine quieter), so :func:`check_call_overhead` compares it with a
+fresh timing and replaces it beyond the noise (the optimize pipeline does, before the costs).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from onnx import helper, numpy_helper
 from relsat.relations import runtime
 from relsat.relations.catalog import for_node
 
-from .cost_cache import CostCache, CostRow
+from .cost_cache import CostCache, CostRow, conditions
 
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
 FLUSH_EVERY = 200  # store new measurements every this many samples
@@ -210,10 +213,11 @@ def timer(backend: str, threads: int):
 
 
 def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
-               clock=time.perf_counter) -> tuple[float, int]:
+               clock=time.perf_counter, times_out: list | None = None) -> tuple[float, int]:
     """Median ms (by ``clock``) over at most ``repeats`` timed runs after at most ``warmup`` runs, and
     the runs timed. With ``budget_s``, slow operators get fewer runs: warm-up stops after half the
-    budget (at least one run), timing once the budget is spent and ``MIN_REPEATS`` runs were timed."""
+    budget (at least one run), timing once the budget is spent and ``MIN_REPEATS`` runs were timed.
+    ``times_out``, when given, receives every timed run in ms."""
     start = time.perf_counter()
     for _ in range(warmup):
         run()
@@ -227,6 +231,8 @@ def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
         times.append(clock() - t)
         if budget_s is not None and len(times) >= MIN_REPEATS and time.perf_counter() - start > budget_s:
             break
+    if times_out is not None:
+        times_out.extend(t * 1e3 for t in times)
     return float(np.median(times) * 1e3), len(times)
 
 
@@ -235,8 +241,9 @@ def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.Inferenc
 
 
 def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repeats: int,
-                 rng: np.random.Generator, budget_s: float | None = None) -> tuple[float, int]:
-    """(median ms, timed runs) of one sample."""
+                 rng: np.random.Generator, budget_s: float | None = None,
+                 times_out: list | None = None) -> tuple[float, int]:
+    """(median ms, timed runs) of one sample; ``times_out`` receives the timed runs (ONNX Runtime only)."""
     feeds = random_inputs(sample, rng)
     if backend == "cuda-torch":
         from . import torch_cuda
@@ -245,22 +252,24 @@ def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repe
     session = _session(build_model(sample), backend, threads)
     if backend == "cpu":
         return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats, budget_s,
-                          timer(backend, threads))
+                          timer(backend, threads), times_out)
     binding = session.io_binding()  # CUDA: keep data on the device, time the kernels only
     for name, value in feeds.items():
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
     for name in sample.outputs:
         binding.bind_output(name, "cuda")
-    return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats, budget_s)
+    return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats, budget_s, times_out=times_out)
 
 
-def call_overhead_ms(provider: str = "cpu", threads: int = 1, repeats: int = 200) -> float:
+def call_overhead_ms(provider: str = "cpu", threads: int = 1, repeats: int = 200,
+                     times_out: list | None = None) -> float:
     """Median ms of running a one-node model that does nothing (Identity of one float): the
     fixed cost of a ``session.run`` call that every one-node timing includes and that an
-    operator inside a whole model does not pay."""
+    operator inside a whole model does not pay. ``times_out`` receives every timed run."""
     node = helper.make_node("Identity", ["x"], ["y"])
     sample = OpSample(node, (("x", onnx.TensorProto.FLOAT, (1,)),), (), ("y",))
-    return _time_sample(sample, _backend(provider), threads, 20, repeats, np.random.default_rng(0))[0]
+    return _time_sample(sample, _backend(provider), threads, 20, repeats, np.random.default_rng(0),
+                        times_out=times_out)[0]
 
 
 def call_overhead_key(backend: str, threads: int, ort_version: str | None = None) -> str:
@@ -284,7 +293,7 @@ def calibrated_call_overhead_ms(provider: str, threads: int, cache: CostCache | 
     (:func:`call_overhead_key`, op_type ``CALL_OVERHEAD_OP``) when there is one, else timed now
     and stored; with ``cache`` None, timed. When ``provider`` cannot run here, a row of any
     backend that stands for it, of this onnxruntime version or else of another, is used; without
-    one, ProviderUnavailable."""
+    one, ProviderUnavailable. :func:`check_call_overhead` replaces a row that went stale."""
     try:
         backend = _backend(provider)
     except ProviderUnavailable as e:
@@ -303,13 +312,50 @@ def calibrated_call_overhead_ms(provider: str, threads: int, cache: CostCache | 
             return ms
     if unavailable is not None:
         raise unavailable
-    repeats = 200
-    ms = call_overhead_ms(provider, threads, repeats)
+    ms, row = _timed_call_overhead(backend, threads)
     if cache is not None:
-        cache.store([CostRow(call_overhead_key(backend, threads), backend, threads, CALL_OVERHEAD_OP,
-                             {"op_type": CALL_OVERHEAD_OP, "timed": "session.run of a one-node Identity of one float"},
-                             ms, repeats, ort.__version__)])
+        cache.store([row])
     return ms
+
+
+def _timed_call_overhead(backend: str, threads: int, repeats: int = 200) -> tuple[float, CostRow]:
+    """The call overhead timed now, and its cache row: the signature records the conditions
+    (:func:`relsat.extract.cost_cache.conditions`) and the quartiles of the runs."""
+    cond = conditions(threads)
+    times: list[float] = []
+    ms = call_overhead_ms(backend if backend == "cpu" else "cuda", threads, repeats, times_out=times)
+    if times:
+        q1, q3 = np.percentile(times, [25, 75])
+        cond.update(q1_ms=float(q1), q3_ms=float(q3))
+    cond.update(latency_ms=ms, runs=len(times) or repeats, clock=timer(backend, threads).__name__)
+    return ms, CostRow(call_overhead_key(backend, threads), backend, threads, CALL_OVERHEAD_OP,
+                       {"op_type": CALL_OVERHEAD_OP, "timed": "session.run of a one-node Identity of one float",
+                        "conditions": cond}, ms, len(times) or repeats, ort.__version__)
+
+
+def check_call_overhead(provider: str, threads: int, cache: CostCache, floor: float = 0.10) -> dict | None:
+    """The cached call overhead against a fresh timing of it (a few ms): the row is replaced when the two
+    disagree beyond the noise, ``max(floor, (q3 - q1) / median)`` of the fresh runs, on either side (a
+    row taken while other jobs shared the machine, or on another one). Stored when the cache has none.
+    Returns what was compared (``replaced`` says whether the row was); None when ``provider`` cannot
+    be timed here (its row, from elsewhere, is kept)."""
+    try:
+        backend = _backend(provider)
+    except ProviderUnavailable:
+        return None
+    key = call_overhead_key(backend, threads)
+    row = cache.rows([key]).get(key)
+    fresh, new = _timed_call_overhead(backend, threads)
+    cond = new.signature["conditions"]
+    spread = (cond["q3_ms"] - cond["q1_ms"]) / fresh if "q1_ms" in cond and fresh > 0 else 0.0
+    tolerance = max(floor, spread)
+    cached = row[0] if row is not None else None
+    ratio = cached / fresh if cached is not None and fresh > 0 else None
+    replace = ratio is None or not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
+    if replace:
+        cache.store([new])
+    return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "tolerance": tolerance, "replaced": replace,
+            "cached_conditions": row[1].get("conditions") if row is not None else None}
 
 
 def _from_other_versions(todo: dict[str, Callable[[str], list[str]]], backends: list[str], threads: int,
