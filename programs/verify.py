@@ -72,8 +72,11 @@ def check_rule(rule: Rule, *, trials: int = 3, seed: int = 0, draws: int = 400) 
     rng = np.random.default_rng([seed, zlib.crc32(rule.name.encode())])
     reasons: Counter[str] = Counter()
     worst, done, offsets = 0.0, 0, {}
-    for _ in range(draws):
-        draw = _Draw(rule, rng, done, offsets)
+    # a second pass, only for a rule the first found no instance of, also draws one-axis operands
+    for k in range(2 * draws):
+        if k == draws and done:
+            break
+        draw = _Draw(rule, rng, done, offsets, per_channel=k >= draws)
         try:
             worst = max(worst, draw.check())
         except _Reject as e:
@@ -85,7 +88,7 @@ def check_rule(rule: Rule, *, trials: int = 3, seed: int = 0, draws: int = 400) 
         if done == trials:
             break
     if not done:
-        reason = f"no instance in {draws} draws; most often: {reasons.most_common(1)[0][0]}"
+        reason = f"no instance in {2 * draws} draws; most often: {reasons.most_common(1)[0][0]}"
         return RuleCheck(rule.name, False, 0.0, reason, skipped=reason)
     return RuleCheck(rule.name, True, worst, f"{done} instance(s) agree (max abs error {worst:.2e})")
 
@@ -185,8 +188,8 @@ class _Attrs:
 class _Draw:
     """One random instance of a rule: shapes of its e-class variables, values of its attribute variables."""
 
-    def __init__(self, rule: Rule, rng: np.random.Generator, trial: int, offsets: dict):
-        self.rule, self.rng = rule, rng
+    def __init__(self, rule: Rule, rng: np.random.Generator, trial: int, offsets: dict, per_channel: bool = False):
+        self.rule, self.rng, self.per_channel = rule, rng, per_channel
         self.trial, self.offsets = trial, offsets  # the instances found so far; choice() rotates through options
         self.shapes: dict[str, tuple] = {}
         self.values: dict[str, object] = {}
@@ -302,7 +305,7 @@ class _Draw:
         if r < 0.9:
             return shape[-1:]
         i = int(self.rng.integers(len(shape)))
-        if r < 0.95:
+        if not self.per_channel or r < 0.95:
             return shape[:i] + (1,) + shape[i + 1:]
         # one axis kept, ones elsewhere (a per-channel scale [1, C, 1, 1]), leading ones dropped now and then
         one_axis = tuple(d if j == i else 1 for j, d in enumerate(shape))

@@ -14,6 +14,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # what default.rules takes from each file, block by block, in its order
 DEFAULT_BLOCKS = [
+    ("runtime", None),  # all of it (issue 25)
     ("fold", ["bn-fold-conv-bias", "bn-fold-conv"]),
     ("taso", ["matmul-add-distrib-right-rev", "conv-weight-distrib-rev"]),
     ("fold", ["identity", "reshape-reshape", "reshape-noop", "squeeze-unsqueeze", "transpose-identity-2",
@@ -40,10 +41,10 @@ def test_default_is_the_concatenation_of_what_it_includes():
 def test_default_is_unchanged_by_the_move_to_includes():
     """tests/fixtures/default_before_include.rules is default.rules as it was, its rules copied verbatim."""
     before = load_rules(FIXTURES / "default_before_include.rules")
-    after = load_rules(RULES_DIR / "default.rules")
-    assert [r.name for r in after.rules] == [r.name for r in before.rules]
-    assert [format_rule(r) for r in after.rules] == [format_rule(r) for r in before.rules]
-    assert after.rules == before.rules
+    after = [r for r in load_rules(RULES_DIR / "default.rules").rules if Path(r.source.file).name != "runtime.rules"]
+    assert [r.name for r in after] == [r.name for r in before.rules]  # runtime.rules came later, in front
+    assert [format_rule(r) for r in after] == [format_rule(r) for r in before.rules]
+    assert tuple(after) == before.rules
 
 
 def test_shipped_and_lookup():
@@ -77,7 +78,8 @@ def test_rule_sources_are_transitive(tmp_path):
     assert [p.resolve() for p in rule_sources([str(top)])] == [
         top, tmp_path / "other.rules", RULES_DIR / "fold.rules", RULES_DIR / "ac-add.rules"]  # fmt: skip
     # each file once, across values too
-    assert rule_sources(["default", "fold"]) == [RULES_DIR / f"{n}.rules" for n in ("default", "fold", "taso", "merge")]
+    assert rule_sources(["default", "fold"]) == [RULES_DIR / f"{n}.rules"
+                                                 for n in ("default", "runtime", "fold", "taso", "merge")]
     assert rule_sources(["ac-add"]) == [RULES_DIR / "ac-add.rules"]
 
 
