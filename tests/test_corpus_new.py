@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from relsat.benchmarks import corpus as c
+from test_corpus import _runs_at  # the one helper that runs a built model at several feeds
 
 OLD15 = {"bert_base", "distilbert", "gpt2", "vit_b16", "whisper_tiny_encoder", "efficientnet_b0", "convnext_tiny",
          "mobilenetv3_large", "regnety_016", "fasterrcnn_mobilenet_v3", "ppocr_det_v4", "ppocr_rec_v4", "ppocr_cls_v2",
@@ -126,13 +127,6 @@ def test_cli_build_one_name_or_group(tmp_path, monkeypatch, capsys):
     assert c.main(["build", "no_such_model", "--dir", str(tmp_path)]) == 2
 
 
-def _run(path, feeds):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return [s.run(None, f)[0].shape for f in feeds]
-
-
 @pytest.mark.slow
 def test_build_distilhubert(tmp_path):
     pytest.importorskip("torch")
@@ -145,7 +139,7 @@ def test_build_distilhubert(tmp_path):
     assert c._dims(m.graph.output[0]) == ("batch", "frames", 768)
     rng = np.random.default_rng(0)
     feeds = [{"input_values": rng.standard_normal((b, n), dtype=np.float32)} for b, n in ((1, 16000), (2, 8000))]
-    assert _run(p, feeds) == [(1, 49, 768), (2, 24, 768)]  # the conv feature encoder: 20 ms frames
+    assert _runs_at(p, feeds) == [(1, 49, 768), (2, 24, 768)]  # the conv feature encoder: 20 ms frames
 
 
 @pytest.mark.slow
@@ -159,4 +153,4 @@ def test_build_yolo11n(tmp_path):
     assert c._dims(m.graph.output[0]) == ("batch", 84, "anchors")  # 84 declared although the exporter lost it
     rng = np.random.default_rng(0)
     feeds = [{"images": rng.random((b, 3, h, w), dtype=np.float32)} for b, h, w in ((1, 640, 640), (2, 320, 480))]
-    assert _run(p, feeds) == [(1, 84, 8400), (2, 84, 3150)]
+    assert _runs_at(p, feeds) == [(1, 84, 8400), (2, 84, 3150)]
