@@ -724,28 +724,22 @@ def _bcast(a: list, b: list) -> list | None:
 
 
 def _window_shape(node: onnx.NodeProto, x: list, types: dict) -> list | None:
-    """The output shape of a Conv or pool over ``x`` (``dims.window_dim`` per spatial dim), None when unknown."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    n = len(x) - 2
-    if auto_pad not in ("NOTSET", "VALID") or n < 1:
-        return None
-    kernel = attrs.get("kernel_shape")
+    """The output shape of a Conv or pool over ``x`` (``dims.window_dim`` per spatial dim), None when unknown.
+    The attributes are read as import reads them (the catalog's import hook resolves defaults and auto_pad)."""
+    attrs = {a.name: _attr_value(a) for a in node.attribute}
+    shapes = [x]
     channels = x[1]
     if node.op_type == "Conv":
         w = (types.get(node.input[1]) or (None, None))[1] if len(node.input) > 1 else None
-        if not w or len(w) != n + 2 or any(is_sym(d) for d in w):
+        if not w or len(w) != len(x) or any(is_sym(d) for d in w):
             return None
-        kernel, channels = kernel or list(w[2:]), w[0]
-    if kernel is None or len(kernel) != n:
+        shapes, channels = [x, w], w[0]
+    if len(x) < 3 or not IMPORT_HOOKS[node.op_type](None, node, attrs, [], shapes):
         return None
-    strides = attrs.get("strides") or [1] * n
-    pads = attrs.get("pads") if auto_pad == "NOTSET" and attrs.get("pads") else [0] * (2 * n)
-    dil = attrs.get("dilations") or [1] * n
-    ceil_mode = int(attrs.get("ceil_mode", 0))
-    dims = [window_dim(x[j + 2], kernel[j], strides[j], pads[j], pads[j + n], dil[j], ceil_mode) for j in range(n)]
-    return None if any(d is None for d in dims) else [x[0], channels, *dims]
+    k, s, p, d = attrs["kernel_shape"], attrs["strides"], attrs["pads"], attrs["dilations"]
+    n = len(k)
+    dims = [window_dim(x[j + 2], k[j], s[j], p[j], p[j + n], d[j], int(attrs.get("ceil_mode", 0))) for j in range(n)]
+    return None if any(v is None for v in dims) else [x[0], channels, *dims]
 
 
 def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs: set[str]) -> dict:
