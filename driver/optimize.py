@@ -410,6 +410,11 @@ class _Pipeline:
         self.extracted = _op_counts(shown.model if shown is not None else self.model)
         if fastest is None:
             self.notices.append("no candidate graph differs from the original: the input model is written unchanged")
+        elif picked is None and (held := next((c for c in s.candidates if c.confirm is not None), None)):
+            self.notices.append(
+                f"the {held.label} graph was faster beyond noise in the first timing but not when timed again "
+                f"against the input model ({held.status.split('(', 1)[-1].rstrip(')')}, threshold "
+                f"{o.guard_threshold:.0%}): the input model is written unchanged")
         elif picked is None:
             self.notices.append(
                 f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {fastest.measured_ms:.3f} ms vs "
