@@ -56,6 +56,7 @@ from .candidates import Search
 from .onnx_import import check_ort_loadable, import_model, load_model
 from .options import DEFAULTS, Options
 from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
+from .outputs import _same as same_file
 from .runner import Limits, Runner
 from .torch_runtime import whole_graph_runtime
 from .verify import VerifyResult, verify
@@ -259,7 +260,11 @@ class _Pipeline:
         self.cache = None
         if o.cost_model == "measured":  # a bad --costs file fails before any work
             c = self.cost_cache
-            self.cache = c if isinstance(c, CostCache) else CostCache(c)
+            (_, where), *_ = protected_paths(c)
+            if not self.in_memory and same_file(where, Path(model_or_path)):
+                raise RelsatError(f"cost cache {where}: is the input model; relsat never writes it "
+                                  f"(set RELSAT_COST_CACHE to another file)")
+            self.cache = c if isinstance(c, CostCache) else CostCache(c)  # refuses a file not a cost cache
             self.notices += self.cache.notices
             if o.costs is not None:
                 try:

@@ -14,6 +14,16 @@ again. When another process holds the file, DuckDB raises ``IOException("Could n
 lock ...")``; the call is retried with a jittered exponential backoff (10 ms doubling up to
 0.5 s) for at most ``lock_timeout_s`` seconds in total, after which the error is re-raised.
 
+Whose file it is: a cache file is only ever written when it is certainly relsat's. A new cache is
+built under a temporary name and linked into place (never over an existing file), so the path holds
+either nothing or a whole cache. An existing file at the path is used only when it is a DuckDB
+database whose one table is ``costs`` with the cache's columns; anything else (the input model, a
+user's own DuckDB database, a text file, a folder) is refused with a one-line
+:class:`~relsat.driver.errors.RelsatError` and left untouched: never renamed, never written. Only in
+relsat's own cache folder (the default path, ``<user cache dir>/relsat/``), where every file is
+relsat's, is an unreadable cache set aside (renamed ``costs.duckdb.corrupt-<time>-<pid>``, with a
+warning) and rebuilt.
+
 Timings of whole graphs and of the call overhead depend on the moment as well as on the key: a row
 taken while other jobs loaded the machine stays wrong in every later run. Such rows keep what they
 were taken under in their signature (:func:`conditions`), and are checked against fresh timings and
@@ -51,14 +61,34 @@ _UPSERT = """INSERT INTO costs SELECT key::VARCHAR, provider::VARCHAR, threads::
     ort_version = excluded.ort_version"""
 
 
-class _Unusable(Exception):
-    """The cache file opens but is not a cost cache."""
-
-
 def default_path() -> Path:
     """``$RELSAT_COST_CACHE`` if set, else ``<user cache dir>/relsat/costs.duckdb``."""
     env = os.environ.get("RELSAT_COST_CACHE")
     return Path(env) if env else Path(platformdirs.user_cache_dir("relsat")) / "costs.duckdb"
+
+
+def own_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is in relsat's own cache folder (where the default cache lives), whose files
+    are all relsat's."""
+    try:
+        return Path(path).resolve().parent == Path(platformdirs.user_cache_dir("relsat")).resolve()
+    except OSError:
+        return False
+
+
+def _tables(con) -> dict[str, list[str]]:
+    """The tables of a database's main schema, each with its columns in order."""
+    tables: dict[str, list[str]] = {}
+    for table, column in con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'main' "
+            "ORDER BY table_name, ordinal_position").fetchall():
+        tables.setdefault(table, []).append(column)
+    return tables
+
+
+def _remove_db(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".wal").unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -122,30 +152,71 @@ class CostCache:
         self.lock_timeout_s = lock_timeout_s
         self._closed = False
         self.notices: list[str] = []  # what opening the cache had to repair
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        problem = self._problem()
+        if problem is None:
+            return
+        if not own_folder(self.path):
+            from relsat.driver.errors import RelsatError
+
+            raise RelsatError(f"cost cache {self.path}: {problem}, not a relsat cost cache; relsat neither "
+                              f"renames nor writes it: remove it or set RELSAT_COST_CACHE to another file")
+        self._set_aside(problem)
+        self._create()
+
+    def _problem(self) -> str | None:
+        """Make sure a cost cache is at ``self.path``: build one where there is nothing, and return
+        None; or say why the file there is not a cost cache (it is left as it is)."""
+        if not os.path.lexists(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._create()
+            return None
+        if self.path.is_dir():
+            return "is a folder"
+        if not self.path.is_file():
+            return "is not a regular file"
         try:
-            self._run(self._open)
-        except (duckdb.Error, _Unusable) as e:
-            if isinstance(e, duckdb.IOException) and "Could not set lock" in str(e):
+            tables = self._run(_tables, read_only=True)
+        except duckdb.Error as e:
+            if "Could not set lock" in str(e):
                 raise
-            self._set_aside(e)
-            self._run(self._open)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"not a DuckDB database ({first})"
+        want = [c.strip() for c in _COLUMNS.split(",")]
+        if set(tables) != {"costs"}:
+            return ("a DuckDB database with the tables " + ", ".join(sorted(tables)) if tables
+                    else "a DuckDB database without tables")
+        if tables["costs"] != want:
+            return f"its costs table has the columns {', '.join(tables['costs'])}"
+        return None
 
-    @staticmethod
-    def _open(con) -> None:
-        con.execute(_SCHEMA.format(table="costs"))
-        cols = [r[0] for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'costs' "
-            "AND table_schema = 'main' ORDER BY ordinal_position").fetchall()]
-        if cols != [c.strip() for c in _COLUMNS.split(",")]:
-            raise _Unusable(f"its costs table has the columns {', '.join(cols)}")
+    def _create(self) -> None:
+        """Build an empty cache under a temporary name and link it into place; where a file
+        appeared there meanwhile (another process built the cache first) it is left alone."""
+        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}")
+        try:
+            _remove_db(tmp)
+            with duckdb.connect(str(tmp)) as con:
+                con.execute(_SCHEMA.format(table="costs"))
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass
+            except OSError:  # no hard links on this file system: a rename, racing only with ourselves
+                if not os.path.lexists(self.path):
+                    os.replace(tmp, self.path)
+        finally:
+            _remove_db(tmp)
+        if self._problem() is not None:  # someone else's file appeared at the path meanwhile
+            from relsat.driver.errors import RelsatError
 
-    def _set_aside(self, why: Exception) -> None:
-        """Rename an unreadable cache file (and its WAL) out of the way, so a new one is built; the old
-        file is kept for the user to look at."""
+            raise RelsatError(f"cost cache {self.path}: another file appeared there while the cache was built")
+
+    def _set_aside(self, why: str) -> None:
+        """Rename an unreadable cache file of relsat's own cache folder (and its WAL) out of the way,
+        so a new one is built; the old file is kept for the user to look at."""
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        reason = " ".join((str(why) or type(why).__name__).split())[:300]
+        reason = " ".join(str(why).split())[:300]
         try:
             os.replace(self.path, aside)
         except FileNotFoundError:  # another process set it aside first
@@ -157,14 +228,14 @@ class CostCache:
         self.notices.append(msg)
         warnings.warn(msg, stacklevel=3)
 
-    def _run(self, work):
+    def _run(self, work, *, read_only: bool = False):
         """Run ``work(con)`` on a short-lived connection, retrying while the file is locked."""
         if self._closed:
             raise ValueError(f"cost cache {self.path} is closed")
         deadline, delay = time.monotonic() + self.lock_timeout_s, 0.01
         while True:
             try:
-                with duckdb.connect(str(self.path)) as con:
+                with duckdb.connect(str(self.path), read_only=read_only) as con:
                     return work(con)
             except duckdb.IOException as exc:
                 if "Could not set lock" not in str(exc) or time.monotonic() >= deadline:
