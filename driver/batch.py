@@ -94,8 +94,10 @@ from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
 from typing import Callable
 
-from .batch_model import (COLUMN_NAMES, BatchResult, ModelTask, Recorder, Results, model_fields, output_hashes,
-                          remove_temps, sha256_file, stage_dir, timeout_reason)
+from .batch_ray import DEFAULT_CONNECT_TIMEOUT_S
+from .batch_model import (BATCH_FILES, COLUMN_NAMES, RESULTS_DB, BatchResult, ModelTask, NotOurs, Recorder, Results,
+                          model_fields, model_files, output_hashes, read_results, remove_temps, sha256_file,
+                          stage_dir, timeout_reason)
 from .errors import RelsatError
 from .options import DEFAULTS, Options, all_cores
 from .outputs import write_text_atomic
@@ -322,7 +324,7 @@ def _fmt(v, spec="") -> str:
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    w = csv.writer(buf)
+    w = csv.writer(buf, lineterminator="\n")  # LF, as every other file relsat writes
     cols = COLUMN_NAMES + ["this_run"]
     w.writerow(cols)
     for r in rows:
@@ -346,6 +348,8 @@ def write_summary(path: Path, result: BatchResult, spec: str, recorded_options: 
         f"redone (files did not match their rows) {sum(r['this_run'].startswith('redone') for r in rows)}, "
         f"done earlier and skipped {sum(r['this_run'].startswith('skipped') for r in rows)}, "
         f"failed {result.failed}" + (" (interrupted)" if result.interrupted else ""),
+        *([f"- replaced (--force; not written by relsat batch): {', '.join(result.replaced)}"] if result.replaced
+          else []),
         "- speedup = before / after: from measured latencies when the report has them, else the "
         "ratio of predicted model costs (column *from*); *written* = original when the latency guard "
         "found the optimized graph not faster and wrote the original graph",
@@ -377,7 +381,7 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
               model_timeout: float | None = DEFAULT_MODEL_TIMEOUT_S,
               keep_db: bool = False, skip_failed: bool = False, force: bool = False,
               executor: str = "local", address: str | None = None,
-              console=None, on_result: Callable[[dict], None] | None = None,
+              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, console=None, on_result: Callable[[dict], None] | None = None,
               **overrides) -> BatchResult:
     """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
 
@@ -388,7 +392,8 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
     or 0 for none) is a wall-clock limit per model, process start included.  ``executor`` is
     ``local`` (worker processes here) or ``ray`` (a Ray task per model, :mod:`relsat.driver.batch_ray`,
-    on the Ray instance at ``address``; None starts or joins a local one).
+    on the Ray instance at ``address``; None starts or joins a local one; an address that does not
+    answer within ``connect_timeout`` seconds is an error).
     Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
     use, Ray missing or unreachable); a model's failure is a row with status ``failed``."""
     t0 = time.perf_counter()
@@ -400,10 +405,13 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         raise RelsatError(f"--jobs {jobs}: expected 1 or more")
     if model_timeout is not None and model_timeout < 0:
         raise RelsatError(f"--model-timeout {model_timeout}: expected seconds >= 0 (0: no limit)")
+    if not connect_timeout > 0:
+        raise RelsatError(f"--connect-timeout {connect_timeout}: expected seconds > 0")
     if executor == "ray":
-        from .batch_ray import require_ray
+        from .batch_ray import check_address, require_ray
 
         require_ray()  # before any work: a missing extra is a one-line error
+        check_address(address, connect_timeout)  # and so is an address that does not answer
     outdir = Path(outdir).expanduser().resolve()
     if outdir.exists() and not outdir.is_dir():
         raise RelsatError(f"{outdir}: exists and is not a folder")
@@ -413,11 +421,19 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     except TypeError as e:
         raise RelsatError(f"batch: {e}") from None
     worker_options, recorded, options_hash = resolve_options(opts)
+    check_cost_cache(opts, tasks, outdir)
+    made = not outdir.exists()
     outdir.mkdir(parents=True, exist_ok=True)
+    lock_existed = os.path.lexists(outdir / ".batch.lock")
     lock = _lock_outdir(outdir)
+    refused = True
     try:
-        results = Results(outdir / "results.duckdb")
-        previous = results.rows()
+        foreign: list[str] = []  # files at paths this run writes that no batch wrote
+        try:
+            previous, owned = read_results(outdir / RESULTS_DB)
+        except NotOurs as e:
+            previous, owned = {}, set()
+            foreign.append(f"{RESULTS_DB} ({e})")
         common = {"options_sha256": options_hash, "options": json.dumps(recorded, sort_keys=True, default=str)}
         rows: dict[str, dict] = {}
         todo: deque[ModelTask] = deque()
@@ -439,9 +455,15 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
                 rows[task.name] = dict(prev, this_run="skipped (failed before)")
                 continue
             todo.append(task)
-        result = BatchResult(outdir, [], skipped=len(rows))
+        targets = [n for t in todo for n in model_files(t.name)] + list(BATCH_FILES)
+        foreign += [n for n in targets if os.path.lexists(outdir / n) and n not in owned]
+        replaced = _refuse_or_replace(outdir, foreign, force, console)
+        results = Results(outdir / RESULTS_DB)
+        results.own(owned | set(targets))  # recorded before any of them is written
+        refused = False
+        result = BatchResult(outdir, [], skipped=len(rows), replaced=replaced)
         try:
-            with _executor(executor, address, todo) as schedule:
+            with _executor(executor, address, connect_timeout, todo) as schedule:
                 rec = Recorder(outdir, keep_db, common, results, rows, result, on_result, console, len(todo))
                 try:
                     schedule(todo, rec, worker_options, jobs, model_timeout or None)
@@ -454,19 +476,77 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         result.seconds = time.perf_counter() - t0
         write_csv(outdir / "results.csv", result.rows)
         write_summary(outdir / "summary.md", result, str(spec), recorded)
+        results.own()  # files removed this run (a failed model's) are no longer the batch's
         return result
     finally:
+        if refused and not lock_existed:  # nothing of this run left in a folder it would not write
+            (outdir / ".batch.lock").unlink(missing_ok=True)
+            if made:
+                try:
+                    outdir.rmdir()
+                except OSError:
+                    pass
         lock.close()
 
 
+def _refuse_or_replace(outdir: Path, foreign: list[str], force: bool, console) -> list[str]:
+    """Refuse the files at paths the batch writes that no batch wrote (one line naming them), or with
+    ``force`` say that they are replaced (a foreign results table is removed now, the others are
+    replaced as the batch writes them); a folder at such a path is refused either way."""
+    if not foreign:
+        return []
+    names = [f.split(" (", 1)[0] for f in foreign]
+    folders = [n for n in names if (outdir / n).is_dir() and not (outdir / n).is_symlink()]
+    if folders:
+        raise RelsatError(f"{outdir}: {_some(folders)}: a folder where relsat batch writes a file; move it "
+                          f"or choose another output folder")
+    if not force:
+        raise RelsatError(f"{outdir}: {_some(foreign)} already there, not written by relsat batch; remove "
+                          f"{'it' if len(foreign) == 1 else 'them'}, choose another output folder, or pass "
+                          f"--force to replace {'it' if len(foreign) == 1 else 'them'}")
+    if console is not None:
+        console.print(f"[yellow]--force:[/yellow] replacing {_some(names, 20)} in {outdir} "
+                      f"(not written by relsat batch)", highlight=False, soft_wrap=True)
+    if RESULTS_DB in names:
+        for p in (outdir / RESULTS_DB, outdir / f"{RESULTS_DB}.wal"):
+            p.unlink(missing_ok=True)
+    return names
+
+
+def _some(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def check_cost_cache(opts: Options, tasks: list[ModelTask], outdir: Path) -> None:
+    """With measured costs, refuse a cost cache (``$RELSAT_COST_CACHE`` or the user cache) that is
+    one of the models or a file the batch writes in OUTDIR, or that is not a relsat cost cache
+    (:class:`relsat.extract.cost_cache.CostCache` refuses it), before any model runs."""
+    if opts.cost_model != "measured":
+        return
+    from relsat.extract.cost_cache import CostCache, default_path
+
+    from .outputs import _same
+
+    where = default_path()
+    for task in tasks:
+        if _same(where, task.path):
+            raise RelsatError(f"cost cache {where}: is the input model {task.path}; relsat never writes it "
+                              f"(set RELSAT_COST_CACHE to another file)")
+    mine = [RESULTS_DB, *BATCH_FILES, ".batch.lock"] + [n for t in tasks for n in model_files(t.name)]
+    if any(_same(where, outdir / n) for n in mine):
+        raise RelsatError(f"cost cache {where}: is a file relsat batch writes in {outdir}; set RELSAT_COST_CACHE "
+                          f"to a file outside it")
+    CostCache(where)
+
+
 @contextmanager
-def _executor(executor: str, address: str | None, todo):
+def _executor(executor: str, address: str | None, connect_timeout: float, todo):
     """The function that runs ``todo``: the local executor's, or, when there is something to run,
     the Ray executor's, connected to Ray before any progress is drawn and disconnected after."""
     if executor == "ray" and todo:
         from .batch_ray import ray_executor
 
-        with ray_executor(address) as schedule:
+        with ray_executor(address, connect_timeout) as schedule:
             yield schedule
     else:
         yield _schedule_local

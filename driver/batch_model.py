@@ -1,7 +1,8 @@
 """One model of a ``relsat batch``, from its run to its row, whatever the executor runs it.
 
-Owns the results table (its columns and ``OUTDIR/results.duckdb``), a model's files in OUTDIR and
-its stage folder, the worker side (:func:`model_fields`: optimize one model into its stage folder
+Owns the results table (its columns and ``OUTDIR/results.duckdb``, with the ``batch_files`` table
+of the files of OUTDIR the batch wrote: :func:`read_results`, :class:`Results`), a model's files in
+OUTDIR and its stage folder, the worker side (:func:`model_fields`: optimize one model into its stage folder
 and return the fields of its row) and the parent side (:class:`Recorder`: commit the staged files,
 hash them and write the row).  :mod:`relsat.driver.batch` (the batch, resume and the local executor)
 and :mod:`relsat.driver.batch_ray` (the Ray executor) both build on it; see
@@ -15,10 +16,11 @@ import glob as globlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import RelsatError
@@ -86,6 +88,7 @@ class BatchResult:
     seconds: float = 0.0
     interrupted: bool = False
     costs_merged: int = 0  # cost rows the Ray workers measured, merged into the cost cache here
+    replaced: list[str] = field(default_factory=list)  # files of OUTDIR not the batch's, replaced (force)
 
     @property
     def ok(self) -> bool:
@@ -119,13 +122,20 @@ def stage_dir(outdir: Path, name: str, tag: int | str) -> Path:
     return outdir / f".{name}.stage-{tag}"
 
 
+_TEMPS = ((".stage-*", r"\.stage-(\d+|ray\d+)", True), (".onnx.*", r"\.onnx\.\w+", True),
+          (".json.*.tmp", r"\.json\.\d+\.tmp", False), (".duckdb.tmp-*", r"\.duckdb\.tmp-\d+(\.wal)?", False))
+
+
 def _temp_paths(outdir: Path, name: str) -> list[Path]:
     """Temporary files and folders of a model: worker stage folders, and what older relsat
-    versions and ``save_model_atomic`` leave when killed."""
+    versions and ``save_model_atomic`` leave when killed (folders for folders, files for files,
+    named exactly as relsat names them, so a user's hidden ``.NAME.onnx.swp`` is not one)."""
     stem = globlib.escape(str(outdir / f".{name}"))
     paths = []
-    for pattern in (".stage-*", ".onnx.*", ".json.*.tmp", ".duckdb.tmp-*"):
-        paths += [Path(p) for p in globlib.glob(stem + pattern)]
+    for pattern, regex, folder in _TEMPS:
+        full = re.compile(re.escape(f".{name}") + regex)
+        paths += [Path(p) for p in globlib.glob(stem + pattern)
+                  if full.fullmatch(Path(p).name) and Path(p).is_dir() == folder and not Path(p).is_symlink()]
     return paths
 
 
@@ -289,8 +299,76 @@ def model_fields(task: ModelTask, outdir: Path, options: dict, keep_db: bool, st
 # ---------------------------------------------------------------- the parent side
 
 
+RESULTS_DB = "results.duckdb"
+BATCH_FILES = ("results.csv", "summary.md")  # rewritten at the end of every run
+OWNED = "batch_files"  # the table of the files of OUTDIR the batch wrote or is about to write
+
+
+def model_files(name: str) -> list[str]:
+    """The files of OUTDIR a model's attempt may write or remove: its outputs and their companions."""
+    return [p.name for p in (*_outputs(Path("."), name).values(), *_companions(Path("."), name).values())]
+
+
+class NotOurs(Exception):
+    """A file at a path the batch writes that the batch did not write (its str says what it is)."""
+
+
+def _tables(con) -> dict[str, list[str]]:
+    tables: dict[str, list[str]] = {}
+    for table, column in con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'main' "
+            "ORDER BY table_name, ordinal_position").fetchall():
+        tables.setdefault(table, []).append(column)
+    return tables
+
+
+def read_results(path: Path) -> tuple[dict[str, dict], set[str]]:
+    """Read an existing ``OUTDIR/results.duckdb`` without writing it: ``(rows by model, names of the
+    files of OUTDIR the batch owns)``; ``({}, set())`` where there is none.  The owned files are those
+    of the ``batch_files`` table; a table written by a relsat that kept none owns the files its rows
+    name (with their companions) and ``results.csv`` and ``summary.md``.  Raises :class:`NotOurs` when
+    the file is not a batch's results table (a user's DuckDB database, another file), RelsatError when
+    it cannot be read now (another process holds it)."""
+    import duckdb
+
+    if not os.path.lexists(path):
+        return {}, set()
+    if path.is_dir() or not path.is_file():
+        raise NotOurs("a folder" if path.is_dir() else "not a regular file")
+    try:
+        with duckdb.connect(str(path), read_only=True) as con:
+            tables = _tables(con)
+            cols = tables.get("results", [])
+            if not cols or cols[0] != "model" or not set(cols) <= set(COLUMN_NAMES) \
+                    or not set(tables) <= {"results", OWNED} or tables.get(OWNED, ["name"]) != ["name"]:
+                what = ", ".join(sorted(tables))
+                raise NotOurs(f"a DuckDB database with the tables {what}" if what else "an empty DuckDB database")
+            rows = {r[0]: {**dict.fromkeys(COLUMN_NAMES), **dict(zip(cols, r))}
+                    for r in con.execute(f"SELECT {', '.join(cols)} FROM results").fetchall()}
+            owned = ({n for (n,) in con.execute(f"SELECT name FROM {OWNED}").fetchall()} if OWNED in tables
+                     else None)
+    except duckdb.Error as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if "Could not set lock" in first:
+            raise RelsatError(f"{path}: in use by another process ({first})") from None
+        raise NotOurs(f"not a DuckDB database ({first})") from None
+    if owned is None:  # written by an older relsat
+        owned = set(BATCH_FILES)
+        for name, r in rows.items():
+            outs, comp = _outputs(Path("."), name), _companions(Path("."), name)
+            for kind in ("output", "report", "db"):
+                if r.get(kind):
+                    owned.add(outs[kind].name)
+                    if kind in comp:
+                        owned.add(comp[kind].name)
+    return rows, owned
+
+
 class Results:
-    """OUTDIR/results.duckdb, opened for each read or write only."""
+    """OUTDIR/results.duckdb, opened for each read or write only: the ``results`` table (one row
+    per model) and the ``batch_files`` table (the names of the files of OUTDIR the batch wrote or is
+    about to write: a name is recorded before its file is first written, and dropped once its file
+    is gone, :meth:`own`)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -310,6 +388,21 @@ class Results:
         con.execute("CREATE TABLE IF NOT EXISTS results(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")")
         for c, t in COLUMNS[1:]:  # tables written by an older relsat get the new columns
             con.execute(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {c} {t}")
+        con.execute(f"CREATE TABLE IF NOT EXISTS {OWNED}(name VARCHAR PRIMARY KEY)")
+
+    def own(self, add=()) -> None:
+        """Forget the recorded files of OUTDIR that are gone, then record the names ``add``."""
+        outdir = self.path.parent
+
+        def work(con):
+            gone = [n for (n,) in con.execute(f"SELECT name FROM {OWNED}").fetchall()
+                    if not os.path.lexists(outdir / n)]
+            if gone:
+                con.execute(f"DELETE FROM {OWNED} WHERE name IN (SELECT unnest(?::VARCHAR[]))", [gone])
+            if add:
+                con.execute(f"INSERT OR IGNORE INTO {OWNED} SELECT unnest(?::VARCHAR[])", [sorted(set(add))])
+
+        self._run(work)
 
     def rows(self) -> dict[str, dict]:
         def work(con):

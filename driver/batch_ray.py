@@ -11,7 +11,9 @@ What runs where:
 - The driver (the process running ``relsat batch``) joins the Ray instance at ``address`` (None:
   the one ``ray start`` left on this machine, else a new local one, shut down at the end), submits
   at most ``jobs`` tasks at once and records each model as its task reports it
-  (:class:`relsat.driver.batch_model.Recorder`).
+  (:class:`relsat.driver.batch_model.Recorder`).  An address given is probed first: a server that
+  does not answer as a gRPC server within ``connect_timeout`` (``--connect-timeout``, 15 s) is a
+  one-line error at once, where ``ray.init`` would retry it for minutes, deaf to Ctrl-C.
 - A task (:func:`_optimize_task`) reserves ``num_cpus`` = the options' thread count and runs
   :func:`relsat.driver.batch_model.model_fields` on whatever node Ray places it: it writes the model's
   files into its stage folder ``OUTDIR/.<name>.stage-ray<N>/`` and the driver moves them into
@@ -36,6 +38,7 @@ What runs where:
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import tempfile
 import time
@@ -61,10 +64,76 @@ def require_ray():
     return ray
 
 
-def _connect(ray, address: str | None) -> bool:
-    """Join (or start) a Ray instance unless this process already did; True if it must shut down."""
+DEFAULT_CONNECT_TIMEOUT_S = 15.0
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address ``host:port`` or ``ray://host:port`` (None when it has no port)."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Fail within ``timeout_s`` (a one-line RelsatError) unless a gRPC server, as Ray's GCS and its
+    client server are, answers at ``address``: a TCP connection, then the HTTP/2 preface answered
+    with a SETTINGS frame (the connection alone with ``RAY_USE_TLS``).  ``ray.init`` itself retries
+    a missing or silent server for minutes and does not stop on Ctrl-C meanwhile."""
+    where = _host_port(address)
+    if where is None:
+        return  # Ray refuses a malformed address itself, at once
+    host, port = where
+    if "://" not in address:  # ray.init replaces a loopback host with this node's address
+        try:
+            from ray._private.services import resolve_ip_for_localhost
+
+            host = resolve_ip_for_localhost(host)
+        except Exception:
+            pass
+    head = f"--executor ray: cannot join a Ray instance at {address}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return  # gRPC over TLS does not answer a plain HTTP/2 preface: the connection must do
+            sock.sendall(_H2_PREFACE)
+            frame = b""
+            while len(frame) < 9:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                chunk = sock.recv(9 - len(frame))
+                if not chunk:
+                    break
+                frame += chunk
+    except socket.timeout:
+        raise RelsatError(f"{head}: no answer within {timeout_s:g} s (--connect-timeout)") from None
+    except OSError as e:
+        raise RelsatError(f"{head}: {e.strerror or error_line(e)}") from None
+    if len(frame) < 9 or frame[3] != 4:
+        raise RelsatError(f"{head}: {host}:{port} answers, but not as a Ray head node (no gRPC server there)")
+
+
+def check_address(address: str | None, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+    """Probe the Ray address given (``address``, or ``$RAY_ADDRESS`` without one; :func:`_probe`),
+    unless this process is connected to Ray already."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    target = address if address not in (None, "auto") else os.environ.get("RAY_ADDRESS") or address
+    if target not in (None, "auto", "local"):
+        _probe(target, timeout_s)
+
+
+def _connect(ray, address: str | None, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> bool:
+    """Join (or start) a Ray instance unless this process already did; True if it must shut down.
+    An address given is probed first (:func:`check_address`)."""
     if ray.is_initialized():
         return False
+    check_address(address, timeout_s)
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except Exception as e:
@@ -183,11 +252,12 @@ def _cancel(ray, run: _Remote) -> None:
 
 
 @contextmanager
-def ray_executor(address: str | None):
-    """Connect to Ray (:func:`_connect`) and give the function that runs a batch's models on it;
-    disconnect at the end if this connected."""
+def ray_executor(address: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S):
+    """Connect to Ray (:func:`_connect`, giving up on an address that does not answer within
+    ``connect_timeout`` seconds) and give the function that runs a batch's models on it; disconnect
+    at the end if this connected."""
     ray = require_ray()
-    shutdown = _connect(ray, address)
+    shutdown = _connect(ray, address, connect_timeout)
     try:
         yield partial(_schedule, ray)
     finally:
