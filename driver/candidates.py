@@ -123,6 +123,7 @@ class Search:
         self._retaken: set[str] = set()  # profiles taken again after the check that replace a row
         self.profiles_measured = self.profiles_cached = 0
         self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
+        self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
 
     def _reset_prices(self) -> None:
         self.ctx = np.full(len(self.alone), np.nan)
@@ -280,7 +281,8 @@ class Search:
     def _time(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings) -> None:
         """Time the input model and ``cands`` interleaved (the input model alone when there are none)."""
         shapes = bindings[0]  # timed at the costed binding
-        res = time_models([input_model] + [c.model for c in cands], threads=self.threads, provider=self.provider,
+        res = time_models(self._blobs([input_model] + [c.model for c in cands]), threads=self.threads,
+                          provider=self.provider,
                           input_shapes=shapes, roles=feeds.input_roles(input_model, shapes))
         orig = self.original
         orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.provider), \
@@ -288,6 +290,14 @@ class Search:
         for c, t in zip(cands, res[1:]):
             c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.provider), t.median_ms, \
                 "timed"
+
+    def _blobs(self, models: list[onnx.ModelProto]) -> list[bytes]:
+        """Each model serialized once per :meth:`choose` (every timing makes two sessions of each model, and
+        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took)."""
+        for m in models:
+            if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
+                self._serialized[id(m)] = (m, m.SerializeToString())
+        return [self._serialized[id(m)][1] for m in models]
 
     def _agreement(self, profiled_ms: float, timing: Latency) -> dict:
         """A profile's latency against the fresh timing of its graph: the ratio, the tolerance and whether
@@ -343,6 +353,13 @@ class Search:
         (re-taking stale ones: see :data:`RETAKES`), verify fastest first. Returns the candidate to write
         (None: the input model), its verification, and the guard's report (the input model against the
         written or, if none, the fastest candidate; None without candidates)."""
+        self._serialized = {}
+        try:
+            return self._choose(input_model, bindings, threshold, input_sets, status)
+        finally:
+            self._serialized = {}
+
+    def _choose(self, input_model, bindings, threshold, input_sets, status):
         t_retake, removed, measured, first, stale_all = None, 0, [], None, []
         for attempt in range(RETAKES + 1):
             cands = self.usable()
@@ -404,7 +421,7 @@ class Search:
         (MobileNetV3 and RegNetY: written at 0.975-0.994x of the input model's speed, the same kernels)."""
         status(f"timing the {c.label} graph against the input model again ...")
         shapes = bindings[0]
-        orig, again = time_models([input_model, c.model], threads=self.threads, provider=self.provider,
+        orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, provider=self.provider,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1)
         held = judge(orig, again, threads=self.threads, provider=self.provider, threshold=threshold)
         c.confirm = held.as_dict()

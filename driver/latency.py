@@ -35,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from relsat.relations import runtime
@@ -107,6 +108,8 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
     The runs are made in two blocks with fresh sessions, created in the given order and then in
     the reverse order: the sessions a process creates first ran a few percent slower here,
     whatever the model, which is as large as the differences the guard has to judge."""
+    # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
+    models = [m.SerializeToString() if isinstance(m, onnx.ModelProto) else m for m in models]
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]
     feeds = None

@@ -138,6 +138,9 @@ def _constant(node) -> np.ndarray:
 
 
 def session(model_or_path, device: str = "cuda") -> TorchSession:
-    """A ``TorchSession`` for a ModelProto or a path (weights of external data loaded)."""
-    model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else onnx.load_model(str(model_or_path))
+    """A ``TorchSession`` for a ModelProto, its serialized bytes or a path (weights of external data loaded)."""
+    if isinstance(model_or_path, bytes):
+        model = onnx.load_model_from_string(model_or_path)
+    else:
+        model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else onnx.load_model(str(model_or_path))
     return TorchSession(model, device)
