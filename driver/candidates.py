@@ -291,12 +291,12 @@ class Search:
             c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.provider), t.median_ms, \
                 "timed"
 
-    def _blobs(self, models: list[onnx.ModelProto]) -> list[bytes]:
+    def _blobs(self, models: list[onnx.ModelProto]) -> list:
         """Each model serialized once per :meth:`choose` (every timing makes two sessions of each model, and
-        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took)."""
+        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); one over 2 GiB stays a model."""
         for m in models:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
-                self._serialized[id(m)] = (m, m.SerializeToString())
+                self._serialized[id(m)] = (m, m.SerializeToString() if runtime.fits_one_buffer(m) else m)
         return [self._serialized[id(m)][1] for m in models]
 
     def _agreement(self, profiled_ms: float, timing: Latency) -> dict:

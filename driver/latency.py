@@ -109,7 +109,8 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
     the reverse order: the sessions a process creates first ran a few percent slower here,
     whatever the model, which is as large as the differences the guard has to judge."""
     # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
-    models = [m.SerializeToString() if isinstance(m, onnx.ModelProto) else m for m in models]
+    models = [m.SerializeToString() if isinstance(m, onnx.ModelProto) and runtime.fits_one_buffer(m) else m
+              for m in models]
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]
     feeds = None
