@@ -1,7 +1,11 @@
 """ONNX import: from a model file to e-graph rows.
 
-Owns reading and checking a model file (``load_model``, ``check_ort_loadable``), upgrading
-a model below opset 7 (``upgrade_opset``), the graph inputs' dynamic dims as symbols
+Owns reading and checking a model file (``load_model``, ``check_ort_loadable``), old models
+(``normalise_legacy``: what ONNX's checker and version converter trip on in old exports, an IR 3
+model's initializers that are not inputs and legacy broadcasts with an axis, rewritten to the same
+meaning; ``upgrade_opset``: a model below opset 7 upgraded, checked under ONNX Runtime and, when ONNX
+Runtime cannot run the original, against it under ONNX's reference evaluator; a model no conversion
+reaches that ONNX Runtime runs passed through with every node opaque), the graph inputs' dynamic dims as symbols
 (``relations/dims.py``; frozen only with ``fix_shapes``), and reading the graph into rows of the e-graph
 (``import_model`` -> ``ImportResult``): float32 scalars (initializers and
 Constant nodes) become Constant(value_float) leaves, other initializers and
@@ -22,6 +26,7 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import signal
 import threading
 from collections import Counter
@@ -96,7 +101,14 @@ def _tensors(model: onnx.ModelProto):
 def load_model(path) -> onnx.ModelProto:
     """Read, check and return a model file (external data loaded); RelsatError when the file is
     missing, not ONNX, points outside its folder for external data, fails the ONNX checker, or
-    cannot be loaded by ONNX Runtime."""
+    cannot be run by ONNX Runtime, as it is or once upgraded.
+
+    Old exports are read as ONNX Runtime reads them: what ONNX's checker and version converter trip
+    on is normalised first (``normalise_legacy``).  A model below opset 7 that ONNX Runtime runs is
+    returned as it is (``import_model`` upgrades it, or passes it through when no conversion exists);
+    one that ONNX Runtime cannot run is upgraded here (``upgrade_opset``, verified against the
+    original under ONNX's reference evaluator) and the upgraded model is returned, its notice kept
+    for ``import_model``."""
     p = Path(path)
     if not p.exists():
         raise RelsatError(f"{p}: no such file")
@@ -125,10 +137,19 @@ def load_model(path) -> onnx.ModelProto:
             onnx.external_data_helper.load_external_data_for_model(model, str(base))
         except Exception as e:
             raise RelsatError(f"{p}: cannot read external data: {error_line(e)}") from None
+    normal, _ = normalise_legacy(model)
     try:
-        onnx.checker.check_model(model if runtime.fits_one_buffer(model) else str(p))
+        onnx.checker.check_model(normal if normal is not model or runtime.fits_one_buffer(model) else str(p))
     except Exception as e:
         raise RelsatError(f"{p}: fails the ONNX checker: {error_line(e)}") from None
+    if _default_opset(model) is not None and _default_opset(model) < MIN_OPSET:
+        ort_error = _ort_error(model)
+        if ort_error is None:
+            return model  # ONNX Runtime runs it: import_model upgrades it, or passes it through unchanged
+        up, notice = upgrade_opset(model, ort_error=ort_error, verify_against=True)
+        _UPGRADED.clear()  # only the last one is kept: import_model reads it next
+        _UPGRADED[id(up)] = (up, notice)
+        return up
     check_ort_loadable(p)
     return model
 
@@ -140,6 +161,158 @@ def check_ort_loadable(model_or_path) -> None:
         session(model_or_path, optimize=False)
     except Exception as e:
         raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
+
+
+def _ort_error(model: onnx.ModelProto) -> str | None:
+    """Why ONNX Runtime (CPU) cannot create a session for ``model``, or None when it can."""
+    try:
+        session(model, optimize=False)
+    except Exception as e:
+        return error_line(e)
+    return None
+
+
+# --------------------------------------------------------- old opsets and IR versions
+UPGRADE_TARGETS = (UPGRADE_OPSET, 9, MIN_OPSET)  # tried in turn: an op removed at opset 10 still converts to 9
+_LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
+_UPGRADED: dict[int, tuple[onnx.ModelProto, str]] = {}  # id -> (model load_model upgraded, its notice)
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of every value ONNX's shape inference (or the declarations) know."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    g = inferred.graph
+    ranks = {t.name: len(t.dims) for t in g.initializer}
+    for v in [*g.input, *g.output, *g.value_info]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+            ranks[v.name] = len(v.type.tensor_type.shape.dim)
+    return ranks
+
+
+def normalise_legacy(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with what ONNX's checker and version converter trip on in old exports rewritten to the
+    same meaning (a copy; ``model`` itself when there is nothing to rewrite), and what was rewritten:
+
+    - IR version 3 with initializers that are not graph inputs (ONNX Runtime runs them; the checker and
+      the converter refuse them): read as IR version 4, where initializers need not be inputs;
+    - an element-wise op of opset < 7 with ``broadcast=1`` and an ``axis`` (B's dims aligned with A's
+      from ``axis``, not from the end): B gets trailing dims of 1 (its initializer reshaped, or an
+      ``Unsqueeze`` before the op) and the ``axis`` is dropped, so that NumPy broadcasting means the
+      same, which the converter's adapter assumes."""
+    done: list[str] = []
+    out = model
+    inputs = {v.name for v in model.graph.input}
+    if model.ir_version < 4 and any(t.name not in inputs for t in model.graph.initializer):
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.ir_version = 4
+        done.append("IR version 3 with initializers that are not graph inputs read as IR version 4")
+    opset = _default_opset(model)
+    legacy = [i for i, n in enumerate(model.graph.node) if n.domain in ("", "ai.onnx") and n.op_type in
+              _LEGACY_BROADCAST and any(a.name == "axis" for a in n.attribute)
+              and any(a.name == "broadcast" and a.i == 1 for a in n.attribute)]
+    if opset is None or opset >= 7 or not legacy:
+        return out, done
+    if out is model:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    ranks = _ranks(out)
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    readers = Counter(i for n in g.node for i in n.input)
+    fixed, extra = 0, []
+    for i in legacy:
+        node = g.node[i]
+        a, b = node.input[0], node.input[1]
+        axis = next(x.i for x in node.attribute if x.name == "axis")
+        ra, rb = ranks.get(a), ranks.get(b)
+        if ra is None or rb is None:
+            continue
+        axis = axis + ra if axis < 0 else axis
+        trailing = ra - axis - rb
+        if trailing < 0:
+            continue
+        if trailing:
+            if b in inits and readers[b] == 1 and b not in inputs:
+                t = inits[b]
+                t.dims.extend([1] * trailing)
+            else:
+                name = f"{b}__relsat_broadcast_{i}"
+                extra.append((i, helper.make_node("Unsqueeze", [b], [name], axes=list(range(rb, rb + trailing)))))
+                node.input[1] = name
+        kept = [x for x in node.attribute if x.name != "axis"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        fixed += 1
+    for i, unsq in reversed(extra):
+        g.node.insert(i, unsq)
+    if fixed:
+        done.append(f"{fixed} legacy broadcast(s) with an axis rewritten as NumPy broadcasts")
+    return out, done
+
+
+def _culprit(model: onnx.ModelProto, *messages: str) -> str | None:
+    """The op type an error message names, of those the model uses."""
+    ops = sorted({n.op_type for n in model.graph.node}, key=len, reverse=True)
+    for m in messages:
+        for op in ops:
+            if m and re.search(rf"(?<![A-Za-z0-9_]){re.escape(op)}(?![A-Za-z_])", m):  # the converter appends versions
+                return op
+    return None
+
+
+def upgrade_opset(model: onnx.ModelProto, *, ort_error: str | None = None,
+                  verify_against: bool = False) -> tuple[onnx.ModelProto, str | None]:
+    """A model below relsat's lowest default-domain opset, normalised (``normalise_legacy``) and upgraded with
+    ONNX's version converter (to ``UPGRADE_OPSET``, else the first of ``UPGRADE_TARGETS`` it reaches), valid
+    under ONNX's checker and loadable by ONNX Runtime, and the notice saying so; other models unchanged (notice
+    None).  ``verify_against``: the upgraded model is also compared with the original on random inputs
+    (``relsat.driver.verify``; the original under ONNX's reference evaluator where ONNX Runtime cannot run it,
+    ``ort_error`` saying why). RelsatError, naming the op where an error names one, when no target works."""
+    opset = _default_opset(model)
+    if opset is None or opset >= MIN_OPSET:
+        return model, None
+    normal, rewritten = normalise_legacy(model)
+    why = []
+    for target in UPGRADE_TARGETS:
+        try:
+            up = onnx.version_converter.convert_version(normal, target)
+            up.ir_version = max(normal.ir_version, min(up.ir_version, 10))
+            onnx.checker.check_model(up)
+        except Exception as e:
+            why.append(f"to {target}: {error_line(e)}")
+            continue
+        loads = _ort_error(up)
+        if loads is not None:
+            why.append(f"to {target}: ONNX Runtime cannot load the upgraded model: {loads}")
+            continue
+        if verify_against:
+            from .verify import verify
+
+            try:
+                check = verify(normal, up)  # the reference evaluator reads legacy broadcasts as NumPy's
+            except RelsatError as e:
+                check = None
+                why.append(f"to {target}: cannot be compared with the original: {e}")
+            if check is not None and not check.ok:
+                why.append(f"to {target}: differs from the original: {check.message}")
+            if check is None or not check.ok:
+                continue
+        how = f" ({'; '.join(rewritten)})" if rewritten else ""
+        checked = " and checked against the original under ONNX's reference evaluator" if verify_against else ""
+        return up, f"upgraded from opset {opset} to {target} with ONNX's version converter{how}{checked}"
+    op = _culprit(model, *why, ort_error or "")
+    what = f"op {op}" if op else f"model '{model.graph.name}'"
+    ort = f"; ONNX Runtime cannot run it at opset {opset} either ({ort_error})" if ort_error else ""
+    raise RelsatError(f"{what}: default-domain opset {opset} is below {MIN_OPSET} and no conversion to a supported "
+                      f"opset exists ({'; '.join(why[:1])}){ort}")
 
 
 # ----------------------------------------------------------- input shapes
@@ -451,6 +624,7 @@ class _Importer:
         self.consts: dict[str, np.ndarray] = {}
         self.notices: list[str] = []
         self.opaque_ops: Counter = Counter()
+        self.opaque_all = False  # a model passed through at an opset relsat does not support: no catalog nodes
         self.merge = any(not t.startswith(("op_input", "op_weight", "op_constant")) for t in g.live)
         graph = model.graph
         self.used = {o.name for o in graph.output} | {
@@ -554,7 +728,7 @@ class _Importer:
     def spec(self, node: onnx.NodeProto) -> _Item | None:
         """The catalog form of a node, or None when it must stay opaque."""
         op = for_node(node.domain, node.op_type)
-        if op is None or (op.domain and not op.in_opsets(self.opsets.get(op.domain, 0))):
+        if op is None or self.opaque_all or (op.domain and not op.in_opsets(self.opsets.get(op.domain, 0))):
             return None
         attrs = {a.name: _attr_value(a) for a in node.attribute}
         lifted = {lf.input_index: lf for lf in op.lifted}
@@ -788,32 +962,36 @@ def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, input
     return {name: (dt, None if shape is None else [sub.get(d, d) for d in shape]) for name, (dt, shape) in types.items()}
 
 
-def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
-    """A model below relsat's lowest default-domain opset, upgraded with ONNX's version converter
-    (to ``UPGRADE_OPSET``), and the notice saying so; other models unchanged (notice None).
-    RelsatError when the converter fails."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or opset >= MIN_OPSET:
-        return model, None
+def _upgraded(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None, bool]:
+    """``model`` as ``import_model`` reads it, the upgrade notice, and whether it is passed through: one
+    ``load_model`` upgraded keeps its notice; one below opset 7 is normalised and upgraded; one that no
+    conversion reaches but ONNX Runtime runs is passed through (normalised only), with a notice."""
+    if id(model) in _UPGRADED and _UPGRADED[id(model)][0] is model:
+        return model, _UPGRADED[id(model)][1], False
     try:
-        up = onnx.version_converter.convert_version(model, UPGRADE_OPSET)
-        up.ir_version = max(model.ir_version, min(up.ir_version, 10))
-        onnx.checker.check_model(up)
-    except Exception as e:
-        raise RelsatError(f"model '{model.graph.name}': default-domain opset {opset} is below {MIN_OPSET} and ONNX's "
-                          f"version converter cannot upgrade it to {UPGRADE_OPSET}: {error_line(e)}") from None
-    return up, f"upgraded from opset {opset} to {UPGRADE_OPSET} with ONNX's version converter"
+        up, notice = upgrade_opset(model)
+    except RelsatError as e:
+        if _ort_error(model) is not None:
+            raise
+        normal, _ = normalise_legacy(model)
+        return normal, (f"opset {_default_opset(model)} kept: {e}; ONNX Runtime runs the model, so it is passed "
+                        "through with every node opaque"), True
+    if notice is None:
+        up, _ = normalise_legacy(model)  # an IR 3 model whose initializers are not inputs: read as IR 4
+    return up, notice, False
 
 
 def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] | None = None,
                  fix_shapes: bool = False, egraph: EGraph | None = None) -> ImportResult:
     """Translate a (checked) model into an e-graph. Dynamic input dims stay symbols (``relations/dims.py``;
     ``input_shapes`` binds them for costs) unless ``fix_shapes``, which freezes them to ``input_shapes``
-    (or 1 for a batch-like dim). A model below opset 7 is upgraded first (``upgrade_opset``)."""
-    model, upgraded = upgrade_opset(model)
+    (or 1 for a batch-like dim). A model below opset 7 is upgraded first (``upgrade_opset``); when no
+    conversion exists but ONNX Runtime runs it, it is passed through: every node opaque, so the input
+    model is written unchanged."""
+    model, upgraded, passthrough = _upgraded(model)
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
     opset = opsets.get("")
-    if opset is None or not MIN_OPSET <= opset <= MAX_OPSET:
+    if not passthrough and (opset is None or not MIN_OPSET <= opset <= MAX_OPSET):
         raise RelsatError(f"model '{model.graph.name}': default-domain opset {opset} is not supported "
                           f"(relsat supports opsets {MIN_OPSET} to {MAX_OPSET})")
     graph = model.graph
@@ -832,10 +1010,14 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     g = egraph if egraph is not None else EGraph()
     imp = _Importer(g, model, opset, types)
     imp.symbols = symbols
+    imp.opaque_all = passthrough
+    if passthrough:
+        folded = {}
     weights = [(t.name, numpy_helper.to_array(t), t.data_type) for t in graph.initializer]
     nodes, computed = [], Counter()
     for node in graph.node:
-        value = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        value = (_constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+                 and not passthrough else None)
         if value is not None:
             weights.append((node.output[0], *value))
         elif node.output and node.output[0] in folded:

@@ -12,9 +12,12 @@ data.  ``threads=None`` leaves ONNX Runtime's own thread defaults; a number fixe
 threads, one inter-op thread and sequential execution, and stops the threads' spinning when a run
 ends (how relsat times models: see ``session_options``).
 
+``ReferenceSession(model)``: ONNX's reference evaluator behind the same interface, for a model ONNX
+Runtime cannot run (verification of an upgraded old model against the original).
+
 ``random_array(rng, shape, dtype, ...)``: floating point ~ N(0, scale^2) (``positive``: uniform
 in [0.5, 2); ``nonzero``: the same with a random sign), booleans fair coins, integers uniform in
-``int_range`` (small non-negative values, valid as indices).
+``int_range`` (small non-negative values, valid as indices), strings random mixed-case words.
 """
 
 from __future__ import annotations
@@ -114,6 +117,42 @@ def session(model, *, provider: str = "cpu", threads: int | None = None, optimiz
         return ort.InferenceSession(str(path), opts, providers=prov)
 
 
+class _Arg:
+    """An input or output as ONNX Runtime's NodeArg shows it: name, shape (ints, dim names or None), type."""
+
+    def __init__(self, v: onnx.ValueInfoProto):
+        tt = v.type.tensor_type
+        self.name = v.name
+        self.shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+        self.type = f"tensor({onnx.TensorProto.DataType.Name(tt.elem_type).lower()})"
+
+
+class ReferenceSession:
+    """ONNX's reference evaluator (``onnx.reference``) behind ONNX Runtime's session interface
+    (``get_inputs``, ``get_outputs``, ``run``): the stand-in for a model ONNX Runtime cannot run (an opset
+    below 7 that relsat upgrades), slow but defined by the ONNX specification. Strings come back as
+    object arrays of ``str``, as ONNX Runtime gives them."""
+
+    def __init__(self, model: onnx.ModelProto):
+        from onnx.reference import ReferenceEvaluator
+
+        self.model = model
+        self.evaluator = ReferenceEvaluator(model)
+        inits = {t.name for t in model.graph.initializer}
+        self._inputs = [_Arg(v) for v in model.graph.input if v.name not in inits]
+        self._outputs = [_Arg(v) for v in model.graph.output]
+
+    def get_inputs(self):
+        return self._inputs
+
+    def get_outputs(self):
+        return self._outputs
+
+    def run(self, names, feeds):
+        out = self.evaluator.run(names, feeds)
+        return [np.asarray(o, dtype=object) if np.asarray(o).dtype.kind in "US" else np.asarray(o) for o in out]
+
+
 def np_dtype(onnx_or_ort_type) -> np.dtype:
     """The numpy dtype of a TensorProto code or an ONNX Runtime type string such as 'tensor(float)'."""
     if isinstance(onnx_or_ort_type, str):
@@ -140,8 +179,12 @@ def random_array(rng: np.random.Generator, shape, dtype, *, scale: float = 1.0, 
         else:
             value = rng.standard_normal(shape) * scale
         return np.asarray(value).astype(dtype)
-    if dtype.kind in "OUS":
-        return np.full(shape, "a", dtype=object)
+    if dtype.kind in "OUS":  # mixed-case words of 1 to 5 letters, so that a string op's output varies
+        letters = np.array(list("aBcDeFgH xYz"), dtype=object)
+        size = int(np.prod(shape, dtype=np.int64))
+        lengths = rng.integers(1, 6, size=size)
+        words = ["".join(rng.choice(letters, n)) for n in lengths]
+        return np.array(words, dtype=object).reshape(shape)
     raise ValueError(f"cannot draw a random {dtype} input")
 
 
