@@ -35,8 +35,20 @@ What goes into OUTDIR:
   by this process only, after every model (a batch that is interrupted keeps what it did).
   It is opened only for each write, so ``relsat query OUTDIR/results.duckdb`` works while a
   batch runs.
-- ``results.csv`` and ``summary.md``: the rows of the models of this run, rewritten atomically
-  at the end (also after Ctrl-C).
+- ``results.csv`` (LF line ends) and ``summary.md``: the rows of the models of this run, rewritten
+  atomically at the end (also after Ctrl-C).
+
+Whose files: a batch writes (or removes) only files that a batch wrote.  Every file of OUTDIR it is
+about to write is recorded by name in ``results.duckdb``'s ``batch_files`` table before it is first
+written (a name is dropped once its file is gone, at the start and the end of a run), and a table
+written by a relsat that kept none owns the files its rows name and the CSV and summary.  Before
+anything is written, a file at a path this run would write (the files of each model to optimize,
+the CSV and the summary) that is not recorded, and a ``results.duckdb`` that is not a batch's
+results table (a user's DuckDB database), is refused with one line naming them; ``force``
+replaces them and says so (on the console and in the summary).  A folder at such a path is
+refused either way.  A refused run leaves OUTDIR as it was.  With measured costs the cost cache is
+checked first too: it may not be a model or a file the batch writes, and must be a cost cache
+(:mod:`relsat.extract.cost_cache`).
 
 Killing the batch (local executor; for Ray see :mod:`relsat.driver.batch_ray`): the workers die
 with it, however it ends (SIGKILL included).  On Linux each worker asks the kernel for SIGKILL when
@@ -57,7 +69,8 @@ the e-graph too).  Otherwise it is optimized again; when only its files disagree
 kept)`` (``keep_db`` now, not then), or ``redone (no file hashes recorded)`` for a row written by
 a relsat that recorded none.  Failed models are
 attempted again (a time-out or a crash may not recur; a fixed environment may help);
-``skip_failed`` skips them too when their key is unchanged, and ``force`` reruns everything.
+``skip_failed`` skips them too when their key is unchanged, and ``force`` reruns everything (and
+replaces files of OUTDIR no batch wrote, above).
 ``jobs``, ``model_timeout``, ``keep_db`` and the executor are not part of the options hash (but
 without a thread count given, ``jobs`` sets each worker's, :func:`worker_threads`, which is), so a
 batch started with one executor resumes with the other.
@@ -438,7 +451,6 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         rows: dict[str, dict] = {}
         todo: deque[ModelTask] = deque()
         for task in tasks:
-            remove_temps(outdir, task.name)  # what a killed batch or worker left
             task.file_sha256 = model_hash(task.path)
             prev = previous.get(task.name)
             same = (prev is not None and prev["file_sha256"] == task.file_sha256
@@ -458,6 +470,8 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
         targets = [n for t in todo for n in model_files(t.name)] + list(BATCH_FILES)
         foreign += [n for n in targets if os.path.lexists(outdir / n) and n not in owned]
         replaced = _refuse_or_replace(outdir, foreign, force, console)
+        for task in tasks:
+            remove_temps(outdir, task.name)  # what a killed batch or worker left
         results = Results(outdir / RESULTS_DB)
         results.own(owned | set(targets))  # recorded before any of them is written
         refused = False
