@@ -1,6 +1,8 @@
 """The rule-file front end: tokenizer, parser, desugaring into core IR, and the printer back.
 
-Owns the surface syntax of ``*.rules`` files (UTF-8)::
+Owns the surface syntax of ``*.rules`` files (UTF-8: another encoding is a ``RuleError`` at the
+line and column of its first non-UTF-8 byte; parentheses nest at most ``MAX_NESTING`` deep, deeper
+is a ``RuleError`` at the ``(`` that goes too deep)::
 
     # comment to end of line
     NAME: LHS (=> | <=>) RHS [if CONDITION...]
@@ -411,7 +413,9 @@ class _Loader:
     def parse(self, text: str, filename: str) -> RuleSet:
         self.open.append((Path(filename).resolve(), filename))
         try:
-            parser = _Parser(_tokenize(text, filename), self, filename)
+            tokens = _tokenize(text, filename)
+            _check_nesting(tokens)
+            parser = _Parser(tokens, self, filename)
             rules = parser.rules()
         finally:
             self.open.pop()
@@ -443,11 +447,13 @@ class _Loader:
                 raise RuleError.at(target.loc, f"include cycle: {' -> '.join(chain[i:] + [str(path)])}")
         if key not in self.done:
             try:
-                text = path.read_text(encoding="utf-8-sig")
+                text = read_rule_file(path)
             except FileNotFoundError:
                 raise RuleError.at(target.loc, f"rule file {path} not found") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise RuleError.at(target.loc, f"cannot read rule file {path}: {e}") from None
+            except OSError as e:
+                raise RuleError.at(target.loc, f"cannot read rule file {path}: {e.strerror or e}") from None
+            except RuleError as e:
+                raise RuleError(e.file, e.line, e.column, f"{e.reason} (included at {target.loc})") from None
             try:
                 self.done[key] = self.parse(text, str(path))
             except RuleError as e:
@@ -466,7 +472,41 @@ def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
 
 def load_rules(path: str | Path) -> RuleSet:
     """``parse_rules`` on a UTF-8 rule file."""
-    return parse_rules(Path(path).read_text(encoding="utf-8-sig"), str(path))
+    return parse_rules(read_rule_file(path), str(path))
+
+
+MAX_NESTING = 64  # parentheses a rule may nest; deeper is refused (the parser and the checks recurse)
+
+
+def read_rule_file(path: str | Path) -> str:
+    """A rule file's text (UTF-8, a byte-order mark allowed); RuleError at the line and column of the first
+    byte that is not UTF-8 (OSError as open raises it)."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8-sig")  # the file changed between the two reads
+    except UnicodeDecodeError as e:
+        start = raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+        pos = e.start - (len(raw) - len(start))
+        line = start.count(b"\n", 0, pos) + 1
+        column = pos - (start.rfind(b"\n", 0, pos) + 1) + 1
+        raise RuleError(str(path), line, column, f"byte 0x{start[pos]:02x} is not UTF-8 text (rule files are "
+                        "UTF-8; save the file as UTF-8)") from None
+
+
+def _check_nesting(tokens: list[_Tok]) -> None:
+    """RuleError at the first '(' nested deeper than ``MAX_NESTING`` (found without recursion)."""
+    depth = 0
+    for tok in tokens:
+        if tok.kind == "(":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise RuleError.at(tok.loc, f"parentheses nested more than {MAX_NESTING} deep; split the rule "
+                                   "(a rule this deep cannot be checked or matched)")
+        elif tok.kind == ")":
+            depth = max(depth - 1, 0)
 
 
 def format_rule(rule: Rule) -> str:
