@@ -6,7 +6,8 @@
 it); ``relsat batch`` records, hashes and ships it to its workers as ``as_dict()``; the
 saturation runner's ``Limits`` default to the same values; the benchmarks start from
 ``DEFAULTS``.  ``check()`` is the one validation of the values, with one-line errors named
-after the command-line flags.  The thread count defaults to every core this process may use
+after the command-line flags (limits that mean nothing, such as ``--memory-limit 0`` or ``-5GB``
+and ``--input-shape x=0,64``, refused before any work: ``check_memory_limit``, ``parse_shapes``).  The thread count defaults to every core this process may use
 (:func:`all_cores`), as ONNX Runtime's own default does.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,10 +97,9 @@ class Options:
         if self.provider not in PROVIDERS:
             raise RelsatError(f"--provider {self.provider}: expected cpu or cuda")
         if self.memory_limit is not None:
-            try:
-                duckdb.connect(config={"memory_limit": str(self.memory_limit)}).close()
-            except duckdb.Error as e:
-                raise RelsatError(f"--memory-limit {self.memory_limit}: {str(e).splitlines()[0]}") from None
+            check_memory_limit(self.memory_limit)
+        if self.input_shapes:
+            parse_shapes([f"{k}={','.join(str(d) for d in v)}" for k, v in self.input_shapes.items()])
         if self.temp_dir is not None and not Path(self.temp_dir).parent.is_dir():
             raise RelsatError(f"--temp-dir {self.temp_dir}: its parent folder does not exist")
         if self.temp_dir is not None and Path(self.temp_dir).exists() and not Path(self.temp_dir).is_dir():
@@ -140,15 +141,57 @@ class Options:
 DEFAULTS = Options()
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(b|kb|mb|gb|tb|kib|mib|gib|tib|%)?\s*$", re.IGNORECASE)
+
+
+def check_memory_limit(value) -> None:
+    """RelsatError (one line) unless ``value`` is a memory size DuckDB can run in: a number > 0 with a unit
+    (``16GB``, ``512MiB``) or a percentage of the memory (``50%``). DuckDB itself reads a negative size as
+    no limit and a bare number not at all."""
+    text = str(value)
+    m = _SIZE.match(text)
+    if m is None or m.group(2) is None:
+        raise RelsatError(f"--memory-limit {text}: expected a size above 0 with a unit, such as 16GB or 512MB "
+                          "(or a percentage of the memory, such as 50%)")
+    number = float(m.group(1))
+    if number <= 0 or (m.group(2) == "%" and number > 100):
+        raise RelsatError(f"--memory-limit {text}: expected a size above 0 (such as 16GB), or a percentage in (0, 100]")
+    try:
+        duckdb.connect(config={"memory_limit": text}).close()
+    except duckdb.Error as e:
+        first = " ".join(str(e).split("\n")[0].split())
+        raise RelsatError(f"--memory-limit {text}: too small for the e-graph database to start ({first}); "
+                          "give it more, such as 1GB") from None
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
-    """``--input-shape NAME=D0,D1,...`` values as {name: dims}."""
+    """``--input-shape NAME=D0,D1,...`` values as {name: dims}: every dim a whole number >= 1, and the
+    tensor small enough to fit in this machine's memory at one byte an element (an input costs, timings
+    and verification must allocate)."""
     shapes = {}
+    memory = _memory_bytes()
     for spec in specs:
         name, sep, dims = spec.partition("=")
         try:
-            if not sep:
+            if not sep or not name:
                 raise ValueError
             shapes[name] = [int(d) for d in dims.split(",")]
         except ValueError:
             raise RelsatError(f"--input-shape {spec!r}: expected NAME=D0,D1,... with integer dims") from None
+        bad = [d for d in shapes[name] if d < 1]
+        if bad:
+            raise RelsatError(f"--input-shape {spec}: dim {bad[0]} is not a size; every dim must be 1 or more")
+        elements = 1
+        for d in shapes[name]:
+            elements *= d
+        if memory is not None and elements > memory:
+            raise RelsatError(f"--input-shape {spec}: {elements:.3g} elements do not fit in this machine's memory "
+                              f"({memory / 2**30:.0f} GiB); give the sizes the model is meant to run at")
     return shapes

@@ -13,7 +13,10 @@ tensors above ``EXTERNAL_DATA_BYTES``).
 
 ``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
 folder) and renames it into place only when the run that built it got that far, so a run that
-fails (or is killed) leaves an earlier e-graph at that path as it was.
+fails (or is killed) leaves an earlier e-graph at that path as it was; ``discard_uncommitted``
+removes what a failed or interrupted run left of its e-graphs (the file, its WAL, DuckDB's spill
+folder).  Renames that commit an output run with SIGINT and SIGTERM held (``signals_held``), so an
+interrupt leaves every output whole or absent.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -151,15 +156,37 @@ def check_outputs(*, source=None, output=None, db=None, report=None, cost_table=
         _probe_folder(flag, path)
 
 
+_LIVE: dict[int, "EGraphFile"] = {}  # the EGraphFiles of this process not yet committed or discarded
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM held back (delivered on exit) while a commit renames files, so that an interrupt
+    never lands between two renames of one output (a model and its side file, an e-graph and its WAL)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no pthread_sigmask here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class EGraphFile:
     """The e-graph file of one run: ``path`` is where it is built (beside ``final``), ``commit()``
-    renames it into place (with its WAL, if any) and ``discard()`` removes it."""
+    renames it into place (with its WAL, if any) and ``discard()`` removes it with its WAL and the
+    folder DuckDB spills to beside it (``<path>.tmp``). Until one of them runs, ``discard_uncommitted``
+    (the CLI's last step on any failure or interrupt) removes it too."""
 
     def __init__(self, final):
         self.final = Path(final)
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.path = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
         self.discard()  # a leftover of a killed run of this pid
+        _LIVE[id(self)] = self
 
     @staticmethod
     def _wal(p: Path) -> Path:
@@ -167,14 +194,26 @@ class EGraphFile:
 
     def commit(self) -> None:
         wal, final_wal = self._wal(self.path), self._wal(self.final)
-        final_wal.unlink(missing_ok=True)
-        if wal.exists():
-            os.replace(wal, final_wal)
-        os.replace(self.path, self.final)
+        with signals_held():
+            final_wal.unlink(missing_ok=True)
+            if wal.exists():
+                os.replace(wal, final_wal)
+            os.replace(self.path, self.final)
+            _LIVE.pop(id(self), None)
+        shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
 
     def discard(self) -> None:
         for p in (self.path, self._wal(self.path)):
             p.unlink(missing_ok=True)
+        shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
+        _LIVE.pop(id(self), None)
+
+
+def discard_uncommitted() -> None:
+    """Remove the files of every e-graph this process began and neither committed nor discarded (a run
+    that failed or was interrupted before its own cleanup ran, e.g. while the e-graph database opened)."""
+    for f in list(_LIVE.values()):
+        f.discard()
 
 
 def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:
@@ -192,11 +231,12 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
             data = path.name + ".data"
             onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data, size_threshold=1024)
-            if (tmpdir / data).exists():
-                os.replace(tmpdir / data, path.parent / data)
         else:
             tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, path)
+        with signals_held():
+            if external_data and (tmpdir / data).exists():
+                os.replace(tmpdir / data, path.parent / data)
+            os.replace(tmp, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
