@@ -34,6 +34,8 @@ def rule_files(names) -> list[Path]:
         if path.suffix == ".rules" or path.exists():
             if not path.exists():
                 raise RuleSetError(f"{name}: rule file not found")
+            if not path.is_file():
+                raise RuleSetError(f"{name}: is a folder, not a rule file")
             out.append(path)
             continue
         shipped_path = RULES_DIR / f"{name}.rules"
