@@ -1,14 +1,20 @@
 """The ``relsat`` command line: optimize, costs, zoo, query, rules.
 
 Every user-facing failure is a RelsatError printed as one line on stderr with
-exit status 1; nothing is written unless the step that writes succeeds.
+exit status 1; nothing is written unless the step that writes succeeds.  ``optimize``
+also ends in one line when it is interrupted (SIGINT or SIGTERM: exit status 130 or
+143, its temporary files removed, each output whole or absent) or runs out of memory or
+disk (the limit named, and what to raise): ``_Signals`` and ``_stops``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
@@ -137,7 +143,8 @@ def optimize(
     from .optimize import optimize as run
     from .outputs import check_outputs, protected_paths
 
-    try:
+    outputs = [("-o", output), ("--db", db), ("--report", report)]
+    with _Signals() as sig, _stops(sig, outputs, memory_limit=memory_limit, temp_dir=temp_dir, what=model):
         source = _load_input(model)
         # the report here, also against -o and --db, which the pipeline checks in its first step
         check_outputs(source=None if model.startswith("zoo:") else source, report=report,
@@ -150,25 +157,112 @@ def optimize(
                 ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs,
                 search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
                 memory_limit=memory_limit, temp_dir=temp_dir)
+
+            def on_status(text: str) -> None:
+                sig.check()  # an interrupt a step swallowed (a fallback's except) stops the run here
+                status.update(text)
+
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
-                    result = run(source, options, db=db, output=output, on_status=status.update,
-                                 on_round=lambda it: status.update(f"saturating: round {it.round}, "
-                                                                   f"{it.enodes} e-nodes"))
+                    result = run(source, options, db=db, output=output, on_status=on_status,
+                                 on_round=lambda it: on_status(f"saturating: round {it.round}, {it.enodes} e-nodes"))
                 finally:
                     for w in caught:
                         err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
-    except RelsatError as e:
-        _fail(e)
-    except OSError as e:  # a file system problem the checks could not foresee
-        _fail(RelsatError(f"{e.filename or model}: {e.strerror or e}"))
-    rep = result.report
-    rep["input"] = model
-    rep["output"] = str(output)
-    if report:
-        write_text_atomic(report, json.dumps(rep.as_dict(), indent=2, default=str))
+        sig.check()
+        rep = result.report
+        rep["input"] = model
+        rep["output"] = str(output)
+        if report:
+            write_text_atomic(report, json.dumps(rep.as_dict(), indent=2, default=str))
     _summary(rep)
+
+
+EXIT_ON_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as shells report them
+
+
+class _Signals:
+    """SIGINT (Ctrl-C) and SIGTERM while a command runs: the first of them is recorded and raises
+    KeyboardInterrupt where the command is, so that every ``finally`` runs (the pipeline closes its
+    e-graph and removes its temporary files); ``check()`` raises it again where a step swallowed it
+    (DuckDB turns it into "Query interrupted"); ``quiet()`` holds further signals while the command
+    cleans up. The previous handlers come back on exit."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._quiet = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_Signals":
+        for s in EXIT_ON_SIGNAL:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = self.received or signum
+        if not self._quiet:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.received is not None and not self._quiet:
+            raise KeyboardInterrupt
+
+    def quiet(self) -> None:
+        self._quiet = True
+
+
+def _stamp(path: Optional[Path]):
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@contextmanager
+def _stops(sig: _Signals, outputs, *, memory_limit, temp_dir, what: str):
+    """How a command that writes ``outputs`` ((flag, path) pairs) ends when it does not finish: a signal
+    ends it with one line naming what was written before it (each file whole: written through a rename)
+    and exit status 130 (SIGINT) or 143 (SIGTERM); running out of memory or disk ends it with one line
+    naming the limit and what to raise (``errors.resource_error``); a RelsatError or an OSError with one
+    line and status 1. Every temporary file of an e-graph not committed is removed in each case."""
+    from .errors import resource_error
+    from .outputs import discard_uncommitted
+
+    before = {flag: _stamp(p) for flag, p in outputs if p is not None}
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except BaseException as e:  # noqa: BLE001: every way out is one line
+        sig.quiet()
+        discard_uncommitted()
+        if sig.received is not None or isinstance(e, KeyboardInterrupt):
+            _interrupted(sig.received or signal.SIGINT, outputs, before)
+        if isinstance(e, RelsatError):
+            _fail(e)
+        found = resource_error(e, memory_limit=memory_limit, temp_dir=temp_dir)
+        if found is not None:
+            _fail(found)
+        if isinstance(e, OSError):  # a file system problem the checks could not foresee
+            _fail(RelsatError(f"{e.filename or what}: {e.strerror or e}"))
+        raise
+    finally:
+        sig.quiet()
+        discard_uncommitted()
+
+
+def _interrupted(signum: int, outputs, before: dict) -> None:
+    written = [f"{flag} {p}" for flag, p in outputs if p is not None and _stamp(p) not in (None, before.get(flag))]
+    done = ("; written before it stopped, whole: " + ", ".join(written)) if written else "; nothing written"
+    err.print(f"[red]interrupted[/red] by {signal.Signals(signum).name}{escape(done)}", highlight=False,
+              soft_wrap=True)
+    raise typer.Exit(EXIT_ON_SIGNAL.get(signum, 130))
 
 
 def _summary(rep: dict) -> None:
@@ -344,9 +438,14 @@ def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize 
     try:
         if fmt not in QUERY_FORMATS:
             raise RelsatError(f"--format {fmt}: expected one of {', '.join(QUERY_FORMATS)}")
+        if not sql.strip():
+            raise RelsatError("query: the SQL is empty; give one query, e.g. relsat query e.duckdb "
+                              "\"SELECT count(*) FROM eclass\"")
         con = open_egraph_readonly(db)
         try:
             cur = con.execute(sql)
+            if cur is None or cur.description is None:  # nothing ran (only comments) or nothing to show
+                raise RelsatError(f"{db}: the SQL returns no result; give one query that does, such as a SELECT")
             rows, cols = cur.fetchall(), [d[0] for d in (cur.description or [])]
         except duckdb.Error as e:
             raise RelsatError(f"{db}: {error_line(e)}") from None
