@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .batch import DEFAULT_MODEL_TIMEOUT_S, worker_threads
+from .batch import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MODEL_TIMEOUT_S, worker_threads
 from .errors import RelsatError, error_line
 from .options import DEFAULTS, Options, parse_shapes
 from .outputs import write_text_atomic
@@ -562,11 +562,15 @@ def batch(
     keep_db: bool = typer.Option(False, "--keep-db", help="keep each e-graph as OUTDIR/NAME.duckdb"),
     skip_failed: bool = typer.Option(False, "--skip-failed",
                                      help="on a rerun, also skip models that failed with the same options"),
-    force: bool = typer.Option(False, "--force", help="optimize every model again, even those done"),
+    force: bool = typer.Option(False, "--force", help="optimize every model again, even those done, and replace "
+                               "files in OUTDIR that relsat batch did not write (refused without it)"),
     executor: str = typer.Option("local", "--executor", help="local (worker processes here) | ray (a Ray task per "
-                                 "model, --threads CPUs each; pip install 'relsat[ray]')"),
+                                 "model, --threads CPUs each; needs pip install 'relsat\\[ray]')"),  # \[: not markup
     address: Optional[str] = typer.Option(None, "--address", help="--executor ray: the Ray cluster to join "
                                           "(auto: the one `ray start` started; default: join or start a local one)"),
+    connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout",
+                                          help="--executor ray: seconds for the --address to answer before "
+                                          "giving up"),
     rules: List[str] = RULES,
     input_shape: List[str] = INPUT_SHAPE,
     fix_shapes: bool = FIX_SHAPES,
@@ -604,8 +608,8 @@ def batch(
             search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
             memory_limit=memory_limit, temp_dir=temp_dir)
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
-                           skip_failed=skip_failed, force=force, executor=executor, address=address, console=err,
-                           options=options)
+                           skip_failed=skip_failed, force=force, executor=executor, address=address,
+                           connect_timeout=connect_timeout, console=err, options=options)
     except RelsatError as e:
         _fail(e)
     _print_batch_summary(out, result)
