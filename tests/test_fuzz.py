@@ -1,0 +1,92 @@
+"""Differential fuzzing (issue 26): random valid models through ``optimize``, compared under ONNX Runtime.
+
+The generator and the campaign are ``relsat.benchmarks.fuzz``; the long campaign's figures are in
+benchmarks/FUZZ_RESULTS.md.  Here: the generator's models are valid, varied and deterministic, a short
+campaign (every shipped rule set by turns, the searches on some models) has no crash and no wrong
+output, and (``-m slow``) a longer one.
+"""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from relsat.benchmarks import fuzz
+
+SHORT_MODELS = 30  # about a minute on a 2-core machine
+# Generator features a known, not yet fixed bug trips on (each has an xfail test in test_fuzz_regressions.py):
+# exposed: initializers also listed as graph inputs (test_initializer_listed_as_input_stays_an_input).
+AVOID = ("exposed",)
+
+
+def _runs(model):
+    sess = fuzz._session(model)
+    return sess.run(None, fuzz.feeds(model, 1, batch=3))
+
+
+def test_generator_models_are_valid_varied_and_deterministic():
+    models = [fuzz.generate(s) for s in range(60)]
+    ops, opsets, dynamic = Counter(), Counter(), 0
+    for m in models:
+        onnx.checker.check_model(m, full_check=True)
+        assert m.ir_version == 10
+        outs = _runs(m)
+        assert outs and all(o.dtype == np.float32 for o in outs)
+        assert 1 <= sum(n.op_type != "Constant" for n in m.graph.node) <= 40  # ~3-25, a pattern may overshoot
+        ops.update(n.op_type for n in m.graph.node)
+        info = fuzz.model_info(m)
+        opsets[info["opset"]] += 1
+        dynamic += info["dynamic"]
+    assert len(ops) >= 20, ops  # many catalog operators, not a handful
+    for op in ("Conv", "MatMul", "Gemm", "Add", "Mul", "Transpose", "Concat", "Clip", "Softmax"):
+        assert ops[op] > 0, (op, ops)
+    assert set(opsets) >= {13, 17} and dynamic >= 5
+    assert fuzz.generate(12345).SerializeToString() == fuzz.generate(12345).SerializeToString()
+    assert fuzz.generate(1).SerializeToString() != fuzz.generate(2).SerializeToString()
+
+
+def test_compare_catches_a_wrong_model():
+    m = fuzz.generate(3)
+    assert fuzz.compare(m, m, 0) is None
+    bad = onnx.ModelProto()
+    bad.CopyFrom(m)
+    out = bad.graph.output[0].name
+    node = next(n for n in bad.graph.node if out in n.output)
+    node.output[list(node.output).index(out)] = out + "_pre"
+    bad.graph.node.append(onnx.helper.make_node("Neg", [out + "_pre"], [out]))
+    assert fuzz.compare(m, bad, 0) is not None
+
+
+def test_reason_masks_names_and_numbers():
+    assert fuzz.reason_of("<model>: node 'n12' (Conv): 3 dims") == fuzz.reason_of("<model>: node 'n7' (Conv): 4 dims")
+
+
+def _check(records, minimum):
+    s = fuzz.summarize(records)
+    fuzz.print_summary(s)
+    assert s["models"] >= minimum
+    rs = s["runs_by_status"]
+    bad = [(rec["index"], rec["seed"], r["settings"], r.get("detail") or r.get("message") or rec.get("worker"))
+           for rec in records for r in rec.get("runs", [{"status": rec["status"], "settings": None}])
+           if r["status"] in ("crash", "wrong")]
+    assert rs["crash"] == 0 and rs["wrong"] == 0 and not bad, bad
+    assert rs["ok"] >= s["runs"] // 2  # mostly optimized or passed through, not refused
+    assert {r["settings"]["rules"][0] for rec in records for r in rec["runs"]} == set(fuzz.RULE_SETS)
+    return s
+
+
+def test_short_campaign_no_crash_no_wrong(tmp_path):
+    records = fuzz.campaign(SHORT_MODELS, 26, tmp_path / "fuzz.jsonl", isolate=False, per_model="one",
+                            search_every=30, max_nodes=10, avoid=AVOID)
+    s = _check(records, SHORT_MODELS)
+    assert len((tmp_path / "fuzz.jsonl").read_text().splitlines()) == SHORT_MODELS
+    assert {r["settings"].get("search") for rec in records for r in rec["runs"]} >= {"mcts", "backtrack"}
+    assert s["written_optimized"] > 0
+
+
+@pytest.mark.slow
+def test_long_campaign_no_crash_no_wrong(tmp_path):
+    records = fuzz.campaign(300, 27, tmp_path / "fuzz.jsonl", jobs=2, timeout=300, per_model="one", search_every=10,
+                            avoid=AVOID)
+    _check(records, 300)
