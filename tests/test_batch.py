@@ -201,7 +201,8 @@ def test_model_timeout_kills_the_worker_and_removes_stale_outputs(tmp_path):
     (out / "resnet50.onnx").write_bytes(b"from an earlier run")  # must not survive a failed attempt
     (out / ".resnet50.onnx.x1y2").mkdir()  # a temporary folder a killed worker left
     t = time.perf_counter()
-    res = B.run_batch(models, out, model_timeout=0.3, cost_model="analytic", measure=False)
+    # force: no batch recorded the stale model as its own (a file of unknown origin is refused without it)
+    res = B.run_batch(models, out, model_timeout=0.3, cost_model="analytic", measure=False, force=True)
     assert time.perf_counter() - t < 30
     (row,) = res.rows
     assert row["status"] == "failed" and "timed out" in row["reason"] and "0.3 s" in row["reason"]

@@ -72,7 +72,9 @@ def test_ray_model_timeout_cancels_the_task_and_removes_stale_outputs(local_ray,
     out = tmp_path / "out"
     out.mkdir()
     (out / "resnet50.onnx").write_bytes(b"from an earlier run")  # must not survive a failed attempt
-    res = B.run_batch(tmp_path / "m", out, executor="ray", model_timeout=0.2, cost_model="analytic", measure=False)
+    # force: no batch recorded the stale model as its own (a file of unknown origin is refused without it)
+    res = B.run_batch(tmp_path / "m", out, executor="ray", model_timeout=0.2, cost_model="analytic", measure=False,
+                      force=True)
     (row,) = res.rows
     assert row["status"] == "failed" and row["reason"].startswith("timed out") and "0.2 s" in row["reason"]
     assert not (out / "resnet50.onnx").exists() and leftovers(out) == []

@@ -192,13 +192,23 @@ def test_unwritable_output_is_refused_before_any_work(place, flag):
     assert snapshot(place) == before  # in particular no o.onnx: the model is not written either
 
 
-def test_corrupt_cost_cache_is_set_aside_and_rebuilt(place):
+def test_corrupt_cost_cache_is_set_aside_and_rebuilt(place, monkeypatch):
+    """In relsat's own cache folder a file that is not a database is relsat's broken cache: set aside and
+    rebuilt. Elsewhere (RELSAT_COST_CACHE) it may be the user's: refused, untouched."""
     (place / "costs.duckdb").write_bytes(b"not a database " * 100)
+    before = snapshot(place)
+    refused(["optimize", "m.onnx", "-o", "o.onnx", "--no-measure"], "costs.duckdb", "cost cache")
+    assert snapshot(place) == before
+    monkeypatch.delenv("RELSAT_COST_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(place / "xdg"))  # the user cache dir (platformdirs, Linux)
+    own = place / "xdg" / "relsat" / "costs.duckdb"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"not a database " * 100)
     res = runner.invoke(app, ["optimize", "m.onnx", "-o", "o.onnx", "--no-measure"])  # measured costs
     assert res.exit_code == 0, res.output
-    aside = [p.name for p in place.iterdir() if p.name.startswith("costs.duckdb.corrupt-")]
-    assert len(aside) == 1 and (place / aside[0]).read_bytes() == b"not a database " * 100
-    assert CostCache(place / "costs.duckdb").count() > 0  # rebuilt with this run's measurements
+    aside = [p.name for p in own.parent.iterdir() if p.name.startswith("costs.duckdb.corrupt-")]
+    assert len(aside) == 1 and (own.parent / aside[0]).read_bytes() == b"not a database " * 100
+    assert CostCache(own).count() > 0  # rebuilt with this run's measurements
     warning = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "set aside as costs.duckdb.corrupt-" in warning[0]
 
