@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import re
 import signal
 import threading
@@ -51,7 +52,9 @@ from .errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
-SYMBOLIC_S = 5.0  # time limit of ONNX Runtime's symbolic shape inference at import
+SYMBOLIC_S = 15.0  # CPU-time limit of ONNX Runtime's symbolic shape inference at import (CPU time, so that
+# a loaded machine does not change what import sees: ViT-B/16 took 5.3 s of wall time under load, past a
+# wall-clock limit of 5 s, and imported with its whole encoder opaque)
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
@@ -450,16 +453,17 @@ def _safe_merge(merged, kept) -> bool:
 
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference of ``model``, or None when it fails or runs past
-    ``SYMBOLIC_S`` (its sympy arithmetic can explode: Faster R-CNN with a dynamic image size ran for
-    minutes). The time limit is a SIGALRM timer, so outside the main thread it is not run at all."""
+    ``SYMBOLIC_S`` of this process's CPU time (its sympy arithmetic can explode: Faster R-CNN with a dynamic
+    image size ran for minutes). The limit is a SIGVTALRM timer, so outside the main thread it is not run
+    at all."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def stop(signum, frame):
         raise _TooLong()
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, SYMBOLIC_S)
+    previous = signal.signal(signal.SIGVTALRM, stop)
+    signal.setitimer(signal.ITIMER_VIRTUAL, SYMBOLIC_S)
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
@@ -482,8 +486,8 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     except (Exception, _TooLong):
         return None
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
 
 
 def _concrete(shape) -> bool:
@@ -746,6 +750,8 @@ class _Importer:
                     attrs[lifted[i].attr] = float(x)
                 elif v is not None and kind == "ints":
                     attrs[lifted[i].attr] = self.const_ints(name)
+                elif v is not None and kind == "int" and np.ndim(v) == 0 and np.asarray(v).dtype.kind in "iu":
+                    attrs[lifted[i].attr] = int(v)  # a scalar index (Gather); an index list stays opaque
                 elif op.op_type == "Reshape" and self.shape(node.output[0]) is not None:
                     attrs.update(shape=self.shape(node.output[0]), allowzero=1)  # input shapes are fixed
                 else:
@@ -916,6 +922,26 @@ def _window_shape(node: onnx.NodeProto, x: list, types: dict) -> list | None:
     return None if any(v is None for v in dims) else [x[0], channels, *dims]
 
 
+def _reshape_dims(x: list, out: list) -> list | None:
+    """A Reshape's output dims with the one dim inference could not name derived from its data: where
+    the output's other dynamic dims are the data's, the static count of elements left (ViT's patches,
+    ``[batch, 768, 14, 14]`` to ``[batch, 768, -1]``: inference gave ``[batch, 768, unk]``, which is 196);
+    where the data has one dynamic dim and the output none but this one, with as many static elements
+    on both sides, the data's dynamic dim."""
+    xs, os_ = Counter(d for d in x if is_sym(d)), Counter(d for d in out if is_sym(d))
+    unknown = [d for d in os_ if d not in xs]
+    if len(unknown) != 1 or os_[unknown[0]] != 1:
+        return None
+    u = unknown[0]
+    px = math.prod(d for d in x if not is_sym(d))
+    po = math.prod(d for d in out if not is_sym(d))
+    if os_ - Counter({u: 1}) == xs:
+        return [px // po if d == u else d for d in out] if po and px % po == 0 else None
+    if len(os_) == 1 and sum(xs.values()) == 1 and px == po:
+        return [next(iter(xs)) if d == u else d for d in out]
+    return None
+
+
 def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs: set[str]) -> dict:
     """``types`` with the dynamic dims that catalog rules derive put where shape inference left a symbol
     of its own: ONNX's inference gives every value of a model over a dynamic image size fresh unknown
@@ -948,6 +974,8 @@ def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, input
             got = _bcast(x, y) if y is not None else None
         elif op.shape == "s_x" or op.op_type == "BatchNormalization":
             got = x
+        elif op.op_type == "Reshape":
+            got = _reshape_dims(x, out)
         else:
             continue
         if got is None or len(got) != len(out):

@@ -194,6 +194,16 @@ def _matmul_t(v, a):
     return (lambda: torch.matmul(x, y)) if alpha == 1.0 else (lambda: alpha * torch.matmul(x, y))
 
 
+def _gather(v, a):
+    """ONNX Gather: the indices (any shape, negative counting from the end) taken along ``axis``."""
+    x, idx = v
+    axis = a.get("axis", 0) % x.dim()
+    idx = torch.as_tensor(idx, device=x.device).long()
+    flat = torch.where(idx < 0, idx + x.shape[axis], idx).reshape(-1)
+    shape = tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:])
+    return lambda: x.index_select(axis, flat).reshape(shape)
+
+
 def _gelu(v, a):
     approx = a.get("approximate", b"none")
     approx = approx.decode() if isinstance(approx, bytes) else approx
@@ -214,6 +224,7 @@ _OPS: dict[str, Callable] = {
         ("Erf", torch.erf), ("Sqrt", torch.sqrt), ("Add", torch.add), ("Sub", torch.sub), ("Mul", torch.mul),
         ("Div", _div), ("MatMul", torch.matmul), ("Identity", lambda x: x)]},
     "Gelu": _gelu,
+    "Gather": _gather,
     "Flatten": _flatten,
     "Squeeze": _squeeze,
     "Unsqueeze": _unsqueeze,

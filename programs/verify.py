@@ -350,10 +350,14 @@ class _Draw:
                 return choice(0, 1)
             case "axis":
                 return int(rng.integers(rank + (o == "Flatten")))
+            case "indices":
+                return int(rng.integers(shape[ctx["axis"]])) if shape and 0 <= ctx.get("axis", -1) < len(shape) else 0
             case "perm":
                 return [int(p) for p in rng.permutation(n or rank)]
             case "split":
                 return self.partition(ctx.get("dim", 4), n or 2)
+            case "shape" if n is not None and shape and n != len(shape):
+                return self.regroup(tuple(shape), n) or list(shape)
             case "shape":
                 numel = math.prod(shape)
                 return list(choice(shape, (numel,), (shape[0], numel // shape[0]) if shape else (1,)))
@@ -475,6 +479,8 @@ class _Draw:
                                        else self.free(rank=int(self.rng.choice((0, 1, 1, 2)))) + (k,)))
         if not a:
             raise _Reject("MatMul of a scalar")
+        if isinstance(b_, Term) and self.rng.random() < 0.5:  # a term planned by itself (its shape may be fixed)
+            return [a, self.kid(b_)]
         k, n, r = a[-1], (target[-1] if target else self.pick()), self.rng.random()
         b = self.kid(b_, (k,) if r < 0.1 else (*a[:-2], k, n) if r < 0.3 else (k, n))
         return [a, b]
@@ -528,13 +534,65 @@ class _Draw:
         attrs.get("perm", rank=len(x))
         return [x]
 
+    def regroup(self, shape: tuple, rank: int) -> list | None:
+        """``shape`` as ``rank`` dims of the same number of elements: trailing dims merged, or the last dim
+        split into factors (heads x head size); None where it cannot be split."""
+        shape = list(shape)
+        if rank < 1:
+            return None
+        if rank <= len(shape):
+            return shape[:rank - 1] + [math.prod(shape[rank - 1:])]
+        while len(shape) < rank:
+            last = shape[-1] if shape else 1
+            factors = [f for f in range(2, last) if last % f == 0]
+            if not factors:
+                return None
+            f = int(self.rng.choice(factors))
+            shape[-1:] = [f, last // f]
+        return shape
+
+    def _reshape_from_target(self, t: Term, attrs: _Attrs, target):
+        """:meth:`_Draw.reshaping` for a Reshape whose output shape is known; None where it is not."""
+        given = attrs.given.get("shape")
+        if attrs.known("shape") is None and target is not None and isinstance(given, ListOf) \
+                and len(given.items) == len(target):
+            for item, d in zip(given.items, target):
+                if isinstance(item, Var) and item.name not in self.values:
+                    self.values[item.name] = int(d)
+        out = attrs.known("shape")
+        if out is None or not all(isinstance(d, int) and d > 0 for d in out):
+            return None
+        data = t.children[0]
+        rank = self.ranks.get(data.name) if isinstance(data, Var) else None
+        if rank is None and isinstance(data, Var):
+            rank = int(self.rng.integers(1, len(out) + 1))
+        shape = self.regroup(tuple(out), rank) if rank is not None else None
+        if isinstance(data, Var):
+            if shape is None:
+                raise _Reject(f"cannot draw data of rank {rank} for a Reshape to {out}")
+            x = self.kid(data, make=lambda: tuple(shape))
+        else:
+            x = self.kid(data)
+        attrs.get("shape")
+        return [x]
+
     def reshaping(self, t: Term, attrs: _Attrs, target):
-        """Reshape, Flatten, Squeeze, Unsqueeze, Slice, Pad: the data first, then attributes from its shape."""
+        """Reshape, Flatten, Squeeze, Unsqueeze, Slice, Pad: the data first, then attributes from its shape.
+        A Reshape whose target shape is fixed (by the pattern's bound variables, or by the shape its
+        parent needs) draws its data from that shape instead: the same elements, regrouped to the rank
+        the data must have (so that a pattern splitting heads, ``(Reshape :shape (?b ?s ?h ?d) ?q)`` beside
+        ``(Reshape :shape (?b ?l ?h ?d) ?k)``, has instances)."""
+        if t.op == "Reshape":
+            planned = self._reshape_from_target(t, attrs, target)
+            if planned is not None:
+                return planned
         make = (lambda: self.free() + (1,)) if t.op == "Squeeze" else None
         x = self.kid(t.children[0], make=make)
         ctx = {"rank": len(x), "shape": x}
         if t.op == "Slice":
             ctx["axis"] = attrs.get("axes", **ctx)[0]
+        if t.op == "Gather":
+            ctx["axis"] = attrs.get("axis", **ctx)
         for a in attrs.op.attrs:
             attrs.get(a.name, **ctx)
         return [x]

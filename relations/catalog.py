@@ -379,6 +379,17 @@ OPS: tuple[OpDef, ...] = (
         flops="0",
         draw="reshaping",
     ),
+    # one constant index (a scalar, the axis removed); the index normalised to 0..dim-1 at import
+    OpDef(
+        "Gather",
+        (Input("data"),),
+        (Attr("axis", "int", 0), Attr("indices", "int")),
+        shape="CASE WHEN axis >= 0 AND axis < len(s_data) AND NOT is_sym(s_data[axis + 1]) AND indices >= 0 "
+        "AND indices < s_data[axis + 1] THEN list_filter(s_data, lambda d, i: i - 1 <> axis) END",
+        lifted=(Lifted(1, "indices", 1),),
+        flops="prod(s_out)",
+        draw="reshaping",
+    ),
     OpDef(
         "Pad",
         (Input("data"),),

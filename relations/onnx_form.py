@@ -376,6 +376,16 @@ def _slice(ctx, node, attrs, data, shapes) -> bool:
     return True
 
 
+def _gather(ctx, node, attrs, data, shapes) -> bool:
+    x = shapes[0]
+    axis = norm_axis(attrs.get("axis", 0), len(x))
+    if not 0 <= axis < len(x) or is_sym(x[axis]) or "indices" not in attrs:
+        return False
+    index = norm_axis(attrs["indices"], x[axis])
+    attrs.update(axis=axis, indices=index)
+    return 0 <= index < x[axis]
+
+
 def _transpose(ctx, node, attrs, data, shapes) -> bool:
     attrs["perm"] = [norm_axis(p, len(shapes[0])) for p in attrs.get("perm", range(len(shapes[0]) - 1, -1, -1))]
     return True
@@ -431,4 +441,4 @@ def _pad(ctx, node, attrs, data, shapes) -> bool:
 
 IMPORT_HOOKS = {"Conv": _window, "MaxPool": _window, "AveragePool": _window, "Softmax": _softmax,
           "BatchNormalization": _batchnorm, "Split": _split, "Slice": _slice, "Transpose": _transpose,
-          "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad}
+          "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad, "Gather": _gather}

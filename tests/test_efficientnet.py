@@ -56,7 +56,7 @@ def small():
 def saturated(small):
     g = EGraph()
     imported = import_model(small, egraph=g)
-    Runner(g, load_rule_list(["default"]), Limits(10, 2000, 60, 1)).run()
+    Runner(g, load_rule_list(["default", "merge"]), Limits(10, 2000, 60, 1)).run()
     analytic_costs(g)
     g.con.execute(_NOISY_SE_CONVS)
     roots = [c for _, c in imported.outputs]
@@ -105,7 +105,7 @@ def test_optimize_writes_the_padded_se_convs_it_chose(small, monkeypatch):
         g.con.execute(_NOISY_SE_CONVS)
 
     monkeypatch.setattr(optimize_module, "analytic_costs", noisy_costs)
-    result = optimize(small, cost_model="analytic", measure=False, extractor="greedy")
+    result = optimize(small, cost_model="analytic", measure=False, extractor="greedy", rules=("default", "merge"))
     assert len(_padded_weight_convs(result.model)) >= 4
     assert verify(small, result.model).ok
 
@@ -121,7 +121,7 @@ def test_export_raises_export_error_on_a_cyclic_choice():
         opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     g = EGraph()
     imported = import_model(model, egraph=g)
-    Runner(g, load_rule_list(["default"]), Limits(3, 1000, 60, 1)).run()
+    Runner(g, load_rule_list(["default", "merge"]), Limits(3, 1000, 60, 1)).run()
     (ident, cls), = g.sql("SELECT id, eclass FROM enodes WHERE op = 'Identity'")  # now in x's e-class
     roots = [c for _, c in imported.outputs]
     choice = {**original_choice(g, roots), int(cls): int(ident)}

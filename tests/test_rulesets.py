@@ -22,8 +22,7 @@ DEFAULT_BLOCKS = [
               "transpose-compose-4"]),
     ("fold", ["relu-idempotent", "clip-relu", "relu-clip", "clip-as-relu"]),
     ("fold", ["gemm-matmul-add", "gemm-add-matmul"]),
-    ("merge", None),  # all of it
-]  # fmt: skip
+]  # merge.rules left out since issue 25 (slower on the CPU provider; it filled transformers' node limit)  # fmt: skip
 
 
 def test_default_is_the_concatenation_of_what_it_includes():
@@ -40,11 +39,12 @@ def test_default_is_the_concatenation_of_what_it_includes():
 
 def test_default_is_unchanged_by_the_move_to_includes():
     """tests/fixtures/default_before_include.rules is default.rules as it was, its rules copied verbatim."""
-    before = load_rules(FIXTURES / "default_before_include.rules")
+    merge = {r.name for r in load_rules(RULES_DIR / "merge.rules").rules}  # left out since issue 25
+    before = tuple(r for r in load_rules(FIXTURES / "default_before_include.rules").rules if r.name not in merge)
     after = [r for r in load_rules(RULES_DIR / "default.rules").rules if Path(r.source.file).name != "runtime.rules"]
-    assert [r.name for r in after] == [r.name for r in before.rules]  # runtime.rules came later, in front
-    assert [format_rule(r) for r in after] == [format_rule(r) for r in before.rules]
-    assert tuple(after) == before.rules
+    assert [r.name for r in after] == [r.name for r in before]  # runtime.rules came later, in front
+    assert [format_rule(r) for r in after] == [format_rule(r) for r in before]
+    assert tuple(after) == before
 
 
 def test_shipped_and_lookup():
@@ -79,7 +79,7 @@ def test_rule_sources_are_transitive(tmp_path):
         top, tmp_path / "other.rules", RULES_DIR / "fold.rules", RULES_DIR / "ac-add.rules"]  # fmt: skip
     # each file once, across values too
     assert rule_sources(["default", "fold"]) == [RULES_DIR / f"{n}.rules"
-                                                 for n in ("default", "runtime", "fold", "taso", "merge")]
+                                                 for n in ("default", "runtime", "fold", "taso")]
     assert rule_sources(["ac-add"]) == [RULES_DIR / "ac-add.rules"]
 
 

@@ -153,3 +153,30 @@ def test_channel_last_mlp_is_1x1_convs():
     got = ops(out)
     assert got["Conv"] == 2 and got["MatMul"] == 0 and got["Transpose"] == 2, got  # around the LayerNorm only
     same_outputs(m, out, [1, C, 6, 6])
+
+
+def test_a_gathered_token_is_computed_alone():
+    """ViT's head: the last block's MLP (LayerNormalization, MatMul + Add, Gelu, MatMul + Add, residual Add),
+    a final LayerNormalization, then the first token taken (Gather axis 1, index 0). The Gather goes first,
+    so the MatMuls multiply one row instead of all of them; same outputs under ONNX Runtime."""
+    C, S = 8, 5
+    nodes = [helper.make_node("LayerNormalization", ["x", "g1", "be1"], ["n1"], axis=-1),
+             helper.make_node("MatMul", ["n1", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["a1"]),
+             helper.make_node("Div", ["a1", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a1", "e1"], ["p"]),
+             helper.make_node("Mul", ["p", "half"], ["gelu"]),
+             helper.make_node("MatMul", ["gelu", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
+             helper.make_node("Add", ["a2", "x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g2", "be2"], ["n2"], axis=-1),
+             helper.make_node("Gather", ["n2", "zero"], ["y"], axis=1)]
+    inits = [w("g1", C), w("be1", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), w("w2", 4 * C, C, scale=0.3),
+             w("b2", C), w("g2", C), w("be2", C), c("sqrt2", 2 ** 0.5), c("one", 1.0), c("half", 0.5),
+             numpy_helper.from_array(np.array(0, dtype=np.int64), "zero")]
+    m = model_of(nodes, [2, S, C], [2, C], inits)
+    out, applied = rewrite(m, set(), rules=("runtime",))
+    assert applied["gather-matmul"] >= 2 and applied["gather-layernorm"] >= 2 and applied["gather-add"] >= 1, applied
+    shapes = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+              for v in onnx.shape_inference.infer_shapes(out).graph.value_info}
+    matmuls = [n for n in out.graph.node if n.op_type == "MatMul"]
+    assert len(matmuls) == 2 and all(len(shapes[n.input[0]]) == 2 for n in matmuls), shapes  # one row each
+    same_outputs(m, out, [2, S, C])
