@@ -748,7 +748,7 @@ def feeds(model: onnx.ModelProto, seed: int, batch: int = 2, scale: float = 1.0)
     out = {}
     for i in model.graph.input:
         dims = [d.dim_value if d.HasField("dim_value") else batch for d in i.type.tensor_type.shape.dim]
-        out[i.name] = (rng.standard_normal(dims) * scale).astype(np.float32)
+        out[i.name] = np.asarray(rng.standard_normal(dims) * scale, dtype=np.float32)  # rank 0: an array too
     return out
 
 
@@ -1048,7 +1048,11 @@ def main(argv=None) -> int:
                     help="turn off a model-wide feature (e.g. one a known bug trips on); repeatable")
     ap.add_argument("--max-nodes", type=int, default=None, help="nodes per model (default: drawn, 3-25)")
     ap.add_argument("--minutes", type=float, default=None, help="stop starting models after this long")
+    ap.add_argument("--summarize", metavar="FILE.jsonl", help="only print the summary of an earlier campaign's file")
     a = ap.parse_args(argv)
+    if a.summarize:
+        print_summary(summarize([json.loads(line) for line in open(a.summarize) if line.strip()]))
+        return 0
     t0 = time.monotonic()
     counts = Counter()
 
