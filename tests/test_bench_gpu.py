@@ -35,7 +35,8 @@ def test_dry_run_writes_a_row_per_model_with_numbers(tmp_path, monkeypatch, caps
     assert "-" not in (row["original ms"], row["relsat ms"]), row["notes"]
     original, relsat = float(row["original ms"]), float(row["relsat ms"])
     assert 0 < original < 1e4 and 0 < relsat < 1e4
-    assert float(row["relsat speedup"]) == pytest.approx(original / relsat, abs=2e-3)
+    # the speedup is computed from unrounded latencies; the table rounds them (0.2 ms to a few digits)
+    assert float(row["relsat speedup"]) == pytest.approx(original / relsat, rel=0.02)
     if importlib.util.find_spec("onnxsim") is not None:  # the bench extra: onnxsim is a peer
         assert row["onnxsim ms"] != "-", row["notes"]
         onnxsim = float(row["onnxsim ms"])
