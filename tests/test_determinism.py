@@ -16,7 +16,7 @@ from relsat.relations.egraph import EGraph
 from test_runner_phases import add_chain  # the Add chain x0 + x1 + ... the runner tests use
 
 AC_ADD = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
-DEFAULT = load_rule_list(["default"])
+DEFAULT = load_rule_list(["default", "merge"])  # merge: its matches pass the node limit inside a round
 NASRNN = zoo.build("nasrnn", small=True)
 NASRNN_LIMIT = 2500  # the small NasRNN passes it inside round 1
 
