@@ -122,7 +122,7 @@ def stage_dir(outdir: Path, name: str, tag: int | str) -> Path:
     return outdir / f".{name}.stage-{tag}"
 
 
-_TEMPS = ((".stage-*", r"\.stage-(\d+|ray\d+)", True), (".onnx.*", r"\.onnx\.\w+", True),
+_TEMPS = ((".stage-*", r"\.stage-(\d+|ray\d+)", True), (".onnx.*", r"\.onnx\.(\d+\.)?\w+", True),
           (".json.*.tmp", r"\.json\.\d+\.tmp", False), (".duckdb.tmp-*", r"\.duckdb\.tmp-\d+(\.wal)?", False))
 
 

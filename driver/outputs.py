@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -175,6 +176,68 @@ def signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _dead(pid: int) -> bool:
+    """Whether no process has this pid (a process of another user counts as alive)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
+# what a run killed while writing beside ``NAME`` leaves, after ``.NAME.``: the e-graph file (EGraphFile),
+# its WAL and DuckDB's spill folder; a text temp file (write_text_atomic); a model temp folder (save_model_atomic)
+_LEFTOVERS = ((re.compile(r"tmp-(\d+)"), False), (re.compile(r"tmp-(\d+)\.wal"), False),
+              (re.compile(r"tmp-(\d+)\.tmp"), True), (re.compile(r"(\d+)\.tmp"), False),
+              (re.compile(r"(\d+)\.[A-Za-z0-9_]+"), True))
+
+
+def _ours(path: Path, name: str) -> bool:
+    """A leftover folder holds only what relsat writes there: a model temp folder the model (and its
+    ``.data``), DuckDB's spill folder its spill files (``*.tmp``-like, no subfolders); a file is ours by name."""
+    if not path.is_dir():
+        return True
+    try:
+        inside = list(os.scandir(path))
+    except OSError:
+        return False
+    if path.name.endswith(".tmp"):  # DuckDB's spill folder beside the e-graph file
+        return all(e.is_file() for e in inside)
+    return all(e.is_file() and e.name in (name, name + ".data") for e in inside)
+
+
+def sweep_leftovers(final) -> list[Path]:
+    """Remove what relsat runs that were killed (their pid no longer alive) left beside ``final``: only
+    names exactly as relsat makes them (``.NAME.tmp-<pid>``, ``.NAME.<pid>.tmp``, ``.NAME.<pid>.<random>/``),
+    files as files and folders as folders, so a user's own hidden files are never touched. Returns what it
+    removed."""
+    final = Path(final)
+    prefix = f".{final.name}."
+    removed = []
+    try:
+        entries = list(os.scandir(final.parent))
+    except OSError:
+        return removed
+    for e in entries:
+        if not e.name.startswith(prefix) or e.is_symlink():
+            continue
+        rest = e.name[len(prefix):]
+        for regex, folder in _LEFTOVERS:
+            m = regex.fullmatch(rest)
+            if m and e.is_dir() == folder and _dead(int(m.group(1))) and _ours(Path(e.path), final.name):
+                if folder:
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    Path(e.path).unlink(missing_ok=True)
+                removed.append(Path(e.path))
+                break
+    return removed
+
+
 class EGraphFile:
     """The e-graph file of one run: ``path`` is where it is built (beside ``final``), ``commit()``
     renames it into place (with its WAL, if any) and ``discard()`` removes it with its WAL and the
@@ -186,6 +249,7 @@ class EGraphFile:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.path = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
         self.discard()  # a leftover of a killed run of this pid
+        sweep_leftovers(self.final)  # and of killed runs of pids no longer alive
         _LIVE[id(self)] = self
 
     @staticmethod
@@ -222,7 +286,8 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
     path = Path(path)
     if external_data is None:
         external_data = tensor_bytes(model) > EXTERNAL_DATA_BYTES
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    sweep_leftovers(path)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", dir=path.parent))
     try:
         tmp = tmpdir / path.name
         if external_data:
@@ -246,6 +311,7 @@ def write_text_atomic(path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    sweep_leftovers(path)
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
