@@ -537,9 +537,9 @@ def check_cost_cache(opts: Options, tasks: list[ModelTask], outdir: Path) -> Non
     (:class:`relsat.extract.cost_cache.CostCache` refuses it), before any model runs."""
     if opts.cost_model != "measured":
         return
-    from relsat.extract.cost_cache import CostCache, default_path
+    from relsat.extract.cost_cache import default_path
 
-    from .outputs import _same
+    from .outputs import _same, open_cost_cache
 
     where = default_path()
     for task in tasks:
@@ -550,7 +550,7 @@ def check_cost_cache(opts: Options, tasks: list[ModelTask], outdir: Path) -> Non
     if any(_same(where, outdir / n) for n in mine):
         raise RelsatError(f"cost cache {where}: is a file relsat batch writes in {outdir}; set RELSAT_COST_CACHE "
                           f"to a file outside it")
-    CostCache(where)
+    open_cost_cache(where)
 
 
 @contextmanager

@@ -200,9 +200,9 @@ class _Costs:
     """The driver's side of the cost cache: the seed the tasks start from, and merging what they add."""
 
     def __init__(self, ray, tmp: Path):
-        from relsat.extract.cost_cache import CostCache
+        from .outputs import open_cost_cache
 
-        self.ray, self.tmp, self.cache = ray, tmp, CostCache()
+        self.ray, self.tmp, self.cache = ray, tmp, open_cost_cache()
         self._seed, self._stale, self._n = None, True, 0
 
     def seed(self):

@@ -307,9 +307,9 @@ def _summary(rep: dict) -> None:
 
 
 def _cache(path: Optional[Path]):
-    from relsat.extract.cost_cache import CostCache
+    from .outputs import open_cost_cache
 
-    return CostCache(path)
+    return open_cost_cache(path)
 
 
 @costs_app.command("export")

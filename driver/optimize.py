@@ -55,7 +55,7 @@ from .onnx_export import export_model
 from .candidates import Search
 from .onnx_import import check_ort_loadable, import_model, load_model
 from .options import DEFAULTS, Options
-from .outputs import EGraphFile, check_outputs, protected_paths, save_model_atomic
+from .outputs import EGraphFile, check_outputs, open_cost_cache, protected_paths, save_model_atomic
 from .outputs import _same as same_file
 from .runner import Limits, Runner
 from .torch_runtime import whole_graph_runtime
@@ -264,7 +264,7 @@ class _Pipeline:
             if not self.in_memory and same_file(where, Path(model_or_path)):
                 raise RelsatError(f"cost cache {where}: is the input model; relsat never writes it "
                                   f"(set RELSAT_COST_CACHE to another file)")
-            self.cache = c if isinstance(c, CostCache) else CostCache(c)  # refuses a file not a cost cache
+            self.cache = c if isinstance(c, CostCache) else open_cost_cache(c)  # refuses a file not a cost cache
             self.notices += self.cache.notices
             if o.costs is not None:
                 try:

@@ -113,6 +113,17 @@ _KINDS = {
 }
 
 
+def open_cost_cache(path=None):
+    """The cost cache at ``path`` (None: the user's default), a RelsatError where the path holds something
+    else (``extract.cost_cache.NotACostCache``: never renamed, never written)."""
+    from relsat.extract.cost_cache import CostCache, NotACostCache
+
+    try:
+        return CostCache(path)
+    except NotACostCache as e:
+        raise RelsatError(str(e)) from None
+
+
 def protected_paths(cost_cache=None, costs=None) -> list[tuple[str, Path]]:
     """The files no output may be: the cost cache (``cost_cache``: a path, a CostCache or None for
     the default) and a ``--costs`` table."""

@@ -19,7 +19,7 @@ built under a temporary name and linked into place (never over an existing file)
 either nothing or a whole cache. An existing file at the path is used only when it is a DuckDB
 database whose one table is ``costs`` with the cache's columns; anything else (the input model, a
 user's own DuckDB database, a text file, a folder) is refused with a one-line
-:class:`~relsat.driver.errors.RelsatError` and left untouched: never renamed, never written. Only in
+:class:`NotACostCache` (the driver's one-line error) and left untouched: never renamed, never written. Only in
 relsat's own cache folder (the default path, ``<user cache dir>/relsat/``), where every file is
 relsat's, is an unreadable cache set aside (renamed ``costs.duckdb.corrupt-<time>-<pid>``, with a
 warning) and rebuilt.
@@ -144,6 +144,11 @@ def is_cost_table(path: str | os.PathLike) -> bool:
     return cols == want
 
 
+class NotACostCache(ValueError):
+    """A cost cache path that holds something else (its one-line message says what); the driver reports it as
+    a RelsatError."""
+
+
 class CostCache:
     """DuckDB-backed ``key -> ms`` store; see the module docstring for the locking policy."""
 
@@ -156,9 +161,7 @@ class CostCache:
         if problem is None:
             return
         if not own_folder(self.path):
-            from relsat.driver.errors import RelsatError
-
-            raise RelsatError(f"cost cache {self.path}: {problem}, not a relsat cost cache; relsat neither "
+            raise NotACostCache(f"cost cache {self.path}: {problem}, not a relsat cost cache; relsat neither "
                               f"renames nor writes it: remove it or set RELSAT_COST_CACHE to another file")
         self._set_aside(problem)
         self._create()
@@ -207,9 +210,7 @@ class CostCache:
         finally:
             _remove_db(tmp)
         if self._problem() is not None:  # someone else's file appeared at the path meanwhile
-            from relsat.driver.errors import RelsatError
-
-            raise RelsatError(f"cost cache {self.path}: another file appeared there while the cache was built")
+            raise NotACostCache(f"cost cache {self.path}: another file appeared there while the cache was built")
 
     def _set_aside(self, why: str) -> None:
         """Rename an unreadable cache file of relsat's own cache folder (and its WAL) out of the way,

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from relsat.driver import batch as B
 from relsat.driver.cli import app
 from relsat.driver.errors import RelsatError
-from relsat.extract.cost_cache import CostCache, CostRow
+from relsat.driver.outputs import open_cost_cache
+from relsat.extract.cost_cache import CostCache, CostRow, NotACostCache
 
 CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()"]
 runner = CliRunner()
@@ -88,8 +89,10 @@ def test_a_file_that_is_not_a_cost_cache_is_refused_and_left_as_it_was(place, na
     before = snapshot(place)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "set aside" warning either
-        with pytest.raises(RelsatError, match="not a relsat cost cache") as e:
+        with pytest.raises(NotACostCache, match="not a relsat cost cache"):
             CostCache(place / name)
+        with pytest.raises(RelsatError, match="not a relsat cost cache") as e:  # as the driver reports it
+            open_cost_cache(place / name)
     assert needle in str(e.value) and "\n" not in str(e.value)
     assert snapshot(place) == before  # nothing renamed, nothing written, no temporary file left
 
