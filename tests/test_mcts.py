@@ -99,7 +99,7 @@ def test_optimize_with_mcts_writes_a_verified_model_and_the_tree(tmp_path):
     model = zoo.build("inception_v3", small=True)
     db = tmp_path / "e.duckdb"
     res = optimize(model, db=db, output=tmp_path / "o.onnx", search="mcts", budget=6, node_limit=500,
-                   cost_model="analytic", measure=False, candidates=0)
+                   cost_model="analytic", measure=False, candidates=0, rules=("default", "merge"))  # enough moves
     r = res.report
     assert r["search"]["strategy"] == "mcts" and r["stop_reason"].startswith("mcts: ")
     assert r["verification"]["ok"] and r["enodes"] <= 500
