@@ -301,7 +301,7 @@ def test_an_included_file_is_parsed_once(tmp_path, monkeypatch):
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self.name) or real(self, *a, **k))
     load_rules(SHIPPED_DIR / "default.rules")
-    assert sorted(reads) == ["default.rules", "fold.rules", "merge.rules", "runtime.rules", "taso.rules"]
+    assert sorted(reads) == ["default.rules", "fold.rules", "runtime.rules", "taso.rules"]
 
 
 def _write(tmp_path, files):
