@@ -61,6 +61,8 @@ CASES = [
     ("Gelu", [[2, 3]], {}),
     ("HardSigmoid", [[2, 3]], {"alpha": 0.25, "beta": 0.4}),
     ("HardSwish", [[2, 3]], {}),
+    ("Gather", [[2, 5, 3]], {"axis": 1, "indices": 4}),
+    ("Gather", [[4, 3]], {"axis": 0, "indices": 0}),
 ]
 
 
