@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RelsatError
+from .errors import RelsatError, resource_error
 from .options import Options
 
 
@@ -287,9 +287,12 @@ def model_fields(task: ModelTask, outdir: Path, options: dict, keep_db: bool, st
         fields["status"] = "ok"
     except RelsatError as e:
         fields = {"status": "failed", "reason": one_line(e)}
-    except Exception as e:  # a bug or an unexpected library error: still one model's failure
-        fields = {"status": "failed", "reason": one_line(f"internal error: {type(e).__name__}: {e}"),
-                  "detail": traceback.format_exc()}
+    except Exception as e:  # out of memory or disk: one line naming the limit; else a bug or an unexpected
+        # library error: still one model's failure
+        limit = resource_error(e, memory_limit=options.get("memory_limit"), temp_dir=options.get("temp_dir"))
+        fields = {"status": "failed", "reason": one_line(limit)} if limit is not None else {
+            "status": "failed", "reason": one_line(f"internal error: {type(e).__name__}: {e}"),
+            "detail": traceback.format_exc()}
     if fields["status"] != "ok":
         shutil.rmtree(stage, ignore_errors=True)
     fields["wall_s"] = time.perf_counter() - started

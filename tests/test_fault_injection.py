@@ -483,12 +483,6 @@ def test_a_full_temp_dir_fails_batch_with_nothing_partial_left(tmp_path, models,
     batch_on_small_tmpfs(tmp_path, models, env, small_tmpfs)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "in `relsat batch` a model that runs out of memory or temp disk fails as 'internal error: TransactionException: "
-    "... Current transaction is aborted (please ROLLBACK)' (or the raw multi-line DuckDB OutOfMemoryException) instead "
-    "of optimize's one line naming --memory-limit / --temp-dir: model_fields (driver/batch_model.py) does not pass "
-    "the error through errors.resource_error, and relations/bulk.py _write_rows' cleanup (con.unregister) raises a "
-    "TransactionException over the OutOfMemoryException"))
 def test_a_full_temp_dir_in_batch_is_one_line_naming_the_limit(tmp_path, models, env, small_tmpfs):
     err, rows = batch_on_small_tmpfs(tmp_path, models, env, small_tmpfs)
     for model, _, reason in rows:
