@@ -64,7 +64,9 @@ def interrupt(model: Path, folder: Path, signum: int, delay: float, *extra):
     """Start optimize, wait until its e-graph's temporary file exists (the run is busy), wait ``delay`` more
     seconds and send ``signum``; returns (exit status, stderr)."""
     folder.mkdir()
-    p = start("optimize", model, "-o", "o.onnx", "--db", "e.duckdb", "--report", "r.json", *extra, cwd=folder)
+    # merge's rules keep saturation busy for a few seconds (default alone ends before the longest delay)
+    p = start("optimize", model, "-o", "o.onnx", "--db", "e.duckdb", "--report", "r.json", "--rules", "default",
+              "--rules", "merge", *extra, cwd=folder)
     deadline = time.monotonic() + 120
     while not any(n.startswith(".e.duckdb.tmp-") for n in os.listdir(folder)):
         assert p.poll() is None, p.communicate()[1]
