@@ -53,6 +53,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from relsat.driver.onnx_import import _bcast
+
 RULE_SETS = ("default", "taso", "generated", "fold", "merge", "runtime")
 SEARCHES = ("mcts", "backtrack")
 OPSETS = (17,) * 7 + (13,) * 2 + (21,)
@@ -79,17 +81,9 @@ def _numel(shape) -> int | None:
 
 
 def bcast(a: tuple, b: tuple) -> tuple | None:
-    n = max(len(a), len(b))
-    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
-    out = []
-    for x, y in zip(a, b):
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            return None
-    return tuple(out)
+    """NumPy broadcasting of two static shapes (the importer's rule, ``onnx_import._bcast``), as a tuple."""
+    out = _bcast(list(a), list(b))
+    return None if out is None else tuple(out)
 
 
 class Skip(Exception):

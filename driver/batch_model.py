@@ -23,6 +23,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relsat.extract.cost_cache import table_columns
+
 from .errors import RelsatError, resource_error
 from .options import Options
 
@@ -316,15 +318,6 @@ class NotOurs(Exception):
     """A file at a path the batch writes that the batch did not write (its str says what it is)."""
 
 
-def _tables(con) -> dict[str, list[str]]:
-    tables: dict[str, list[str]] = {}
-    for table, column in con.execute(
-            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'main' "
-            "ORDER BY table_name, ordinal_position").fetchall():
-        tables.setdefault(table, []).append(column)
-    return tables
-
-
 def read_results(path: Path) -> tuple[dict[str, dict], set[str]]:
     """Read an existing ``OUTDIR/results.duckdb`` without writing it: ``(rows by model, names of the
     files of OUTDIR the batch owns)``; ``({}, set())`` where there is none.  The owned files are those
@@ -340,7 +333,7 @@ def read_results(path: Path) -> tuple[dict[str, dict], set[str]]:
         raise NotOurs("a folder" if path.is_dir() else "not a regular file")
     try:
         with duckdb.connect(str(path), read_only=True) as con:
-            tables = _tables(con)
+            tables = table_columns(con)
             cols = tables.get("results", [])
             if not cols or cols[0] != "model" or not set(cols) <= set(COLUMN_NAMES) \
                     or not set(tables) <= {"results", OWNED} or tables.get(OWNED, ["name"]) != ["name"]:

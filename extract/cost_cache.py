@@ -76,7 +76,7 @@ def own_folder(path: str | os.PathLike) -> bool:
         return False
 
 
-def _tables(con) -> dict[str, list[str]]:
+def table_columns(con) -> dict[str, list[str]]:
     """The tables of a database's main schema, each with its columns in order."""
     tables: dict[str, list[str]] = {}
     for table, column in con.execute(
@@ -178,7 +178,7 @@ class CostCache:
         if not self.path.is_file():
             return "is not a regular file"
         try:
-            tables = self._run(_tables, read_only=True)
+            tables = self._run(table_columns, read_only=True)
         except duckdb.Error as e:
             if "Could not set lock" in str(e):
                 raise

@@ -12,6 +12,7 @@ import warnings
 import duckdb
 import onnx
 import pytest
+from test_batch_outputs import one_line_error
 from test_safety import small_model
 from typer.testing import CliRunner
 
@@ -27,14 +28,6 @@ runner = CliRunner()
 
 def snapshot(folder):
     return {p.name: (p.read_bytes() if p.is_file() else "folder") for p in sorted(folder.iterdir())}
-
-
-def one_line_error(stderr: str, *needles) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in stderr, stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture
