@@ -341,7 +341,7 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -
     inputs = [helper.make_tensor_value_info(n, dt, dims(s)) for n, dt, s in imported.inputs]
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
-    graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits)
+    graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits + imported.defaults)
     _check_graph(graph, {name: c for c, name in w.name.items()})
     model = helper.make_model(
         graph, opset_imports=w.opset_imports(),

@@ -84,6 +84,7 @@ class ImportResult:
     domain: str = ""
     model_version: int = 0
     symbols: Symbols = field(default_factory=Symbols)  # the dynamic dims (relations/dims.py) and their bindings
+    defaults: list = field(default_factory=list)  # initializers that are also graph inputs (IR >= 4): overridable
     upgraded: str | None = None  # the opset upgrade notice, when the model was below opset 7
     types: dict = field(default_factory=dict)  # every value name -> (ONNX dtype, shape with symbols) from inference
 
@@ -1009,6 +1010,38 @@ def _upgraded(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None, bool
     return up, notice, False
 
 
+def _overridable(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """From IR version 4 on, an initializer that is also listed as a graph input is a default the caller
+    may override (ONNX Runtime neither folds it nor treats it as constant): ``model`` without those
+    initializers, so that they import as graph inputs (typed from the initializer where the input
+    declares no shape), and the initializers, which the export writes back as the inputs' defaults.
+    In IR version 3 every initializer had to be listed as an input, and they are constants."""
+    if model.ir_version < 4:
+        return model, []
+    listed = {v.name for v in model.graph.input}
+    defaults = [t for t in model.graph.initializer if t.name in listed]
+    if not defaults:
+        return model, []
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    names = {t.name: t for t in defaults}
+    keep = [t for t in out.graph.initializer if t.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(keep)
+    for v in out.graph.input:
+        t = names.get(v.name)
+        if t is not None and not v.type.tensor_type.HasField("shape"):
+            v.type.tensor_type.elem_type = v.type.tensor_type.elem_type or t.data_type
+            for d in t.dims:
+                v.type.tensor_type.shape.dim.add().dim_value = d
+    return out, defaults
+
+
+def _names(tensors, most: int = 3) -> str:
+    names = [f"'{t.name}'" for t in tensors[:most]]
+    return ", ".join(names) + (f" and {len(tensors) - most} more" if len(tensors) > most else "")
+
+
 def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] | None = None,
                  fix_shapes: bool = False, egraph: EGraph | None = None) -> ImportResult:
     """Translate a (checked) model into an e-graph. Dynamic input dims stay symbols (``relations/dims.py``;
@@ -1016,6 +1049,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     (or 1 for a batch-like dim). A model below opset 7 is upgraded first (``upgrade_opset``); when no
     conversion exists but ONNX Runtime runs it, it is passed through: every node opaque, so the input
     model is written unchanged."""
+    model, defaults = _overridable(model)
     model, upgraded, passthrough = _upgraded(model)
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
     opset = opsets.get("")
@@ -1029,6 +1063,9 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     symbols = Symbols.from_egraph(g)
     shapes, notices, specialized = _input_shapes(real_inputs, input_shapes, fix_shapes, symbols)
     notices = ([upgraded] if upgraded else []) + notices
+    if defaults:
+        notices.append(f"{len(defaults)} initializer(s) also listed as graph inputs ({_names(defaults)}) kept as "
+                       "inputs with their defaults, not folded: callers may override them (ONNX IR >= 4)")
     try:
         types, folded = _infer_types(model, shapes, symbols)
     except Exception as e:
@@ -1073,4 +1110,4 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         specialized=specialized,
         output_info={o.name: o for o in graph.output},
         functions=list(model.functions), domain=model.domain, model_version=model.model_version,
-        symbols=symbols, upgraded=upgraded, types=types)
+        symbols=symbols, upgraded=upgraded, types=types, defaults=defaults)

@@ -15,9 +15,9 @@ import pytest
 from relsat.benchmarks import fuzz
 
 SHORT_MODELS = 30  # about a minute on a 2-core machine
-# Generator features a known, not yet fixed bug trips on (each has an xfail test in test_fuzz_regressions.py):
-# exposed: initializers also listed as graph inputs (test_initializer_listed_as_input_stays_an_input).
-AVOID = ("exposed",)
+# Generator features a known, not yet fixed bug trips on (each has an xfail test in test_fuzz_regressions.py);
+# none today (exposed initializers were one until test_initializer_listed_as_input_stays_an_input passed).
+AVOID = ()
 
 
 def _runs(model):
