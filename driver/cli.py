@@ -5,10 +5,15 @@ exit status 1; nothing is written unless the step that writes succeeds.  ``optim
 also ends in one line when it is interrupted (SIGINT or SIGTERM: exit status 130 or
 143, its temporary files removed, each output whole or absent) or runs out of memory or
 disk (the limit named, and what to raise): ``_Signals`` and ``_stops``.
+
+The options of ``optimize`` and ``batch`` that set an ``Options`` field are not declared here:
+``with_options`` generates them from the fields' metadata (relsat.driver.options), where each
+flag's name, default and help are written once.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -25,7 +30,7 @@ from rich.table import Table
 
 from .batch import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MODEL_TIMEOUT_S, worker_threads
 from .errors import RelsatError, error_line
-from .options import DEFAULTS, Options, parse_shapes
+from .options import Options, command_flags
 from .outputs import write_text_atomic
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
@@ -39,56 +44,32 @@ out = Console()
 err = Console(stderr=True)
 
 
+def with_options(command: str, *, last: tuple[str, ...] = ()):
+    """The flags of ``Options`` as options of a command (``optimize`` or ``batch``), generated from the
+    fields' metadata (``options.command_flags``: name, type, default and help declared once, beside
+    the field): the decorated function takes them as ``**flags`` (the command line's values, by field
+    name; ``_options`` turns them into an ``Options``).  Its own parameters come first, but those
+    named in ``last``, which follow the flags in the help."""
+
+    def wrap(fn):
+        keyword = inspect.Parameter.KEYWORD_ONLY  # typer passes every parameter by name
+        own = [p.replace(kind=keyword) for p in inspect.signature(fn, eval_str=True).parameters.values()
+               if p.kind is not p.VAR_KEYWORD]
+        generated = [inspect.Parameter(f.attr, keyword, annotation=f.type,
+                                       default=typer.Option(f.default, f.name, help=f.text()))
+                     for f in command_flags(command)]
+        fn.__signature__ = inspect.Signature([p for p in own if p.name not in last] + generated
+                                             + [p for p in own if p.name in last])
+        return fn
+
+    return wrap
 
 
-# The flags optimize and batch share: their defaults are the fields of options.DEFAULTS (batch declares its own
-# --threads, whose default shares the cores among its workers).
-D = DEFAULTS
-RULES = typer.Option(list(D.rules), "--rules", help="rule set name or .rules file (repeatable)")
-INPUT_SHAPE = typer.Option([], "--input-shape", help="NAME=D0,D1,...: the sizes dynamic dims are costed and timed "
-                           "at (the written model keeps them dynamic unless --fix-shapes)")
-FIX_SHAPES = typer.Option(D.fix_shapes, "--fix-shapes", help="freeze dynamic dims in the written model (to "
-                          "--input-shape, or 1 for a batch dim)")
-ITER_LIMIT = typer.Option(D.iter_limit, "--iter-limit", help="saturation rounds")
-NODE_LIMIT = typer.Option(D.node_limit, "--node-limit", help="e-nodes")
-TIME_LIMIT = typer.Option(D.time_limit, "--time-limit", help="saturation (or search) time limit, seconds")
-MEMORY_LIMIT = typer.Option(D.memory_limit, "--memory-limit", help="the e-graph database's memory limit, e.g. 16GB; "
-                            "beyond it DuckDB spills to --temp-dir")
-TEMP_DIR = typer.Option(D.temp_dir, "--temp-dir", help="where the e-graph database spills (default: DuckDB's)")
-SCHEDULER = typer.Option(D.scheduler, "--scheduler", help="backoff (bans rules whose matches explode, as egg) | "
-                         "simple (every rule every round)")
-SEARCH = typer.Option(D.search, "--search", help="eqsat | mcts | backtrack: build the e-graph by equality saturation, "
-                      "Monte Carlo tree search over rule applications, or TASO's backtracking over single rewrites")
-BUDGET = typer.Option(D.budget, "--budget", help="mcts: tree iterations (default 32); backtrack: graphs expanded "
-                      "(default 100)")
-SEED = typer.Option(D.seed, "--seed", help="mcts: seed of its random choices")
-ALPHA = typer.Option(D.alpha, "--alpha", help="backtrack: keep graphs up to alpha x the best cost (1: greedy)")
-EXTRACTOR = typer.Option(D.extractor, "--extractor", help="ilp | greedy")
-COST_MODEL = typer.Option(D.cost_model, "--cost-model", help="measured (ONNX Runtime, cached) | analytic")
-PROVIDER = typer.Option(D.provider, "--provider", help="cpu | cuda: where costs and latency are measured")
-THREADS = typer.Option(D.threads, "--threads", help="intra-op threads for profiling and latency (default: all cores)")
-COSTS = typer.Option(None, "--costs", help="import this cost table (relsat costs export) first")
-NO_MEASURE = typer.Option(not D.measure, "--no-measure", help="skip the final latency guard")
-MIP_GAP = typer.Option(D.mip_gap, "--mip-gap", help="relative MIP gap at which the ILP stops")
-ILP_TIME_LIMIT = typer.Option(D.ilp_time_limit, "--ilp-time-limit", help="ILP time limit, seconds")
-CANDIDATES = typer.Option(D.candidates, "--candidates", help="candidate graphs timed as whole models for the final "
-                          "choice, with costs refined in context (0: one-node costs and the guard only)")
-CONTEXT_ROUNDS = typer.Option(D.context_rounds, "--context-rounds", help="extract-profile rounds refining the "
-                              "in-context costs")
-
-
-def _options(*, rules, input_shape, fix_shapes, iter_limit, node_limit, time_limit, extractor, cost_model, provider,
-             threads, costs, no_measure, mip_gap, ilp_time_limit, candidates, context_rounds, search, budget, seed,
-             alpha, scheduler, memory_limit, temp_dir, inputs=()) -> Options:
-    """The shared flags as an ``Options`` (checked)."""
-    return Options(rules=tuple(rules), input_shapes=parse_shapes(input_shape) or None, fix_shapes=fix_shapes,
-                   inputs=tuple(str(p) for p in inputs), iter_limit=iter_limit,
-                   node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
-                   provider=provider, threads=threads, costs=None if costs is None else str(costs),
-                   measure=not no_measure, mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates,
-                   context_rounds=context_rounds, search=search, budget=budget, seed=seed, alpha=alpha,
-                   scheduler=scheduler, memory_limit=memory_limit,
-                   temp_dir=None if temp_dir is None else str(temp_dir)).check()
+def _options(command: str, flags: dict, **fixed) -> Options:
+    """The command line's values of the ``Options`` flags of ``command`` (and ``fixed`` field values) as
+    an ``Options`` (checked)."""
+    values = {f.attr: f.read(flags[f.attr]) for f in command_flags(command)}
+    return Options(**dict(values, **fixed)).check()
 
 
 def _fail(e: Exception) -> None:
@@ -108,55 +89,27 @@ def _load_input(spec: str):
 
 
 @app.command()
+@with_options("optimize", last=("report",))
 def optimize(
     model: str = typer.Argument(..., help="an ONNX file, or zoo:NAME for a built-in benchmark model"),
     output: Path = typer.Option(..., "-o", "--output", help="where to write the optimized model"),
     db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
-    rules: List[str] = RULES,
-    input_shape: List[str] = INPUT_SHAPE,
-    fix_shapes: bool = FIX_SHAPES,
-    inputs: List[Path] = typer.Option([], "--inputs", help=".npz file of verification inputs, one set per file "
-                                      "(repeatable), checked beside the random draws"),
-    iter_limit: int = ITER_LIMIT,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = TIME_LIMIT,
-    scheduler: str = SCHEDULER,
-    memory_limit: Optional[str] = MEMORY_LIMIT,
-    temp_dir: Optional[Path] = TEMP_DIR,
-    search: str = SEARCH,
-    budget: Optional[int] = BUDGET,
-    seed: int = SEED,
-    alpha: float = ALPHA,
-    extractor: str = EXTRACTOR,
-    cost_model: str = COST_MODEL,
-    provider: str = PROVIDER,
-    threads: int = THREADS,
-    costs: Optional[Path] = COSTS,
-    no_measure: bool = NO_MEASURE,
-    mip_gap: float = MIP_GAP,
-    ilp_time_limit: float = ILP_TIME_LIMIT,
-    candidates: int = CANDIDATES,
-    context_rounds: int = CONTEXT_ROUNDS,
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
+    **flags,
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
     from .optimize import optimize as run
     from .outputs import check_outputs, protected_paths
 
     outputs = [("-o", output), ("--db", db), ("--report", report)]
-    with _Signals() as sig, _stops(sig, outputs, memory_limit=memory_limit, temp_dir=temp_dir, what=model):
+    with _Signals() as sig, _stops(sig, outputs, memory_limit=flags["memory_limit"], temp_dir=flags["temp_dir"],
+                                   what=model):
         source = _load_input(model)
         # the report here, also against -o and --db, which the pipeline checks in its first step
         check_outputs(source=None if model.startswith("zoo:") else source, report=report,
-                      others=[("-o", output), ("--db", db)], protected=protected_paths(None, costs))
+                      others=[("-o", output), ("--db", db)], protected=protected_paths(None, flags["costs"]))
         with err.status("optimizing ...") as status:
-            options = _options(
-                rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit,
-                node_limit=node_limit, time_limit=time_limit, extractor=extractor, cost_model=cost_model,
-                provider=provider, threads=threads, costs=costs, no_measure=no_measure, mip_gap=mip_gap,
-                ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds, inputs=inputs,
-                search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
-                memory_limit=memory_limit, temp_dir=temp_dir)
+            options = _options("optimize", flags)
 
             def on_status(text: str) -> None:
                 sig.check()  # an interrupt a step swallowed (a fallback's except) stops the run here
@@ -551,6 +504,7 @@ def rules_generate(
 
 
 @app.command()
+@with_options("batch")
 def batch(
     models: str = typer.Argument(..., help="a folder (every *.onnx under it) or a glob such as 'zoo/*.onnx'"),
     outdir: Path = typer.Option(..., "-o", "--output", help="output folder: models, reports, results table"),
@@ -571,42 +525,14 @@ def batch(
     connect_timeout: float = typer.Option(DEFAULT_CONNECT_TIMEOUT_S, "--connect-timeout",
                                           help="--executor ray: seconds for the --address to answer before "
                                           "giving up"),
-    rules: List[str] = RULES,
-    input_shape: List[str] = INPUT_SHAPE,
-    fix_shapes: bool = FIX_SHAPES,
-    iter_limit: int = ITER_LIMIT,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = TIME_LIMIT,
-    scheduler: str = SCHEDULER,
-    memory_limit: Optional[str] = MEMORY_LIMIT,
-    temp_dir: Optional[Path] = TEMP_DIR,
-    search: str = SEARCH,
-    budget: Optional[int] = BUDGET,
-    seed: int = SEED,
-    alpha: float = ALPHA,
-    extractor: str = EXTRACTOR,
-    cost_model: str = COST_MODEL,
-    provider: str = PROVIDER,
-    threads: Optional[int] = typer.Option(None, "--threads", help="intra-op threads of each worker for profiling "
-                                          "and latency (default: all cores shared, max(1, cores // jobs) each)"),
-    costs: Optional[Path] = COSTS,
-    no_measure: bool = NO_MEASURE,
-    mip_gap: float = MIP_GAP,
-    ilp_time_limit: float = ILP_TIME_LIMIT,
-    candidates: int = CANDIDATES,
-    context_rounds: int = CONTEXT_ROUNDS,
+    **flags,
 ) -> None:
     """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
     from .batch import run_batch
 
     try:
-        options = _options(
-            rules=rules, input_shape=input_shape, fix_shapes=fix_shapes, iter_limit=iter_limit, node_limit=node_limit,
-            time_limit=time_limit, extractor=extractor, cost_model=cost_model, provider=provider,
-            threads=worker_threads(jobs) if threads is None else threads, costs=costs, no_measure=no_measure,
-            mip_gap=mip_gap, ilp_time_limit=ilp_time_limit, candidates=candidates, context_rounds=context_rounds,
-            search=search, budget=budget, seed=seed, alpha=alpha, scheduler=scheduler,
-            memory_limit=memory_limit, temp_dir=temp_dir)
+        # without --threads the workers share the cores
+        options = _options("batch", flags, threads=worker_threads(jobs) if flags["threads"] is None else flags["threads"])
         result = run_batch(models, outdir, jobs=jobs, model_timeout=model_timeout, keep_db=keep_db,
                            skip_failed=skip_failed, force=force, executor=executor, address=address,
                            connect_timeout=connect_timeout, console=err, options=options)

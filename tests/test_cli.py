@@ -74,3 +74,110 @@ def test_zoo_build_prints_counts(tmp_path):
     res = runner.invoke(app, ["zoo", "build", "squeezenet", "--small", "-o", str(tmp_path)])
     assert res.exit_code == 0
     assert (tmp_path / "squeezenet.onnx").exists() and "Concat" in res.output
+
+
+# ------------------------------------------------------------------ the Options flags, declared once
+
+API_ONLY = {"multi_rounds", "guard_threshold", "check_rules"}  # Options fields that are no flag (Python API only)
+
+
+def _params(command: str) -> dict:
+    """The click parameters of ``relsat COMMAND`` (the real app), by flag."""
+    import typer
+
+    return {o: p for p in typer.main.get_command(app).commands[command].params for o in p.opts}
+
+
+@pytest.mark.parametrize("command", ["optimize", "batch"])
+def test_every_options_field_is_a_flag_with_its_default_and_help(command):
+    import dataclasses
+
+    from relsat.driver.options import DEFAULTS, Options
+
+    params = _params(command)
+    declared = set()
+    for f in dataclasses.fields(Options):
+        fl = f.metadata.get("flag")
+        if f.name in API_ONLY:
+            assert fl is None, f.name
+            continue
+        assert fl is not None, f"Options.{f.name} declares no flag"
+        name = fl.name or "--" + f.name.replace("_", "-")
+        declared.add(name)
+        if command == "batch" and fl.batch is False:  # --inputs: optimize only
+            assert name not in params
+            continue
+        p = params[name]
+        assert p.name == f.name and p.opts == [name]
+        if command == "batch" and f.name == "threads":  # batch's own: None shares the cores among the workers
+            assert p.default is None and "cores // jobs" in p.help
+            continue
+        assert p.help == fl.text() and fl.help in p.help
+        # the default read as the field would be: DEFAULTS' value
+        assert getattr(Options(**{f.name: fl.read(p.default)}), f.name) == getattr(DEFAULTS, f.name), name
+    own = {"optimize": {"model", "-o", "--output", "--db", "--report", "--help"},
+           "batch": {"models", "-o", "--output", "-j", "--jobs", "--model-timeout", "--keep-db", "--skip-failed",
+                     "--force", "--executor", "--address", "--connect-timeout", "--help"}}[command]
+    assert set(params) - own <= declared  # every other option of the command comes from an Options field
+
+
+def test_check_names_the_flags_of_the_metadata():
+    from relsat.driver.errors import RelsatError
+    from relsat.driver.options import DEFAULTS, command_flags, flag_name, parse_shapes
+
+    assert flag_name("node_limit") == "--node-limit" and flag_name("input_shapes") == "--input-shape"
+    for f in command_flags("optimize"):
+        if f.choices:
+            with pytest.raises(RelsatError, match=f"^{f.name} nope: expected "):
+                DEFAULTS.replace(**{f.attr: "nope"}).check()
+    with pytest.raises(RelsatError, match="^--node-limit -1: "):
+        DEFAULTS.replace(node_limit=-1).check()
+    with pytest.raises(RelsatError, match="^--input-shape 'x': "):
+        parse_shapes(["x"])
+    with pytest.raises(RelsatError, match="^--memory-limit lots: "):
+        DEFAULTS.replace(memory_limit="lots").check()
+
+
+def _captured(monkeypatch, target: str):
+    """Replace ``target`` (the function a command calls with its Options) by one that records the
+    options it is given and stops the command there."""
+    from relsat.driver.errors import RelsatError
+
+    seen = {}
+
+    def fake(*args, options=None, **kw):
+        seen["options"] = options if options is not None else args[1]
+        raise RelsatError("stopped here")
+
+    monkeypatch.setattr(target, fake)
+    return seen
+
+
+def test_optimize_flags_become_options(small_resnet, tmp_path, monkeypatch):
+    from relsat.driver.options import DEFAULTS
+
+    seen = _captured(monkeypatch, "relsat.driver.optimize.optimize")
+    res = runner.invoke(app, ["optimize", str(small_resnet), "-o", str(tmp_path / "o.onnx"), "--rules", "default",
+                              "--rules", "ac-add", "--input-shape", "input=1,16,16,16", "--no-measure",
+                              "--memory-limit", "1GB", "--node-limit", "77", "--search", "mcts", "--budget", "5"])
+    assert res.exit_code == 1 and "stopped here" in res.stderr, res.output
+    o = seen["options"]
+    assert o.rules == ("default", "ac-add") and o.input_shapes == {"input": [1, 16, 16, 16]}
+    assert o.measure is False and o.memory_limit == "1GB" and o.node_limit == 77 and o.budget == 5
+    d = DEFAULTS
+    assert o.replace(rules=d.rules, input_shapes=d.input_shapes, measure=d.measure, memory_limit=d.memory_limit,
+                     node_limit=d.node_limit, search=d.search, budget=d.budget) == DEFAULTS
+
+
+@pytest.mark.parametrize("threads", [None, "3"])
+def test_batch_flags_become_options_and_share_the_cores(small_resnet, tmp_path, monkeypatch, threads):
+    from relsat.driver.batch import worker_threads
+    from relsat.driver.options import DEFAULTS
+
+    seen = _captured(monkeypatch, "relsat.driver.batch.run_batch")
+    res = runner.invoke(app, ["batch", str(small_resnet.parent), "-o", str(tmp_path / "out"), "-j", "2",
+                              "--cost-model", "analytic", *(["--threads", threads] if threads else [])])
+    assert res.exit_code == 1 and "stopped here" in res.stderr, res.output
+    o = seen["options"]
+    assert o.threads == (worker_threads(2) if threads is None else 3)
+    assert o.replace(cost_model=DEFAULTS.cost_model, threads=DEFAULTS.threads) == DEFAULTS
