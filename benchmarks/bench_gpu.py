@@ -53,6 +53,7 @@ import onnx
 from relsat.benchmarks import corpus, zoo
 from relsat.driver import feeds, latency, torch_runtime
 from relsat.driver.verify import random_inputs, verify
+from relsat.relations.backend import resolve
 
 TOTAL_S = 540.0  # the whole run: under 10 minutes with start-up and the table
 DRY_TOTAL_S = 90.0
@@ -77,7 +78,7 @@ def runtime_here(dry_run: bool) -> tuple[str, str, str]:
     """(the provider relsat optimizes for, the whole-model runtime that times, its device)."""
     if dry_run:
         return "cpu", ("torch" if importlib.util.find_spec("torch") else "onnxruntime"), "cpu"
-    rt = torch_runtime.whole_graph_runtime("cuda")
+    rt = resolve("cuda").whole_graph
     if rt is None:
         raise SystemExit("bench_gpu: no CUDA here (neither onnxruntime-gpu nor PyTorch with CUDA); "
                          "use --dry-run to run the same path on the CPU")
@@ -169,7 +170,7 @@ def run_onnxsim(src: Path, dst: Path, budget: float, shapes: dict | None) -> str
 def _session(path: Path, rt: str, device: str, threads: int):
     if rt == "torch":
         return torch_runtime.session(path, device)
-    return latency.session(str(path), threads=threads, provider="cuda" if device == "cuda" else "cpu")
+    return latency.session(str(path), threads=threads, backend=resolve(device))
 
 
 def time_systems(paths: dict[str, Path], *, rt: str, device: str, shapes: dict | None, roles: dict | None,

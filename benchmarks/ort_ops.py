@@ -4,7 +4,7 @@ This module owns reading back ONNX Runtime's own optimized model (the graph afte
 fusions and layout changes, as saved by ``SessionOptions.optimized_model_filepath``) and counting its
 operators, and the one-line before/after diff the benchmarks print beside a written model.
 
-    ort_histogram(model_path_or_proto, threads=1, provider="cpu") -> Counter
+    ort_histogram(model_path_or_proto, threads=1, backend=CPU) -> Counter
     diff(before, after) -> "nodes 180->150: HardSigmoid 0->12, Mul 40->12, com.microsoft.FusedConv 0->4"
 
 The session is made as timing sessions are (``relsat.relations.runtime.session_options``: level ALL,
@@ -24,6 +24,7 @@ from pathlib import Path
 import onnx
 
 from relsat.relations import runtime
+from relsat.relations.backend import CPU, Backend
 
 
 def op_key(node: onnx.NodeProto) -> str:
@@ -42,7 +43,7 @@ def histogram(graph: onnx.GraphProto) -> Counter:
     return counts
 
 
-def optimized_graph(model_path_or_proto, *, threads: int = 1, provider: str = "cpu") -> onnx.GraphProto:
+def optimized_graph(model_path_or_proto, *, threads: int = 1, backend: Backend = CPU) -> onnx.GraphProto:
     """The graph ONNX Runtime runs for the model (a path or a ModelProto) at level ALL."""
     with tempfile.TemporaryDirectory() as td:
         out = Path(td) / "ort_optimized.onnx"
@@ -53,13 +54,13 @@ def optimized_graph(model_path_or_proto, *, threads: int = 1, provider: str = "c
                                     "ort_optimized.data")
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "0")
         model = model_path_or_proto if isinstance(model_path_or_proto, onnx.ModelProto) else str(model_path_or_proto)
-        runtime.session(model, provider=provider, options=so)
+        backend.session(model, options=so)
         return onnx.load_model(str(out), load_external_data=False).graph
 
 
-def ort_histogram(model_path_or_proto, threads: int = 1, provider: str = "cpu") -> Counter:
+def ort_histogram(model_path_or_proto, threads: int = 1, backend: Backend = CPU) -> Counter:
     """Domain-qualified op counts of the graph ONNX Runtime runs for the model (module docstring)."""
-    return histogram(optimized_graph(model_path_or_proto, threads=threads, provider=provider))
+    return histogram(optimized_graph(model_path_or_proto, threads=threads, backend=backend))
 
 
 def diff(before: Counter | dict, after: Counter | dict, *, changed_only: bool = True) -> str:

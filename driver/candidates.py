@@ -1,7 +1,7 @@
 """The measured final choice: costs refined in context, a few candidate graphs, the fastest as measured.
 
 Owns :class:`Search`, which the optimize pipeline runs after one-node costs and the first
-extraction when it may time models (``measure``, measured costs, a provider ONNX Runtime runs
+extraction when it may time models (``measure``, measured costs, a backend ONNX Runtime runs
 here):
 
 1. **In context.** The original graph (as the e-graph holds it) is exported and profiled as a whole
@@ -54,10 +54,11 @@ import onnx
 from relsat.extract.context import profile_graph
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
+from relsat.relations.backend import Backend
 
 from . import feeds
 from .errors import error_line
-from .latency import Latency, judge, judged_ms, metric, time_models
+from .latency import Latency, judge, judged_ms, time_models
 from .onnx_export import export_graph
 from .verify import VerifyResult, verify
 
@@ -100,7 +101,7 @@ class Search:
     problem: ExtractionProblem
     node_ids: np.ndarray  # e-node id of each problem index (sorted)
     feeds: dict
-    provider: str
+    backend: Backend
     threads: int
     cache: object  # CostCache or None
     ilp_time_limit: float
@@ -193,7 +194,7 @@ class Search:
         idx = np.where(origins >= 0, np.searchsorted(self.node_ids, np.maximum(origins, 0)), -1)
         weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
         try:
-            prof = profile_graph(cand.model, self.feeds, weights, provider=self.provider, threads=self.threads,
+            prof = profile_graph(cand.model, self.feeds, weights, backend=self.backend, threads=self.threads,
                                  cache=self.cache, refresh=self._refresh)
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
@@ -282,13 +283,13 @@ class Search:
         """Time the input model and ``cands`` interleaved (the input model alone when there are none)."""
         shapes = bindings[0]  # timed at the costed binding
         res = time_models(self._blobs([input_model] + [c.model for c in cands]), threads=self.threads,
-                          provider=self.provider,
+                          backend=self.backend,
                           input_shapes=shapes, roles=feeds.input_roles(input_model, shapes))
         orig = self.original
-        orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.provider), \
+        orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.backend), \
             res[0].median_ms
         for c, t in zip(cands, res[1:]):
-            c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.provider), t.median_ms, \
+            c.timing, c.measured_ms, c.wall_ms, c.status = t, judged_ms(t, self.threads, self.backend), t.median_ms, \
                 "timed"
 
     def _blobs(self, models: list[onnx.ModelProto]) -> list:
@@ -304,7 +305,7 @@ class Search:
         they agree. The tolerance is the noise: the floor, or the fresh runs' interquartile range over their
         median where larger, widened after a re-take by how far the input model's two fresh timings moved
         apart (this machine, shared, swung between 0.13 and 0.22 ms on small SqueezeNet within seconds)."""
-        measured = judged_ms(timing, self.threads, self.provider)
+        measured = judged_ms(timing, self.threads, self.backend)
         spread = (timing.q3_ms - timing.q1_ms) / timing.median_ms if timing.median_ms > 0 else 0.0
         tolerance = (1 + max(self.fidelity_floor, spread)) * (1 + self._drift) - 1
         ratio = profiled_ms / measured if measured > 0 else math.inf
@@ -383,7 +384,7 @@ class Search:
             t_retake = t_retake or time.perf_counter()
             removed += self._retake(checks, status)
         retaken = attempt > 0
-        self.fidelity = {**self._original_fidelity(), "metric": metric(self.threads, self.provider),
+        self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
                          "floor": self.fidelity_floor, "timing_drift": self._drift, "timings_of_input_ms": measured,
                          "checked": checks, "stale": stale_all, "searches": attempt + 1 if retaken else 1,
                          "profiles_measured": self.profiles_measured, "profiles_from_cache": self.profiles_cached,
@@ -396,7 +397,7 @@ class Search:
         orig = self.original
         picked, check = None, None
         for c in sorted(cands, key=lambda c: c.measured_ms):
-            if not judge(orig.timing, c.timing, threads=self.threads, provider=self.provider,
+            if not judge(orig.timing, c.timing, threads=self.threads, backend=self.backend,
                          threshold=threshold).keep_optimized:
                 c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
             elif picked is None:
@@ -410,7 +411,7 @@ class Search:
                     picked = False  # the fastest verified candidate did not hold: none is written
         picked = picked or None
         best = picked or self.fastest()
-        guard = judge(orig.timing, best.timing, threads=self.threads, provider=self.provider, threshold=threshold)
+        guard = judge(orig.timing, best.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
         return picked, check, guard.as_dict()
 
@@ -421,14 +422,14 @@ class Search:
         (MobileNetV3 and RegNetY: written at 0.975-0.994x of the input model's speed, the same kernels)."""
         status(f"timing the {c.label} graph against the input model again ...")
         shapes = bindings[0]
-        orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, provider=self.provider,
+        orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1)
-        held = judge(orig, again, threads=self.threads, provider=self.provider, threshold=threshold)
+        held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
         c.confirm = held.as_dict()
         if held.keep_optimized:
             return True
-        c.status = (f"not faster when timed again ({judged_ms(again, self.threads, self.provider):.3f} ms vs "
-                    f"{judged_ms(orig, self.threads, self.provider):.3f} ms)")
+        c.status = (f"not faster when timed again ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
+                    f"{judged_ms(orig, self.threads, self.backend):.3f} ms)")
         return False
 
     def _original_fidelity(self) -> dict:

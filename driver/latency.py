@@ -39,11 +39,11 @@ import onnx
 import onnxruntime as ort
 
 from relsat.relations import runtime
+from relsat.relations.backend import CPU, PROVIDERS, Backend, ProviderMissing, resolve
 
 from . import torch_runtime
 from .errors import RelsatError, error_line
 from .options import GUARD_THRESHOLD
-from .torch_runtime import whole_graph_runtime
 from .verify import random_inputs
 
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
@@ -87,20 +87,20 @@ class GuardResult:
                 "provider": self.provider, "original": asdict(self.original), "optimized": asdict(self.optimized)}
 
 
-def session(model_or_path, *, threads: int = 1, provider: str = "cpu") -> ort.InferenceSession:
-    """A timing session (``relations.runtime.session``): level ALL, ``threads`` intra-op threads,
-    sequential execution; RelsatError when the provider is not available to ONNX Runtime here.
-    ``provider="cuda"`` without onnxruntime-gpu but with PyTorch CUDA: a ``TorchSession`` on the GPU
-    (``relsat.driver.torch_runtime``), timed the same way."""
-    if whole_graph_runtime(provider) == "torch":
+def session(model_or_path, *, threads: int = 1, backend: Backend = CPU) -> ort.InferenceSession:
+    """A timing session (``Backend.session``): level ALL, ``threads`` intra-op threads, sequential
+    execution; RelsatError when nothing runs the backend's whole models here. CUDA without
+    onnxruntime-gpu but with PyTorch CUDA: a ``TorchSession`` on the GPU (``relsat.driver.torch_runtime``),
+    timed the same way."""
+    if backend.whole_graph == "torch":
         return torch_runtime.session(model_or_path, "cuda")
     try:
-        return runtime.session(model_or_path, provider=provider, threads=threads)
-    except runtime.ProviderMissing as e:
+        return backend.session(model_or_path, threads=threads)
+    except ProviderMissing as e:
         raise RelsatError(f"ONNX Runtime cannot time whole models here: {e}") from None
 
 
-def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
+def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shapes: dict | None = None,
                 budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0,
                 roles: dict | None = None) -> list[Latency]:
     """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved.
@@ -117,7 +117,7 @@ def time_models(models, *, threads: int = 1, provider: str = "cpu", input_shapes
     for block in range(2):
         order = list(range(len(models)))[::1 if block == 0 else -1]
         try:
-            made = {k: session(models[k], threads=threads, provider=provider) for k in order}
+            made = {k: session(models[k], threads=threads, backend=backend) for k in order}
         except RelsatError:
             raise
         except Exception as e:
@@ -163,33 +163,29 @@ def _timed_block(runs, times, cpu, budget_s: float, min_runs: int) -> None:
                 once(k, True)
 
 
-def guard(original, optimized, *, threads: int = 1, provider: str = "cpu", input_shapes: dict | None = None,
+def guard(original, optimized, *, threads: int = 1, backend: Backend = CPU, input_shapes: dict | None = None,
           threshold: float = GUARD_THRESHOLD, budget_s: float = BUDGET_S, roles: dict | None = None) -> GuardResult:
     """Time both models interleaved; keep the optimized one only if it is faster beyond ``threshold``
     (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring).
     ``roles``: what the integer inputs must hold (``relsat.driver.feeds.input_roles``)."""
-    orig, opt = time_models([original, optimized], threads=threads, provider=provider,
+    orig, opt = time_models([original, optimized], threads=threads, backend=backend,
                             input_shapes=input_shapes, budget_s=budget_s, roles=roles)
-    return judge(orig, opt, threads=threads, provider=provider, threshold=threshold)
+    return judge(orig, opt, threads=threads, backend=backend, threshold=threshold)
 
 
-def metric(threads: int, provider: str) -> str:
-    """What the guard compares: the calling thread's CPU time with one CPU thread, else the wall clock."""
-    return "cpu" if threads == 1 and provider == "cpu" else "wall"
+def judged_ms(t: Latency, threads: int, backend: Backend) -> float:
+    """The figure of ``t`` the guard compares (``Backend.metric``: the calling thread's CPU time with
+    one CPU thread, else the wall clock)."""
+    return t.cpu_ms if backend.metric(threads) == "cpu" else t.median_ms
 
 
-def judged_ms(t: Latency, threads: int, provider: str) -> float:
-    """The figure of ``t`` the guard compares (see :func:`metric`)."""
-    return t.cpu_ms if metric(threads, provider) == "cpu" else t.median_ms
-
-
-def judge(orig: Latency, opt: Latency, *, threads: int, provider: str,
+def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
           threshold: float = GUARD_THRESHOLD) -> GuardResult:
     """The guard's decision on two timings: keep ``opt`` only if it is faster than ``orig`` beyond
     ``threshold``."""
-    keep = judged_ms(opt, threads, provider) < judged_ms(orig, threads, provider) * (1.0 - threshold)
+    keep = judged_ms(opt, threads, backend) < judged_ms(orig, threads, backend) * (1.0 - threshold)
     return GuardResult(orig, opt, _ratio(orig.median_ms, opt.median_ms), _ratio(orig.cpu_ms, opt.cpu_ms),
-                       metric(threads, provider), keep, threshold, threads, provider)
+                       backend.metric(threads), keep, threshold, threads, backend.name)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -200,12 +196,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="Time ONNX models under ONNX Runtime, runs interleaved; prints JSON.")
     ap.add_argument("models", nargs="+")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--provider", default="cpu")
+    ap.add_argument("--provider", default=CPU.name, choices=PROVIDERS)
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of timed runs per model (fast models)")
     ap.add_argument("--min-runs", type=int, default=MIN_RUNS)
     args = ap.parse_args(argv)
     try:
-        res = time_models(args.models, threads=args.threads, provider=args.provider, budget_s=args.budget,
+        res = time_models(args.models, threads=args.threads, backend=resolve(args.provider), budget_s=args.budget,
                           min_runs=args.min_runs)
     except RelsatError as e:
         print(f"error: {e}", file=sys.stderr)

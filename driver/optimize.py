@@ -44,11 +44,12 @@ from relsat.extract.cost_cache import CostCache
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.extract.measured import measured_costs
 from relsat.extract.original import original_choice
-from relsat.extract.profile import ProviderUnavailable, available_providers, check_call_overhead
+from relsat.extract.profile import ProviderUnavailable, check_call_overhead
 from relsat.programs import rulesets
 from relsat.programs.ir import RuleError
 from relsat.programs.parser import load_rules
 from relsat.relations import runtime
+from relsat.relations.backend import resolve
 from relsat.relations.egraph import EGraph
 
 from . import bindings, feeds, latency, torch_runtime
@@ -60,7 +61,6 @@ from .options import DEFAULTS, Options
 from .outputs import EGraphFile, check_outputs, open_cost_cache, protected_paths, save_model_atomic
 from .outputs import _same as same_file
 from .runner import Limits, Runner
-from .torch_runtime import whole_graph_runtime
 from .verify import VerifyResult, verify
 
 
@@ -153,21 +153,6 @@ class OptimizeResult:
     egraph: EGraph | None = None
 
 
-def _cuda_here(provider: str) -> bool:
-    return provider != "cuda" or "cuda" in available_providers()
-
-
-def _ort_times(provider: str) -> bool:
-    """Whether ONNX Runtime can run (and so profile kernel by kernel) whole models on ``provider`` here."""
-    return provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers()
-
-
-def _times(provider: str) -> bool:
-    """Whether whole models can be run (and so timed) on ``provider`` here: ONNX Runtime, or for cuda
-    without onnxruntime-gpu the PyTorch runtime."""
-    return whole_graph_runtime(provider) is not None
-
-
 def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
              on_round=None, on_status=None, cost_cache=None, **overrides) -> OptimizeResult:
     """Optimize one model (module docstring). ``options``: an ``Options`` (default ``DEFAULTS``),
@@ -188,6 +173,7 @@ class _Pipeline:
 
     def __init__(self, opts: Options, *, db, output, keep_egraph, on_round, on_status, cost_cache):
         self.o, self.db, self.output, self.keep_egraph = opts, db, output, keep_egraph
+        self.backend = resolve(opts.provider)  # what runs and times the model here (relsat.relations.backend)
         self.on_round, self.status, self.cost_cache = on_round, on_status or (lambda text: None), cost_cache
         self.notices: list[str] = []
         self.phases: dict[str, float] = {}
@@ -258,14 +244,13 @@ class _Pipeline:
                       protected=protected_paths(self.cost_cache, o.costs))
         _, self.rules = resolve_rules(o.rules, check=o.check_rules, status=self.status)
         self.cache_only = False
-        if not _cuda_here(o.provider):
-            why = ("--provider cuda: no CUDA here (needs onnxruntime-gpu with a GPU, or PyTorch with CUDA; "
-                   "onnxruntime has " + ", ".join(ort.get_available_providers()) + ")")
+        if not self.backend.here:
+            why = self.backend.unavailable()
             if o.cost_model != "measured" or o.costs is None:
                 raise RelsatError(why + "; to use CUDA costs measured elsewhere pass --costs FILE")
             self.cache_only = True
-            self.notices.append("provider cuda is not available here: costs come from the --costs table only "
-                                "(missing signatures use scaled analytic costs)")
+            self.notices.append(f"provider {self.backend.name} is not available here: costs come from the --costs "
+                                "table only (missing signatures use scaled analytic costs)")
         self.cache = None
         if o.cost_model == "measured":  # a bad --costs file fails before any work
             c = self.cost_cache
@@ -301,7 +286,7 @@ class _Pipeline:
         (``relsat.extract.profile.check_call_overhead``); with the in-context search only (it times models)."""
         self.overhead_check = None
         if self.cache is not None and self.in_context():
-            self.overhead_check = check_call_overhead(self.o.provider, self.o.threads, self.cache)
+            self.overhead_check = check_call_overhead(self.backend, self.o.threads, self.cache)
 
     def saturate(self) -> None:
         """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
@@ -325,14 +310,14 @@ class _Pipeline:
                     self.searched = backtrack(self.g, self.rules, self.roots, self.price, alpha=o.alpha,
                                               budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
             except ProviderUnavailable as e:
-                raise RelsatError(f"--provider {o.provider}: {e}") from None
+                raise RelsatError(f"--provider {self.backend.name}: {e}") from None
             self.sat = self.searched.report
 
     def price(self, g: EGraph, progress=False):
         """The run's costs for every e-node of ``g``'s current tables: the profile phase's, and what
         the searches compare e-graphs by.  Returns the ``MeasuredReport`` (None for analytic costs)."""
         if self.o.cost_model == "measured":
-            return measured_costs(g, self.imported.opset_imports, provider=self.o.provider, threads=self.o.threads,
+            return measured_costs(g, self.imported.opset_imports, backend=self.backend, threads=self.o.threads,
                                   cache=self.cache, measure=not self.cache_only, progress=progress)
         analytic_costs(g)
         return None
@@ -345,7 +330,7 @@ class _Pipeline:
             self.profile_report = self.price(
                 g, progress=lambda done, total: self.status(f"profiling operators: {done}/{total} new signatures"))
         except ProviderUnavailable as e:
-            raise RelsatError(f"--provider {o.provider}: {e}") from None
+            raise RelsatError(f"--provider {self.backend.name}: {e}") from None
         if self.profile_report is not None:
             p = self.profile_report
             self.notices += p.notices
@@ -372,10 +357,10 @@ class _Pipeline:
 
     def in_context(self) -> bool:
         """Whether costs are refined in context and the final choice measured (``relsat.driver.candidates``):
-        with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the provider."""
+        with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the backend."""
         o = self.o
         return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not self.cache_only
-                and _ort_times(o.provider))  # in-context costs come from ONNX Runtime's profiler
+                and self.backend.profiles_graphs)  # in-context costs come from ONNX Runtime's profiler
 
     def search_candidates(self) -> None:
         o = self.o
@@ -383,7 +368,7 @@ class _Pipeline:
         shapes = self.binding.costed
         specs = [(n, shapes[n], runtime.np_dtype(dt)) for n, dt, _ in self.imported.inputs]
         fed = feeds.draw(specs, feeds.input_roles(self.model, shapes), 0)
-        self.search = Search(self.imported, self.problem, self.node_ids, fed, o.provider, o.threads, self.cache,
+        self.search = Search(self.imported, self.problem, self.node_ids, fed, self.backend, o.threads, self.cache,
                              o.ilp_time_limit, o.mip_gap)
         self.search.run(self.orig, self.best, rounds=o.context_rounds, candidates=o.candidates,
                         input_nodes=len(self.model.graph.node))
@@ -449,7 +434,7 @@ class _Pipeline:
         if self.written == "optimized":
             self.check = verify(self.model, self.session, bindings=self.binding.all, input_sets=self.input_sets)
             self.session = None
-            if self.check.ok and whole_graph_runtime(self.o.provider) == "torch":  # and where it will run
+            if self.check.ok and self.backend.whole_graph == "torch":  # and where it will run
                 gpu = verify(self.model, torch_runtime.session(self.optimized, "cuda"), bindings=self.binding.all,
                              input_sets=self.input_sets)
                 gpu.message = f"on the GPU (PyTorch): {gpu.message}"
@@ -465,13 +450,13 @@ class _Pipeline:
 
     def guard(self) -> None:
         o = self.o
-        if not _times(o.provider):
+        if self.backend.whole_graph is None:
             self.notices.append("latency guard skipped: neither ONNX Runtime's CUDAExecutionProvider nor PyTorch "
                                 "with CUDA is here to time whole models")
             return
         with self.phase("latency"):
             self.status("timing the original and the optimized model ...")
-            res = latency.guard(self.model, self.optimized, threads=o.threads, provider=o.provider,
+            res = latency.guard(self.model, self.optimized, threads=o.threads, backend=self.backend,
                                 input_shapes=self.binding.costed, threshold=o.guard_threshold,
                                 roles=feeds.input_roles(self.model, self.binding.costed))
             self.latency_report = res.as_dict()

@@ -5,8 +5,8 @@ Owns ``TorchSession``: an ONNX model's nodes run in graph order on a torch devic
 ONNX Runtime's ``InferenceSession`` interface that timing and verification use (``get_inputs``,
 ``get_outputs``, ``run``), so that ``driver.latency`` times original and written graphs on the GPU
 with it, interleaved as it does ONNX Runtime sessions. A run ends with the device synchronized, so
-wall-clock times are the kernels' (CUDA events would time the same span). ``whole_graph_runtime``
-says which runtime times whole models for a provider here. torch is not a relsat dependency: it is
+wall-clock times are the kernels' (CUDA events would time the same span). Which runtime times whole
+models for a backend here is ``relsat.relations.backend.Backend.whole_graph``. torch is not a relsat dependency: it is
 imported when a session is made, and a node without a mapping (an opaque node, a catalog-less
 operator) is refused with a one-line ``RelsatError`` naming the node.
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
 from .errors import RelsatError
@@ -26,22 +25,6 @@ _TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "ten
           onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.INT64: "tensor(int64)",
           onnx.TensorProto.INT32: "tensor(int32)", onnx.TensorProto.BOOL: "tensor(bool)",
           onnx.TensorProto.INT8: "tensor(int8)", onnx.TensorProto.UINT8: "tensor(uint8)"}
-
-
-def _torch_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def whole_graph_runtime(provider: str) -> str | None:
-    """What times and runs whole models on ``provider`` here: ``"onnxruntime"``, ``"torch"`` (cuda
-    without onnxruntime-gpu, with PyTorch CUDA) or None."""
-    if provider != "cuda" or "CUDAExecutionProvider" in ort.get_available_providers():
-        return "onnxruntime"
-    return "torch" if _torch_cuda() else None
 
 
 @dataclass(frozen=True)

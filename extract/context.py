@@ -52,9 +52,10 @@ import onnx
 import onnxruntime as ort
 
 from relsat.relations import runtime
+from relsat.relations.backend import CPU, Backend
 
 from .cost_cache import CostCache, CostRow, conditions
-from .profile import ProviderUnavailable, _backend, calibrated_call_overhead_ms, timer
+from .profile import ProviderUnavailable, timing_kind, calibrated_call_overhead_ms, timer
 
 GRAPH_OP = "__graph__"  # op_type of a whole-graph profile in the cost cache
 BUDGET_S = 0.6  # about this long of timed runs per session, for fast graphs
@@ -92,11 +93,11 @@ def _renamed(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, backend: str, threads: int, shapes=None) -> str:
+def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, kind: str, threads: int, shapes=None) -> str:
     """sha256 of what a graph profile depends on: the graph as profiled (``blob``, its bytes; part by part
     for a model too large for one protobuf buffer), the input shapes it ran at (a graph with dynamic dims
     runs at any), provider, threads, clock and ONNX Runtime version."""
-    parts = ["graph", backend, threads, timer(backend, threads).__name__, ort.__version__]
+    parts = ["graph", kind, threads, timer(kind, threads).__name__, ort.__version__]
     if shapes:
         parts.append(shapes)
     h = hashlib.sha256(json.dumps(parts).encode())
@@ -189,12 +190,12 @@ def attribute(model: onnx.ModelProto, kernel_ms: dict[str, float], weights) -> t
     return group_time[roots] * w / group_weight[roots], sum(s is None for s in src)
 
 
-def _session(model: onnx.ModelProto | bytes, backend: str, threads: int, profile_dir: str | None):
+def _session(model: onnx.ModelProto | bytes, backend: Backend, threads: int, profile_dir: str | None):
     opts = runtime.session_options(threads=threads)
     if profile_dir is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = os.path.join(profile_dir, "profile")
-    return runtime.session(model, provider="cuda" if backend == "cuda" else "cpu", threads=threads, options=opts)
+    return backend.session(model, threads=threads, options=opts)
 
 
 def _runs(run, clock, budget_s: float) -> tuple[float, int, float, float]:
@@ -217,23 +218,23 @@ def _runs(run, clock, budget_s: float) -> tuple[float, int, float, float]:
     return float(med), n, float(q1), float(q3)
 
 
-def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, provider: str = "cpu",
+def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, backend: Backend = CPU,
                   threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
                   refresh: bool | Callable[[str], bool] = False) -> GraphProfile:
     """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
     ``weights`` its nodes' one-node costs (how a fused group's time is shared). From the cache when
     this graph was profiled before with these settings, unless ``refresh`` (True, or a function of the
     cache key saying whether to) re-takes it: the cached row is then ignored and replaced. Raises
-    ProviderUnavailable when the provider cannot run whole graphs here through ONNX Runtime."""
+    ProviderUnavailable when the backend cannot run whole graphs here through ONNX Runtime."""
     t0 = time.perf_counter()
-    backend = _backend(provider)
-    if backend == "cuda-torch":
+    kind = timing_kind(backend)
+    if not backend.profiles_graphs:
         raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
     renamed = _renamed(model)
     blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-    key = _graph_key(renamed, blob, backend, threads,
+    key = _graph_key(renamed, blob, kind, threads,
                      sorted((k, list(np.shape(v))) for k, v in feeds.items()) if _dynamic(model) else None)
-    overhead = calibrated_call_overhead_ms(provider, threads, cache)
+    overhead = calibrated_call_overhead_ms(backend, threads, cache)
     retake = refresh(key) if callable(refresh) else bool(refresh)
     hit = cache.rows([key]).get(key) if cache is not None else None
     replaced = retake and hit is not None
@@ -246,7 +247,7 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         q1, q3 = (cond.get("q1_ms"), cond.get("q3_ms")) if cond else (None, None)
         cached = True
     else:
-        clock = timer(backend, threads)
+        clock = timer(kind, threads)
         fetch = [o.name for o in model.graph.output]
         plain = _session(renamed if blob is None else blob, backend, threads, None)
         cond = conditions(threads)  # taken as the timing starts
@@ -263,7 +264,7 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         cond.update(latency_ms=latency, q1_ms=q1, q3_ms=q3, runs=runs, clock=clock.__name__,
                     call_overhead_ms=overhead)
         if cache is not None:
-            cache.store([CostRow(key, backend, threads, GRAPH_OP,
+            cache.store([CostRow(key, kind, threads, GRAPH_OP,
                                  {"nodes": len(model.graph.node), "kernels": list(kernels.items()),
                                   "conditions": cond},
                                  latency, runs, ort.__version__)])

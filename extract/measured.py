@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from relsat.relations.backend import CPU, Backend
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import enode_proto
@@ -45,7 +46,7 @@ from relsat.relations.schema import q
 
 from .analytic import analytic_costs
 from .cost_cache import CostCache
-from .profile import (OpSample, ProfileReport, ProviderUnavailable, _backend, calibrated_call_overhead_ms, lookup,
+from .profile import (OpSample, ProfileReport, ProviderUnavailable, timing_kind, calibrated_call_overhead_ms, lookup,
                       profile)
 
 MIN_COST_MS = 1e-4  # floor of a measured cost after the call overhead is subtracted (0.1 us)
@@ -161,18 +162,18 @@ def collect_samples(g: EGraph, opset_imports: dict[str, int]) -> tuple[list, lis
     return samples, ops
 
 
-def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = "cpu", threads: int = 1,
+def measured_costs(g: EGraph, opset_imports: dict[str, int], *, backend: Backend = CPU, threads: int = 1,
                    cache: CostCache | None = None, measure: bool = True,
                    progress: bool | Callable[[int, int], None] = False,
                    sample_budget_s: float | None = SAMPLE_BUDGET_S) -> MeasuredReport:
     """Fill ``costs`` with measured costs (see the module docstring). ``measure=False`` takes
     costs from ``cache`` only, timing nothing (a cost table measured on another machine);
     absent signatures fall back like failures. Raises ProviderUnavailable when ``measure`` and
-    ``provider`` cannot run here."""
+    ``backend`` cannot run here."""
     t0 = time.perf_counter()
-    rep = MeasuredReport(provider, threads)
+    rep = MeasuredReport(backend.name, threads)
     if measure:
-        _backend(provider)  # fail before any work when the provider cannot run here
+        timing_kind(backend)  # fail before any work when the backend cannot run here
     elif cache is None:
         raise ValueError("measure=False needs a cost cache to read costs from")
     analytic_costs(g)
@@ -182,10 +183,10 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = 
     good = [samples[i] for i in ok]
     rep.signatures = len(samples)
     if measure:
-        prof = profile(good, provider=provider, threads=threads, cache=cache, progress=progress,
+        prof = profile(good, backend=backend, threads=threads, cache=cache, progress=progress,
                        sample_budget_s=sample_budget_s)
     else:
-        prof = lookup(good, provider=provider, threads=threads, cache=cache) if good else \
+        prof = lookup(good, backend=backend, threads=threads, cache=cache) if good else \
             ProfileReport(np.zeros(0), [])
     rep.measured, rep.cached = prof.measured, prof.cached
     rep.other_version, rep.other_versions = sum(prof.other_versions.values()), sorted(prof.other_versions)
@@ -201,7 +202,7 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, provider: str = 
     fresh[ok] = [k in prof.new_keys for k in prof.keys]
     if len(ok):
         try:
-            rep.call_overhead_ms = calibrated_call_overhead_ms(provider, threads, cache)
+            rep.call_overhead_ms = calibrated_call_overhead_ms(backend, threads, cache)
         except ProviderUnavailable:  # costs read from a table measured elsewhere: keep them as they are
             rep.call_overhead_ms = 0.0
         ms = np.where(np.isfinite(ms), np.maximum(ms - rep.call_overhead_ms, MIN_COST_MS), ms)

@@ -2,8 +2,8 @@
 
 Owns the operator signature (:class:`OpSample` and its cache key), the one-node model
 built to time it, and :func:`profile`, which answers from the :class:`CostCache` where it
-can and times the rest with ONNX Runtime (or, for ``provider="cuda"`` without
-onnxruntime-gpu, with PyTorch via :mod:`relsat.extract.torch_cuda`). Sessions use the same
+can and times the rest on the ``Backend`` it is given (relsat.relations.backend): with ONNX Runtime
+(or, for CUDA without onnxruntime-gpu, with PyTorch via :mod:`relsat.extract.torch_cuda`). Sessions use the same
 options as whole-model timing: ``threads`` intra-op threads, one inter-op thread,
 sequential execution, ``ORT_ENABLE_ALL``. With one thread on the CPU the calling thread's CPU
 time is measured (see :func:`timer`); the clock is part of the cache key.
@@ -33,6 +33,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from relsat.relations import runtime
+from relsat.relations.backend import CPU, Backend
 from relsat.relations.catalog import for_node
 
 from .cost_cache import CostCache, CostRow, conditions
@@ -84,12 +85,12 @@ class OpSample:
         used = [consts[n] for n in order if n in consts and n not in runtime]
         return slots, used
 
-    def key(self, provider: str, threads: int, ort_version: str | None = None) -> str:
+    def key(self, kind: str, threads: int, ort_version: str | None = None) -> str:
         """sha256 of everything that determines the cost; node, input and output names excluded.
         ``ort_version``: the onnxruntime version the cost is for (default: the running one)."""
         slots, consts = self._slots()
         fetched = [i for i, o in enumerate(self.node.output) if o and o in self.outputs]
-        head = [provider, threads, timer(provider, threads).__name__, ort_version or ort.__version__, self.node.op_type,
+        head = [kind, threads, timer(kind, threads).__name__, ort_version or ort.__version__, self.node.op_type,
                 self.node.domain, self.opset, sorted(self.domain_opsets), slots, fetched, len(self.node.output)]
         h = hashlib.sha256(json.dumps(head).encode())
         blobs = [a.SerializeToString(deterministic=True)
@@ -162,36 +163,12 @@ def build_model(sample: OpSample) -> onnx.ModelProto:
     return result
 
 
-def _torch_cuda_available() -> bool:
-    try:
-        from . import torch_cuda
-    except (ImportError, OSError):  # no torch, or a torch whose CUDA libraries do not load
-        return False
-    return torch_cuda.available()
-
-
-def available_providers() -> list[str]:
-    """Providers :func:`profile` accepts on this machine: ``"cpu"`` and possibly ``"cuda"``."""
-    cuda = "CUDAExecutionProvider" in ort.get_available_providers() or _torch_cuda_available()
-    return ["cpu", "cuda"] if cuda else ["cpu"]
-
-
-def _backend(provider: str) -> str:
-    """The timing backend for ``provider``: ``cpu``, ``cuda`` (onnxruntime) or ``cuda-torch``.
-
-    It is also the provider recorded in the cache key: costs from different backends differ.
-    """
-    if provider == "cpu":
-        return "cpu"
-    if provider != "cuda":
-        raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        return "cuda"
-    if _torch_cuda_available():
-        return "cuda-torch"
-    raise ProviderUnavailable(
-        "provider 'cuda' needs onnxruntime-gpu (CUDAExecutionProvider) or PyTorch with CUDA; "
-        f"neither is available (onnxruntime providers: {ort.get_available_providers()})")
+def timing_kind(backend: Backend) -> str:
+    """What times one node of ``backend`` here (``Backend.timing``; recorded in the cache keys, as costs
+    of different kinds differ); ProviderUnavailable where nothing can."""
+    if backend.timing is None:
+        raise ProviderUnavailable(backend.unavailable())
+    return backend.timing
 
 
 def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -205,11 +182,11 @@ def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.nd
     return runtime.random_feeds(specs, rng=rng, int_range=(0, 4), int_ranges={n: (1, 4) for n in divisors})
 
 
-def timer(backend: str, threads: int):
+def timer(kind: str, threads: int):
     """The clock a timing uses: with one intra-op thread on the CPU, ONNX Runtime runs the kernel on
     the calling thread, so that thread's CPU time measures it without the time other processes
     take on a shared machine; otherwise the wall clock."""
-    return time.thread_time if backend == "cpu" and threads == 1 else time.perf_counter
+    return time.thread_time if kind == "cpu" and threads == 1 else time.perf_counter
 
 
 def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
@@ -236,23 +213,20 @@ def _median_ms(run, warmup: int, repeats: int, budget_s: float | None = None,
     return float(np.median(times) * 1e3), len(times)
 
 
-def _session(model: onnx.ModelProto, backend: str, threads: int) -> ort.InferenceSession:
-    return runtime.session(model, provider="cuda" if backend == "cuda" else "cpu", threads=threads)
-
-
-def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repeats: int,
+def _time_sample(sample: OpSample, backend: Backend, threads: int, warmup: int, repeats: int,
                  rng: np.random.Generator, budget_s: float | None = None,
                  times_out: list | None = None) -> tuple[float, int]:
     """(median ms, timed runs) of one sample; ``times_out`` receives the timed runs (ONNX Runtime only)."""
     feeds = random_inputs(sample, rng)
-    if backend == "cuda-torch":
+    kind = timing_kind(backend)
+    if kind == "cuda-torch":
         from . import torch_cuda
         consts = {t.name: numpy_helper.to_array(t) for t in sample.initializers}
         return torch_cuda.time_op(sample, {**consts, **feeds}, warmup, repeats), repeats
-    session = _session(build_model(sample), backend, threads)
-    if backend == "cpu":
+    session = backend.session(build_model(sample), threads=threads)
+    if not backend.cuda:
         return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats, budget_s,
-                          timer(backend, threads), times_out)
+                          timer(kind, threads), times_out)
     binding = session.io_binding()  # CUDA: keep data on the device, time the kernels only
     for name, value in feeds.items():
         binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
@@ -261,52 +235,41 @@ def _time_sample(sample: OpSample, backend: str, threads: int, warmup: int, repe
     return _median_ms(lambda: session.run_with_iobinding(binding), warmup, repeats, budget_s, times_out=times_out)
 
 
-def call_overhead_ms(provider: str = "cpu", threads: int = 1, repeats: int = 200,
+def call_overhead_ms(backend: Backend = CPU, threads: int = 1, repeats: int = 200,
                      times_out: list | None = None) -> float:
     """Median ms of running a one-node model that does nothing (Identity of one float): the
     fixed cost of a ``session.run`` call that every one-node timing includes and that an
     operator inside a whole model does not pay. ``times_out`` receives every timed run."""
     node = helper.make_node("Identity", ["x"], ["y"])
     sample = OpSample(node, (("x", onnx.TensorProto.FLOAT, (1,)),), (), ("y",))
-    return _time_sample(sample, _backend(provider), threads, 20, repeats, np.random.default_rng(0),
+    return _time_sample(sample, backend, threads, 20, repeats, np.random.default_rng(0),
                         times_out=times_out)[0]
 
 
-def call_overhead_key(backend: str, threads: int, ort_version: str | None = None) -> str:
+def call_overhead_key(kind: str, threads: int, ort_version: str | None = None) -> str:
     """The cost cache key of the call overhead: what was timed, the backend, threads, the clock
     and the onnxruntime version (default: the running one)."""
-    head = ["call-overhead", backend, threads, timer(backend, threads).__name__, ort_version or ort.__version__]
+    head = ["call-overhead", kind, threads, timer(kind, threads).__name__, ort_version or ort.__version__]
     return hashlib.sha256(json.dumps(head).encode()).hexdigest()
 
 
-def _backends(provider: str) -> list[str]:
-    """The backends whose cached costs can stand for ``provider``, preferred first."""
-    if provider == "cpu":
-        return ["cpu"]
-    if provider == "cuda":
-        return ["cuda", "cuda-torch"]
-    raise ProviderUnavailable(f"unknown provider {provider!r}; expected 'cpu' or 'cuda'")
-
-
-def calibrated_call_overhead_ms(provider: str, threads: int, cache: CostCache | None) -> float:
+def calibrated_call_overhead_ms(backend: Backend, threads: int, cache: CostCache | None) -> float:
     """:func:`call_overhead_ms`, calibrated once per cache: the cache's row for it
     (:func:`call_overhead_key`, op_type ``CALL_OVERHEAD_OP``) when there is one, else timed now
-    and stored; with ``cache`` None, timed. When ``provider`` cannot run here, a row of any
-    backend that stands for it, of this onnxruntime version or else of another, is used; without
+    and stored; with ``cache`` None, timed. When ``backend`` cannot run here, a row of any
+    timing kind that stands for it, of this onnxruntime version or else of another, is used; without
     one, ProviderUnavailable. :func:`check_call_overhead` replaces a row that went stale."""
     try:
-        backend = _backend(provider)
+        kinds, unavailable = [timing_kind(backend)], None
     except ProviderUnavailable as e:
-        unavailable, backends = e, _backends(provider)
-    else:
-        unavailable, backends = None, [backend]
+        kinds, unavailable = list(backend.cost_backends), e
     if cache is not None:
-        keys = [call_overhead_key(b, threads) for b in backends]
+        keys = [call_overhead_key(b, threads) for b in kinds]
         found = cache.lookup(keys)
         ms = next((found[k] for k in keys if k in found), None)
         if ms is None and unavailable is not None:
-            other = _from_other_versions({"": lambda v: [call_overhead_key(b, threads, v) for b in backends]},
-                                         backends, threads, cache)
+            other = _from_other_versions({"": lambda v: [call_overhead_key(b, threads, v) for b in kinds]},
+                                         kinds, threads, cache)
             ms = other[""][1] if other else None
         if ms is not None:
             return ms
@@ -318,32 +281,32 @@ def calibrated_call_overhead_ms(provider: str, threads: int, cache: CostCache | 
     return ms
 
 
-def _timed_call_overhead(backend: str, threads: int, repeats: int = 200) -> tuple[float, CostRow]:
+def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200) -> tuple[float, CostRow]:
     """The call overhead timed now, and its cache row: the signature records the conditions
     (:func:`relsat.extract.cost_cache.conditions`) and the quartiles of the runs."""
     cond = conditions(threads)
     times: list[float] = []
-    ms = call_overhead_ms(backend if backend == "cpu" else "cuda", threads, repeats, times_out=times)
+    kind = timing_kind(backend)
+    ms = call_overhead_ms(backend, threads, repeats, times_out=times)
     if times:
         q1, q3 = np.percentile(times, [25, 75])
         cond.update(q1_ms=float(q1), q3_ms=float(q3))
-    cond.update(latency_ms=ms, runs=len(times) or repeats, clock=timer(backend, threads).__name__)
-    return ms, CostRow(call_overhead_key(backend, threads), backend, threads, CALL_OVERHEAD_OP,
+    cond.update(latency_ms=ms, runs=len(times) or repeats, clock=timer(kind, threads).__name__)
+    return ms, CostRow(call_overhead_key(kind, threads), kind, threads, CALL_OVERHEAD_OP,
                        {"op_type": CALL_OVERHEAD_OP, "timed": "session.run of a one-node Identity of one float",
                         "conditions": cond}, ms, len(times) or repeats, ort.__version__)
 
 
-def check_call_overhead(provider: str, threads: int, cache: CostCache, floor: float = 0.10) -> dict | None:
+def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor: float = 0.10) -> dict | None:
     """The cached call overhead against a fresh timing of it (a few ms): the row is replaced when the two
     disagree beyond the noise, ``max(floor, (q3 - q1) / median)`` of the fresh runs, on either side (a
     row taken while other jobs shared the machine, or on another one). Stored when the cache has none.
-    Returns what was compared (``replaced`` says whether the row was); None when ``provider`` cannot
+    Returns what was compared (``replaced`` says whether the row was); None when ``backend`` cannot
     be timed here (its row, from elsewhere, is kept)."""
     try:
-        backend = _backend(provider)
+        key = call_overhead_key(timing_kind(backend), threads)
     except ProviderUnavailable:
         return None
-    key = call_overhead_key(backend, threads)
     row = cache.rows([key]).get(key)
     fresh, new = _timed_call_overhead(backend, threads)
     cond = new.signature["conditions"]
@@ -398,7 +361,7 @@ class ProfileReport:
         self.keys = [hits[k][0] if k in hits else k for k in self.keys]
 
 
-def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
+def profile(samples: list[OpSample], *, backend: Backend = CPU, threads: int = 1,
             cache: CostCache | None = None, warmup: int = 3, repeats: int = 10,
             progress: bool | Callable[[int, int], None] = True, time_budget_s: float | None = None,
             sample_budget_s: float | None = None) -> ProfileReport:
@@ -412,15 +375,15 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
     ``progress``: a rich progress bar when true, or a callback ``progress(done, total)``
     called after each new signature.
     """
-    backend = _backend(provider)
-    keys = [s.key(backend, threads) for s in samples]
+    kind = timing_kind(backend)
+    keys = [s.key(kind, threads) for s in samples]
     unique = dict(zip(keys, samples))
     costs = cache.lookup(list(unique)) if cache is not None else {}
     report = ProfileReport(ms=np.full(len(samples), np.nan), keys=keys, cached=len(costs))
     missing = [k for k in unique if k not in costs]
     if cache is not None and missing:
-        hits = _from_other_versions({k: lambda v, s=unique[k]: [s.key(backend, threads, v)] for k in missing},
-                                    [backend], threads, cache)
+        hits = _from_other_versions({k: lambda v, s=unique[k]: [s.key(kind, threads, v)] for k in missing},
+                                    [kind], threads, cache)
         report.use_other_versions(hits, costs)
         missing = [k for k in missing if k not in hits]
     pending: list[CostRow] = []
@@ -435,7 +398,7 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
     if progress is True and len(missing) > 5:
         from rich.progress import Progress
         bar = Progress(transient=True)
-        task = bar.add_task(f"profiling {len(missing)} operators ({provider})", total=len(missing))
+        task = bar.add_task(f"profiling {len(missing)} operators ({backend.name})", total=len(missing))
         bar.start()
     start = time.monotonic()
     try:
@@ -453,7 +416,7 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
                     costs[key] = ms
                     report.measured += 1
                     report.new_keys.add(key)
-                    pending.append(CostRow(key, backend, threads, sample.node.op_type,
+                    pending.append(CostRow(key, kind, threads, sample.node.op_type,
                                            sample.describe(), ms, runs, ort.__version__))
                     if len(pending) >= FLUSH_EVERY:
                         flush()
@@ -469,13 +432,13 @@ def profile(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
     return report
 
 
-def lookup(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
+def lookup(samples: list[OpSample], *, backend: Backend = CPU, threads: int = 1,
            cache: CostCache) -> ProfileReport:
     """Costs of ``samples`` from ``cache`` alone, without timing anything (NaN where absent), so
-    that a cost table measured elsewhere (``provider="cuda"`` on a machine without a GPU) can be
-    used. For ``cuda`` both backends' keys are tried, onnxruntime's first; rows of other
+    that a cost table measured elsewhere (the CUDA backend on a machine without a GPU) can be
+    used. For CUDA both timing kinds' keys are tried, onnxruntime's first; rows of other
     onnxruntime versions answer what this version's do not."""
-    backends = _backends(provider)
+    backends = backend.cost_backends
     per = [[s.key(b, threads) for s in samples] for b in backends]
     found = cache.lookup(sorted({k for keys in per for k in keys}))
     keys = [next((k for k in ks if k in found), ks[0]) for ks in zip(*per)]
@@ -486,6 +449,6 @@ def lookup(samples: list[OpSample], *, provider: str = "cpu", threads: int = 1,
     report.use_other_versions(hits, found)
     for k in report.keys:
         if k not in found:
-            report.failures[k] = f"not in the cost cache and provider {provider!r} cannot run here"
+            report.failures[k] = f"not in the cost cache and provider {backend.name!r} cannot run here"
     report.ms[:] = [found.get(k, np.nan) for k in report.keys]
     return report

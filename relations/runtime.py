@@ -6,7 +6,7 @@ latency guard (driver/) all run models under ONNX Runtime; they create their ses
 (threads, sequential execution, optimization level, providers) and the input distributions
 are declared here and nowhere else.
 
-``session(model, provider=, threads=, optimize=)``: a model given as a ModelProto, bytes or a
+``session(model, providers=, threads=, optimize=)``: a model given as a ModelProto, bytes or a
 path; models too big for one protobuf buffer (2 GiB) go through a temporary file with external
 data.  ``threads=None`` leaves ONNX Runtime's own thread defaults; a number fixes the intra-op
 threads, one inter-op thread and sequential execution, and stops the threads' spinning when a run
@@ -31,20 +31,7 @@ import onnxruntime as ort
 
 PROTO_LIMIT = 2_000_000_000  # protobuf cannot serialize a message of 2 GiB or more
 INT_RANGE = (0, 8)
-
-
-class ProviderMissing(RuntimeError):
-    """The execution provider asked for is not in this ONNX Runtime build."""
-
-
-def providers(provider: str = "cpu") -> list[str]:
-    """ONNX Runtime's provider list for relsat's ``cpu`` or ``cuda``."""
-    if provider == "cpu":
-        return ["CPUExecutionProvider"]
-    if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    raise ProviderMissing(f"provider {provider!r}: not available in this ONNX Runtime "
-                          f"(available: {', '.join(ort.get_available_providers())})")
+CPU_PROVIDERS = ("CPUExecutionProvider",)  # for rule checks, verification and folding, which run on the CPU
 
 
 def _tensors(graph: onnx.GraphProto):
@@ -96,12 +83,13 @@ def session_options(*, threads: int | None = None, optimize: bool = True) -> ort
     return opts
 
 
-def session(model, *, provider: str = "cpu", threads: int | None = None, optimize: bool = True,
+def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optimize: bool = True,
             options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """An InferenceSession for a ModelProto, serialized bytes or a path (raises ONNX Runtime's errors,
-    ProviderMissing for an unavailable provider)."""
+    """An InferenceSession for a ModelProto, serialized bytes or a path on ONNX Runtime's ``providers``
+    (the CPU's by default; ``relations.backend.Backend.session`` gives a backend's), raising ONNX
+    Runtime's errors."""
     opts = options or session_options(threads=threads, optimize=optimize)
-    prov = providers(provider)
+    prov = list(providers)
     if isinstance(model, (bytes, bytearray)):
         return ort.InferenceSession(bytes(model), opts, providers=prov)
     if not isinstance(model, onnx.ModelProto):

@@ -13,6 +13,7 @@ import pytest
 
 from relsat.benchmarks import zoo
 from relsat.driver.optimize import optimize
+from relsat.relations.backend import CPU
 from relsat.extract.context import GRAPH_OP
 from relsat.extract.cost_cache import CostCache
 from relsat.extract.profile import CALL_OVERHEAD_OP, call_overhead_key, check_call_overhead
@@ -138,13 +139,13 @@ def test_an_agreeing_profile_is_not_retaken(honest, tmp_path):
 
 def test_a_stale_call_overhead_is_replaced(tmp_path):
     cache = CostCache(tmp_path / "costs.duckdb")
-    fresh = check_call_overhead("cpu", THREADS, cache)  # none cached: timed and stored
+    fresh = check_call_overhead(CPU, THREADS, cache)  # none cached: timed and stored
     assert fresh["cached_ms"] is None and fresh["replaced"]
     key = call_overhead_key("cpu", THREADS)
     ms, sig, _ = rows(cache.path, CALL_OVERHEAD_OP)[key]
     assert ms == fresh["fresh_ms"] and sig["conditions"]["threads"] == THREADS
     with duckdb.connect(str(cache.path)) as con:  # calibrated on a busy machine: 20x the truth
         con.execute("UPDATE costs SET ms = ms * 20 WHERE key = ?", [key])
-    again = check_call_overhead("cpu", THREADS, cache)
+    again = check_call_overhead(CPU, THREADS, cache)
     assert again["ratio"] > 5 and again["replaced"]
     assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == again["fresh_ms"] < ms * 10

@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from relsat.relations.backend import CPU
 from relsat.driver.candidates import Candidate, Search
 from relsat.driver.onnx_export import export_graph
 from relsat.driver.onnx_import import import_model
@@ -66,7 +67,7 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     problem, node_ids = problem_from(g, roots)
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)}
     cache = CostCache(tmp_path / "c.duckdb")
-    s = Search(imported, problem, node_ids, feeds, "cpu", 1, cache, 10.0, 1e-4)
+    s = Search(imported, problem, node_ids, feeds, CPU, 1, cache, 10.0, 1e-4)
     orig = original_choice(g, roots)
     cand = s.profile(Candidate("original", orig, float("nan")))
     exported, origins = export_graph(imported, orig)
@@ -122,7 +123,7 @@ def test_the_measured_fastest_candidate_is_written_not_the_predicted_cheapest():
     fast = Candidate("fast", {}, predicted_ms=50.0, model=_matmul_model(1))
     p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
                           np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, "cpu", 1, None, 10.0, 1e-4)
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
     s.original = Candidate("original", {}, float("nan"), model=original)
     s.candidates = [cheap_looking, fast]
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
@@ -142,7 +143,7 @@ def test_the_written_candidate_is_faster_in_a_second_timing_too():
     original = _matmul_model(2)
     p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
                           np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, "cpu", 1, None, 10.0, 1e-4)
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
     s.original = Candidate("original", {}, float("nan"), model=original)
     s.candidates = [Candidate(f"copy {k}", {}, predicted_ms=1.0, model=_matmul_model(2)) for k in range(8)]
     picked, check, guard = s.choose(original, bindings=[None], threshold=-0.5)  # first timing: any copy passes
@@ -178,7 +179,7 @@ def test_enodes_shared_by_profiled_graphs_keep_every_graph_at_its_measured_laten
     in B. Taking either share alone breaks the other graph's sum; the reconciled costs keep both."""
     p = ExtractionProblem(np.arange(4), np.ones(4), np.zeros(5, dtype=np.int64), np.zeros(0, dtype=np.int64),
                           np.array([0]))
-    s = Search(None, p, np.arange(4), {}, "cpu", 1, None, 10.0, 1e-4)
+    s = Search(None, p, np.arange(4), {}, CPU, 1, None, 10.0, 1e-4)
     for nodes, shares, target in (([0, 1], [6.0, 4.0], 10.0), ([1, 2], [2.0, 3.0], 6.0)):
         s._shares[nodes] += shares
         s._seen[nodes] += 1
@@ -187,7 +188,7 @@ def test_enodes_shared_by_profiled_graphs_keep_every_graph_at_its_measured_laten
     assert s.ctx[[0, 1]].sum() == pytest.approx(10.0) and s.ctx[[1, 2]].sum() == pytest.approx(6.0)
     assert np.all(s.ctx[:3] >= 0) and np.isnan(s.ctx[3])
     # a single profile is left as it was charged
-    s = Search(None, p, np.arange(4), {}, "cpu", 1, None, 10.0, 1e-4)
+    s = Search(None, p, np.arange(4), {}, CPU, 1, None, 10.0, 1e-4)
     s._shares[[0, 1]] += [6.0, 4.0]
     s._seen[[0, 1]] += 1
     s._graphs.append((np.array([0, 1]), 10.0))

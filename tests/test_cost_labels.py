@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from relsat.relations.backend import CPU, resolve
 from relsat.driver import batch as B
 from relsat.driver import cli
 from relsat.driver.errors import RelsatError
@@ -98,7 +99,7 @@ def test_all_cached_runs_predict_the_same_total_and_store_the_call_overhead_once
     assert totals[1] == totals[2] == totals[0]  # exactly: the overhead is the cache's, not re-timed
     assert len({r.call_overhead_ms for r in reports}) == 1 and reports[0].call_overhead_ms > 0
     assert overhead_rows(path) == 1
-    assert calibrated_call_overhead_ms("cpu", THREADS, cache) == reports[0].call_overhead_ms
+    assert calibrated_call_overhead_ms(CPU, THREADS, cache) == reports[0].call_overhead_ms
     assert overhead_rows(path) == 1
     assert call_overhead_key("cpu", THREADS) != call_overhead_key("cpu", THREADS, OTHER)
 
@@ -149,7 +150,7 @@ def test_costs_of_another_onnxruntime_version_are_used_with_a_warning(tmp_path):
 
 def test_a_cuda_table_missing_every_signature_is_flagged_all_fallback(tmp_path):
     g, opsets = egraph()
-    rep = measured_costs(g, opsets, provider="cuda", threads=THREADS, cache=CostCache(tmp_path / "empty.duckdb"),
+    rep = measured_costs(g, opsets, backend=resolve("cuda"), threads=THREADS, cache=CostCache(tmp_path / "empty.duckdb"),
                          measure=False)
     assert rep.signatures > 0 and rep.nodes == 0 and rep.failed == rep.signatures and rep.all_fallback
     assert rep.notices == ["no operator cost could be measured or found in the cost table: every e-node uses a "

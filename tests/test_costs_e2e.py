@@ -23,7 +23,8 @@ from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.cost_cache import CostCache, CostRow
 from relsat.extract.extraction import dag_cost, greedy_extract, ilp_extract, is_acyclic, validate_choice
 from relsat.extract.measured import collect_samples, measured_costs
-from relsat.extract.profile import MIN_REPEATS, OpSample, available_providers, profile
+from relsat.extract.profile import MIN_REPEATS, OpSample, profile
+from relsat.relations.backend import available
 from relsat.relations.egraph import EGraph
 
 HERE = Path(__file__).parent
@@ -264,7 +265,7 @@ def test_bad_options_give_one_line_errors(small_squeezenet, tmp_path, args, need
 
 
 def test_provider_cuda_without_a_gpu_is_a_clear_error(small_squeezenet, tmp_path, cache_env):
-    if "cuda" in available_providers():
+    if "cuda" in available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "o.onnx"
     res = cli.invoke(app, ["optimize", str(small_squeezenet), "-o", str(out), "--provider", "cuda"])
@@ -276,7 +277,7 @@ def test_provider_cuda_without_a_gpu_is_a_clear_error(small_squeezenet, tmp_path
 
 def test_cuda_costs_measured_elsewhere_are_used_without_a_gpu(cache_env, tmp_path):
     """Profile on the GPU box, optimize anywhere: a table of cuda costs is read, nothing is timed."""
-    if "cuda" in available_providers():
+    if "cuda" in available():
         pytest.skip("this machine has CUDA")
     model = zoo.build("squeezenet", small=True)
     g, imported = saturated(model)
@@ -300,7 +301,7 @@ def test_cuda_costs_measured_elsewhere_are_used_without_a_gpu(cache_env, tmp_pat
 
 @pytest.mark.gpu
 def test_provider_cuda_profiles_on_the_gpu(cache_env, tmp_path):
-    if "cuda" not in available_providers():
+    if "cuda" not in available():
         pytest.skip("no CUDA provider (onnxruntime-gpu or torch with CUDA)")
     rep = optimize(zoo.build("resnet50", small=True), provider="cuda", output=tmp_path / "o.onnx").report
     assert rep["provider"] == "cuda" and rep["profiled"] > 0 and rep["verification"]["ok"]

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.extract import profile as P
 from relsat.extract.cost_cache import CostCache, CostRow
+from relsat.relations.backend import available, resolve
 
 F = TensorProto.FLOAT
 
@@ -129,9 +130,17 @@ def test_time_budget_skips_rest():
 
 
 def test_unknown_provider():
-    with pytest.raises(P.ProviderUnavailable):
-        run([add()], provider="tpu")
-    assert "cpu" in P.available_providers()
+    with pytest.raises(ValueError, match="--provider tpu"):
+        resolve("tpu")
+    assert "cpu" in available()
+
+
+def test_a_backend_nothing_runs_here_is_unavailable_to_the_profiler():
+    cuda = resolve("cuda")
+    if cuda.here:
+        pytest.skip("CUDA is here")
+    with pytest.raises(P.ProviderUnavailable, match="no CUDA here"):
+        run([add()], backend=cuda)
 
 
 def row(key, ms=1.0):
@@ -184,8 +193,8 @@ def test_concurrent_processes_can_store(tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_profile():
-    if "cuda" not in P.available_providers():
+    if "cuda" not in available():
         pytest.skip("no CUDA provider (onnxruntime-gpu or torch with CUDA)")
     report = run([conv(), matmul(256, 256, 256), add(), split(), reshape((2, 8), [4, 4])],
-                 provider="cuda")
+                 backend=resolve("cuda"))
     assert np.all(np.isfinite(report.ms)) and np.all(report.ms > 0), report.failures

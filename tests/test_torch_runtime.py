@@ -13,7 +13,8 @@ from relsat.benchmarks import zoo  # noqa: E402
 from relsat.driver import latency  # noqa: E402
 from relsat.driver.errors import RelsatError  # noqa: E402
 from relsat.driver.optimize import optimize  # noqa: E402
-from relsat.driver.torch_runtime import TorchSession, whole_graph_runtime  # noqa: E402
+from relsat.driver.torch_runtime import TorchSession  # noqa: E402
+from relsat.relations.backend import CPU, resolve  # noqa: E402
 from relsat.driver.verify import verify  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -90,13 +91,15 @@ def test_a_contrib_matmul_runs():
 
 
 def test_which_runtime_times_whole_models():
-    assert whole_graph_runtime("cpu") == "onnxruntime"
+    assert CPU.whole_graph == "onnxruntime" and CPU.profiles_graphs and CPU.here
     import onnxruntime as ort
 
+    cuda = resolve("cuda")
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        assert whole_graph_runtime("cuda") == "onnxruntime"
+        assert cuda.whole_graph == "onnxruntime" and cuda.timing == "cuda"
     else:
-        assert whole_graph_runtime("cuda") == ("torch" if CUDA else None)
+        assert cuda.whole_graph == ("torch" if CUDA else None) and not cuda.profiles_graphs
+        assert cuda.timing == ("cuda-torch" if CUDA else None) and cuda.here == CUDA
 
 
 def test_session_interface_matches_onnx_runtime():
@@ -121,9 +124,9 @@ def test_zoo_model_matches_onnx_runtime_on_cuda(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA or whole_graph_runtime("cuda") != "torch",
+@pytest.mark.skipif(not CUDA or resolve("cuda").whole_graph != "torch",
                     reason="needs PyTorch CUDA without onnxruntime-gpu")
 def test_the_guard_times_whole_models_on_the_gpu_with_pytorch():
     model = zoo.build("squeezenet", small=True)
-    orig, again = latency.time_models([model, model], provider="cuda", budget_s=1.0)
+    orig, again = latency.time_models([model, model], backend=resolve("cuda"), budget_s=1.0)
     assert orig.runs >= 2 and orig.median_ms > 0 and again.median_ms > 0
