@@ -81,3 +81,10 @@ def test_no_module_decides_on_the_provider_string():
             if str(f.relative_to(ROOT)) not in NAMING:
                 bad += _decides_on_provider(f)
     assert not bad, bad
+
+
+def test_the_provider_check_finds_a_decision(tmp_path, monkeypatch):
+    monkeypatch.setattr("test_backend.ROOT", tmp_path)
+    f = tmp_path / "leaf.py"
+    f.write_text("def f(provider, o):\n    if provider != 'cuda':\n        return 1\n    return o.provider in ('cpu',)\n")
+    assert _decides_on_provider(f) == ["leaf.py:2", "leaf.py:4"]
