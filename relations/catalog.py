@@ -7,8 +7,16 @@ analytic-cost rules as DuckDB SQL expressions, and what rule verification needs 
 draw its inputs.  The DuckDB schema, the rule checker, ONNX import (``for_node``) and
 export (relations/onnx_form.py), rule verification and the analytic and measured
 cost models are all derived from this table; adding an operator, of any domain, is
-one entry here, plus at most an import normalisation hook (driver/onnx_import.py) or
-a spelling (relations/onnx_form.py) beside it.
+one entry here, plus at most an import normalisation hook or a spelling
+(relations/onnx_form.py) beside it.
+
+The entry also carries what runs it elsewhere and what tests it: ``torch``, its PyTorch
+equivalent (a Python expression that extract/torch_cuda.py evaluates for a node: the
+PyTorch runtime and CUDA operator timing), and ``example``, one valid instance in the
+catalog's form, from which the tests that cover every operator build their cases (the shape
+rule against ONNX's inference, the import/export round trip, the PyTorch mapping against
+ONNX Runtime).  An operator of another domain (com.microsoft) has its outputs typed at
+import from its shape and dtype rules, which ONNX's shape inference does not know.
 
 Data inputs that ONNX passes as tensors but that are really parameters
 (Reshape's shape, Slice's starts/ends, Clip's min/max, ...) are *lifted* into
@@ -24,7 +32,7 @@ node is invalid; such nodes are never inserted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REQUIRED = object()  # marks an attribute without a default
 
@@ -62,6 +70,18 @@ class Lifted:
     attr: str  # the attribute that holds its value
     since: int  # first opset where ONNX takes it as an input (before: an attribute)
     dtype: int = 7  # ONNX dtype of the initializer written at export (7 = int64)
+    host: bool = True  # a parameter runtimes read on the host (shapes, axes, bounds); False: a tensor (Gather's indices)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One valid instance of an operator in the catalog's form: the shapes of its inputs (one per
+    catalog input: None for an absent optional one, a list of shapes for a variadic one) and the
+    attributes that differ from their defaults (all the required ones).  The tests that cover every
+    operator build their one-node models from it."""
+
+    inputs: tuple
+    attrs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,15 @@ class OpDef:
     draw: str = "elementwise"  # how rule verification draws its inputs (a planner of programs/verify.py)
     positive: tuple[int, ...] = ()  # inputs that verification feeds positive data (variances, square roots)
     nonzero: tuple[int, ...] = ()  # inputs fed data away from zero (divisors)
+    # The PyTorch equivalent of an ONNX node of this op (extract/torch_cuda.py): a Python expression over
+    # ``torch``, ``F`` (torch.nn.functional), ``math``, torch_cuda's helpers (``conv``, ``gemm``, ...), the
+    # node's inputs by catalog column name (None when absent; a list for a variadic input), its attributes by
+    # catalog name (the node's value, a lifted input's value, else the default; None for a required one the
+    # node leaves out), the ``host`` inputs by name, ``attrs`` (every attribute as the node spells it),
+    # ``opset`` (of the default domain) and ``outputs`` (the node's number of outputs).
+    torch: str | None = None
+    host: tuple[tuple[int, str], ...] = ()  # other ONNX inputs that hold parameters: (position, name), as ``torch`` reads them
+    example: Example | None = field(default=None, compare=False)  # one valid instance, for the per-operator tests
 
     @property
     def table(self) -> str:
@@ -117,6 +146,13 @@ class OpDef:
 
     def in_opsets(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)
+
+    @property
+    def host_inputs(self) -> dict[int, str]:
+        """The ONNX inputs that hold parameters (shapes, sizes, axes, pads, bounds), by position: the lifted
+        inputs (named by their attribute; not Gather's index tensor) and ``host``.  The PyTorch mapping reads
+        them on the host."""
+        return {**{lf.input_index: lf.attr for lf in self.lifted if lf.host}, **dict(self.host)}
 
 
 # SQL macros used by the shape and cost rules (created with the schema).
@@ -184,10 +220,12 @@ _WINDOW = (
 
 
 def _unary(op: str, attrs: tuple[Attr, ...] = (), flops: str = "prod(s_out)", **kw) -> OpDef:
+    kw.setdefault("example", Example(([2, 3, 4],)))
     return OpDef(op, _X, attrs, shape="s_x", flops=flops, **kw)
 
 
 def _binary(op: str, **kw) -> OpDef:
+    kw.setdefault("example", Example(([2, 3, 4], [4])))
     return OpDef(op, _AB, shape="bcast(s_a, s_b)", **kw)
 
 
@@ -204,8 +242,12 @@ OPS: tuple[OpDef, ...] = (
         "THEN window_shape(s_x, s_w[1], kernel_shape, strides, pads, dilations, 0) END",
         flops="2 * prod(s_out) * prod(s_w[2:])",
         draw="conv",
+        torch="conv(x, w, b, attrs)",
+        example=Example(([1, 4, 8, 8], [6, 2, 3, 3], [6]), {"group": 2, "kernel_shape": [3, 3], "strides": [2, 2],
+                                                          "pads": [1, 0, 1, 1], "dilations": [1, 1]}),
     ),
-    OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]", draw="matmul"),
+    OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]", draw="matmul",
+          torch="torch.matmul(a, b)", example=Example(([2, 3, 4], [4, 5]))),
     OpDef(
         "Gemm",
         (Input("A"), Input("B"), Input("C", optional=True)),
@@ -214,6 +256,8 @@ OPS: tuple[OpDef, ...] = (
         "THEN [s_a[1 + \"transA\"], s_b[2 - \"transB\"]] END",
         flops="2 * prod(s_out) * s_a[2 - \"transA\"]",
         draw="gemm",
+        torch="gemm(a, b, c, alpha, beta, transA, transB)",
+        example=Example(([3, 4], [5, 4], [5]), {"alpha": 0.5, "beta": 2.0, "transB": 1}),
     ),
     # com.microsoft (ONNX Runtime's contrib ops): alpha * op(A) @ op(B), op = transpose of the last two dims
     OpDef(
@@ -227,33 +271,43 @@ OPS: tuple[OpDef, ...] = (
         flops="2 * prod(s_out) * CASE WHEN \"transA\" = 1 THEN s_a[-2] ELSE s_a[-1] END",
         domain="com.microsoft",
         draw="matmul",
+        torch="matmul_t(a, b, alpha, transA, transB)",
+        example=Example(([2, 4, 3], [4, 5]), {"alpha": 0.5, "transA": 1}),
     ),
-    _binary("Add"),
-    _binary("Sub"),
-    _binary("Mul"),
-    _binary("Div", nonzero=(1,)),
-    _unary("Relu"),
-    _unary("Sigmoid", flops="4 * prod(s_out)"),
-    _unary("Tanh", flops="4 * prod(s_out)"),
-    _unary("Erf", flops="4 * prod(s_out)"),
-    _unary("Sqrt", flops="2 * prod(s_out)", positive=(0,)),
-    _unary("LeakyRelu", (Attr("alpha", "float", 0.01),)),
-    _unary("Gelu", (Attr("approximate", "string", "none"),), flops="8 * prod(s_out)"),
-    _unary("HardSigmoid", (Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)), flops="2 * prod(s_out)"),
-    _unary("HardSwish", flops="3 * prod(s_out)"),  # below opset 14 written as x * HardSigmoid(x, 1/6, 1/2)
+    _binary("Add", torch="torch.add(a, b)"),
+    _binary("Sub", torch="torch.sub(a, b)", example=Example(([2, 1, 4], [3, 1]))),
+    _binary("Mul", torch="torch.mul(a, b)", example=Example(([2, 3], [3]))),
+    _binary("Div", nonzero=(1,), torch="div(a, b)", example=Example(([2, 3], [2, 3]))),
+    _unary("Relu", torch="torch.relu(x)"),
+    _unary("Sigmoid", flops="4 * prod(s_out)", torch="torch.sigmoid(x)"),
+    _unary("Tanh", flops="4 * prod(s_out)", torch="torch.tanh(x)"),
+    _unary("Erf", flops="4 * prod(s_out)", torch="torch.erf(x)"),
+    _unary("Sqrt", flops="2 * prod(s_out)", positive=(0,), torch="torch.sqrt(x)"),
+    _unary("LeakyRelu", (Attr("alpha", "float", 0.01),), torch="F.leaky_relu(x, alpha)",
+           example=Example(([2, 3],), {"alpha": 0.2})),
+    _unary("Gelu", (Attr("approximate", "string", "none"),), flops="8 * prod(s_out)",
+           torch="F.gelu(x, approximate=approximate)", example=Example(([2, 3],), {"approximate": "tanh"})),
+    _unary("HardSigmoid", (Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)), flops="2 * prod(s_out)",
+           torch="torch.clamp(x * alpha + beta, 0.0, 1.0)", example=Example(([2, 3],), {"alpha": 0.25, "beta": 0.4})),
+    # below opset 14 written as x * HardSigmoid(x, 1/6, 1/2)
+    _unary("HardSwish", flops="3 * prod(s_out)", torch="F.hardswish(x)"),
     OpDef(
         "Clip",
         _X,
         (Attr("min", "float", float("-inf")), Attr("max", "float", float("inf"))),
         lifted=(Lifted(1, "min", 11, 1), Lifted(2, "max", 11, 1)),
+        torch="clip(x, min, max)",
+        example=Example(([2, 5],), {"min": -0.5, "max": 0.5}),
     ),
-    OpDef("Identity", _X, flops="0"),
+    OpDef("Identity", _X, flops="0", torch="x", example=Example(([6],))),
     OpDef(
         "Softmax",
         _X,
         (Attr("axis", "int", -1),),
         canon=(("axis", "norm_axis(axis, len(s_x))"),),
         flops="5 * prod(s_out)",
+        torch="softmax(x, attrs, opset)",
+        example=Example(([2, 3, 4],), {"axis": 1}),
     ),
     OpDef(
         "LayerNormalization",
@@ -262,6 +316,8 @@ OPS: tuple[OpDef, ...] = (
         canon=(("axis", "norm_axis(axis, len(s_x))"),),
         flops="8 * prod(s_out)",
         draw="layernorm",
+        torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
+        example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
     ),
     OpDef(
         "BatchNormalization",
@@ -271,6 +327,8 @@ OPS: tuple[OpDef, ...] = (
         flops="2 * prod(s_out)",
         draw="batchnorm",
         positive=(4,),
+        torch="F.batch_norm(x, input_mean, input_var, scale, b, False, 0.0, epsilon)",
+        example=Example(([1, 3, 4, 4], [3], [3], [3], [3]), {"epsilon": 1e-3}),
     ),
     OpDef(
         "MaxPool",
@@ -279,6 +337,9 @@ OPS: tuple[OpDef, ...] = (
         shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
         flops="prod(s_out) * prod(kernel_shape)",
         draw="window",
+        torch="max_pool(x, attrs)",
+        example=Example(([1, 2, 9, 9],), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                          "dilations": [1, 2], "ceil_mode": 1}),
     ),
     OpDef(
         "AveragePool",
@@ -287,6 +348,9 @@ OPS: tuple[OpDef, ...] = (
         shape="window_shape(s_x, s_x[2], kernel_shape, strides, pads, dilations, ceil_mode)",
         flops="prod(s_out) * prod(kernel_shape)",
         draw="window",
+        torch="avg_pool(x, attrs)",
+        example=Example(([1, 2, 9, 9],), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1],
+                                          "dilations": [1, 1], "count_include_pad": 1}),
     ),
     OpDef(
         "GlobalAveragePool",
@@ -294,6 +358,8 @@ OPS: tuple[OpDef, ...] = (
         shape="CASE WHEN len(s_x) >= 3 THEN s_x[1:2] || list_transform(s_x[3:], lambda d: 1::BIGINT) END",
         flops="prod(s_x)",
         draw="window",
+        torch="x.mean(tuple(range(2, x.dim())), True)",
+        example=Example(([1, 5, 7, 7],)),
     ),
     OpDef(
         "Concat",
@@ -304,6 +370,8 @@ OPS: tuple[OpDef, ...] = (
         canon=(("axis", "norm_axis(axis, len(s_inputs[1]))"),),
         flops="0",
         draw="concat",
+        torch="torch.cat(inputs, axis)",
+        example=Example(([[2, 3], [2, 5], [2, 1]],), {"axis": 1}),
     ),
     OpDef(
         "Split",
@@ -319,6 +387,8 @@ OPS: tuple[OpDef, ...] = (
         canon=(("axis", "norm_axis(axis, len(s_input))"),),
         flops="0",
         draw="split",
+        torch="chunks(input, split, axis, attrs, outputs)",
+        example=Example(([2, 6],), {"axis": 1, "split": [1, 2, 3]}),
     ),
     OpDef(
         "Slice",
@@ -330,6 +400,8 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "starts", 10), Lifted(2, "ends", 10), Lifted(3, "axes", 10), Lifted(4, "steps", 10)),
         flops="prod(s_out)",
         draw="reshaping",
+        torch="sliced(data, starts, ends, axes, steps)",
+        example=Example(([10, 8, 6],), {"starts": [1, 0], "ends": [7, 8], "axes": [0, 2], "steps": [2, 1]}),
     ),
     OpDef(
         "Transpose",
@@ -339,6 +411,8 @@ OPS: tuple[OpDef, ...] = (
         "THEN list_transform(perm, lambda p: s_data[p + 1]) END",
         flops="prod(s_out)",
         draw="transpose",
+        torch="data.permute(perm if perm is not None else list(range(data.dim()))[::-1]).contiguous()",
+        example=Example(([2, 3, 4],), {"perm": [2, 0, 1]}),
     ),
     OpDef(
         "Reshape",
@@ -349,6 +423,8 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "shape", 5),),
         flops="0",
         draw="reshaping",
+        torch="reshape(data, shape, attrs)",
+        example=Example(([2, 3, 4],), {"shape": [6, 4]}),
     ),
     OpDef(
         "Flatten",
@@ -358,6 +434,8 @@ OPS: tuple[OpDef, ...] = (
         canon=(("axis", "norm_axis(axis, len(s_input))"),),
         flops="0",
         draw="reshaping",
+        torch="input.reshape(math.prod(input.shape[:axis % (input.dim() + 1)]), -1)",
+        example=Example(([2, 3, 4, 5],), {"axis": 2}),
     ),
     OpDef(
         "Squeeze",
@@ -368,6 +446,8 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "axes", 13),),
         flops="0",
         draw="reshaping",
+        torch="squeeze(data, axes)",
+        example=Example(([1, 3, 1, 4],), {"axes": [0, 2]}),
     ),
     OpDef(
         "Unsqueeze",
@@ -378,6 +458,8 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "axes", 13),),
         flops="0",
         draw="reshaping",
+        torch="unsqueeze(data, axes)",
+        example=Example(([3, 4],), {"axes": [0, 3]}),
     ),
     # one constant index (a scalar, the axis removed); the index normalised to 0..dim-1 at import
     OpDef(
@@ -386,9 +468,11 @@ OPS: tuple[OpDef, ...] = (
         (Attr("axis", "int", 0), Attr("indices", "int")),
         shape="CASE WHEN axis >= 0 AND axis < len(s_data) AND NOT is_sym(s_data[axis + 1]) AND indices >= 0 "
         "AND indices < s_data[axis + 1] THEN list_filter(s_data, lambda d, i: i - 1 <> axis) END",
-        lifted=(Lifted(1, "indices", 1),),
+        lifted=(Lifted(1, "indices", 1, host=False),),
         flops="prod(s_out)",
         draw="reshaping",
+        torch="gather(data, indices, axis)",
+        example=Example(([2, 5, 3],), {"axis": 1, "indices": 4}),
     ),
     OpDef(
         "Pad",
@@ -399,6 +483,9 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "pads", 11), Lifted(2, "value", 11, 1)),
         flops="prod(s_out)",
         draw="reshaping",
+        host=((3, "axes"),),  # opset 18: the axes that pads refer to (import folds them into pads)
+        torch="pad(data, pads, value, mode, axes)",
+        example=Example(([2, 3],), {"pads": [1, 0, 2, 3], "value": 1.5}),
     ),
     # projection of one output of a tuple e-class (Split, multi-output opaque nodes)
     OpDef("getitem", (Input("t"),), (Attr("index", "int"),), shape="ts_t[index + 1]", dtype="td_t[index + 1]", flops="0",

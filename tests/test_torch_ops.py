@@ -1,0 +1,87 @@
+"""The PyTorch mapping of every catalog operator (``OpDef.torch``, evaluated by extract/torch_cuda.py):
+each operator's catalog example, a one-node model, run by the PyTorch runtime on PyTorch's CPU device
+and compared with ONNX Runtime element by element (driver/verify.py: several seeded input draws,
+wide-range and negative values), and the mapping's bookkeeping derived from the catalog."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+torch = pytest.importorskip("torch")
+
+from catalog_cases import IDS, OPERATORS, example_model  # noqa: E402
+
+from relsat.driver.torch_runtime import TorchSession  # noqa: E402
+from relsat.driver.verify import verify  # noqa: E402
+from relsat.extract import torch_cuda  # noqa: E402
+from relsat.relations.catalog import BY_ONNX, OPS  # noqa: E402
+
+
+def test_every_catalog_operator_is_mapped_by_domain_and_op():
+    assert set(torch_cuda.MAPPED) == set(BY_ONNX)
+    assert all(op.torch and op.example for op in BY_ONNX.values())
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft")
+    assert torch_cuda.mapped(node)
+    node.domain = ""  # the same name in another domain is another operator
+    assert not torch_cuda.mapped(node)
+
+
+def test_expressions_compile_and_see_the_helpers():
+    """Every expression compiles, and no catalog input or attribute name hides a helper or the per-node names."""
+    reserved = set(torch_cuda.HELPERS) | set(torch_cuda.NODE_NAMES)
+    for op in BY_ONNX.values():
+        compile(op.torch, op.op_type, "eval")
+        names = {i.column for i in op.inputs} | {a.name for a in op.attrs} | {n for _, n in op.host}
+        assert not names & reserved, (op.op_type, names & reserved)
+
+
+def test_host_inputs_are_the_catalogs_parameter_inputs():
+    for op in OPS:
+        if op.op_type in torch_cuda.SHAPE_ARGS:
+            assert torch_cuda.SHAPE_ARGS[op.op_type] == {lf.input_index for lf in op.lifted if lf.host} | {
+                i for i, _ in op.host}
+    assert torch_cuda.SHAPE_ARGS["Reshape"] == {1} and torch_cuda.SHAPE_ARGS["Pad"] == {1, 2, 3}
+    assert "Gather" not in torch_cuda.SHAPE_ARGS  # its index tensor stays on the device
+
+
+@pytest.mark.parametrize("op", OPERATORS, ids=IDS)
+def test_operator_matches_onnx_runtime(op):
+    model = example_model(op)
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [(op.domain, op.op_type)]
+    res = verify(model, TorchSession(model, "cpu"))
+    assert res.ok, res.message
+
+
+def _one(node, inputs, outputs, inits=(), opset=18):
+    return helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                             for n, s in inputs],
+                                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                for n, s in outputs], list(inits)),
+                             opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+@pytest.mark.parametrize("model", [
+    # opset 18 Pad with an axes input: pads for the last axis only
+    _one(helper.make_node("Pad", ["x", "p", "", "axes"], ["y"]), [("x", [2, 3])], [("y", [2, 6])],
+         [numpy_helper.from_array(np.array([1, 2], np.int64), "p"),
+          numpy_helper.from_array(np.array([-1], np.int64), "axes")]),
+    # Softmax before opset 13 normalises over the input flattened at its axis
+    _one(helper.make_node("Softmax", ["x"], ["y"], axis=1), [("x", [2, 3, 4])], [("y", [2, 3, 4])], opset=11),
+    _one(helper.make_node("Softmax", ["x"], ["y"]), [("x", [2, 3, 4])], [("y", [2, 3, 4])], opset=11),
+    # Gather of an index tensor (not what the catalog imports, but the runtime runs it)
+    _one(helper.make_node("Gather", ["x", "i"], ["y"], axis=1), [("x", [2, 5, 3])], [("y", [2, 2, 2, 3])],
+         [numpy_helper.from_array(np.array([[0, -1], [3, 2]], np.int64), "i")]),
+    # Clip with a max only, Split into equal parts without sizes
+    _one(helper.make_node("Clip", ["x", "", "hi"], ["y"]), [("x", [2, 3])], [("y", [2, 3])],
+         [numpy_helper.from_array(np.array(0.25, np.float32), "hi")]),
+    _one(helper.make_node("Split", ["x"], ["y"], axis=1, num_outputs=2), [("x", [2, 7])], [("y", [2, 4])]),
+], ids=["pad-axes", "softmax-opset11-axis1", "softmax-opset11-default", "gather-index-tensor", "clip-max-only",
+        "split-num-outputs"])
+def test_onnx_spellings(model):
+    if model.graph.node[0].op_type == "Split":
+        model.graph.node[0].output.append("z")
+        model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3]))
+    onnx.checker.check_model(model)
+    res = verify(model, TorchSession(model, "cpu"))
+    assert res.ok, res.message
