@@ -102,7 +102,7 @@ def run_peers(name: str, path: Path, original: onnx.ModelProto, binding: dict, t
     binding's costed and second shapes, dynamic dims kept); into ``row`` each one's status
     (``verified`` or ``failed: <why>``, one line), seconds and nodes, and relsat-on-onnxsim's choice.
     Returns the verified ones."""
-    opts = compare.Options(threads=None, node_limit=None, time_limit=None, transformer=ORT_TYPES.get(name),
+    opts = compare.Options(threads=None, transformer=ORT_TYPES.get(name),  # relsat's own defaults
                            bindings=[b for b in (binding["costed"], binding["second"]) if b])
     out = {}
     for peer in peers:

@@ -2,7 +2,7 @@
 runners (``MAKERS``, ``run_system``: make one system's model, verify it) that ``bench_corpus`` shares.
 
     python -m relsat.benchmarks.compare [--models NAME ...] [--small] [--threads 1]
-        [--node-limit 2000] [--cost-model measured|analytic] [--budget 2] [--min-runs 20]
+        [--node-limit N] [--cost-model measured|analytic] [--budget 2] [--min-runs 20]
         [--ac-add-n 8 9 10 11 | --no-ac-add] [--out benchmarks/] [--no-write]
 
 For every zoo model, each system below produces a model from the same original:
@@ -72,7 +72,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from relsat.benchmarks import ort_ops, zoo
+from relsat.benchmarks import ort_ops
+from relsat.driver import zoo
+from relsat.driver.options import DEFAULTS
 from relsat.driver.verify import error_line, random_inputs, verify
 
 SECTION = "Peer comparison"
@@ -83,6 +85,7 @@ ORDER = SYSTEMS + ADDED
 # 0 lets it read heads and hidden size from the graph
 ZOO_TRANSFORMERS = {"bert": ("bert", 0, 0), "bert_encoder": ("bert", 0, 0)}
 NOISE = 0.03  # relative latency differences below this are noise on these machines (DESIGN section 11)
+RELSAT_OPTIONS = ("threads", "node_limit", "time_limit", "cost_model")  # Options fields passed on to relsat
 
 
 class NotInstalled(Exception):
@@ -96,10 +99,13 @@ class NotApplicable(Exception):
 
 @dataclass
 class Options:
-    threads: int | None = 1  # ONNX Runtime intra-op threads (relsat's: None is its default, all cores)
-    node_limit: int | None = 2000  # None: relsat's default
-    time_limit: float | None = 60.0  # None: relsat's default
-    cost_model: str | None = None  # None: relsat's default
+    """A comparison's settings: relsat's options where they differ from ``DEFAULTS`` (None: relsat's
+    default), then the benchmark's own."""
+
+    threads: int | None = 1  # ONNX Runtime intra-op threads, relsat's too (None: relsat's default, all cores)
+    node_limit: int | None = None
+    time_limit: float | None = None
+    cost_model: str | None = None
     budget_s: float = 2.0  # seconds of timed runs per system (fast models)
     min_runs: int = 20  # at least this many timed runs per system (slow models)
     relsat_kwargs: dict = field(default_factory=dict)  # passed on to optimize() (e.g. measure=False)
@@ -163,8 +169,7 @@ def _relsat(model: onnx.ModelProto, opts: Options, path: Path):
     """relsat's model for ``model``, written to ``path``, and its facts worth reporting."""
     from relsat.driver.optimize import optimize
 
-    kw = {k: v for k, v in (("node_limit", opts.node_limit), ("time_limit", opts.time_limit),
-                            ("threads", opts.threads), ("cost_model", opts.cost_model)) if v is not None}
+    kw = {k: getattr(opts, k) for k in RELSAT_OPTIONS if getattr(opts, k) is not None}
     kw.update(opts.relsat_kwargs)
     res = optimize(model, **kw)
     rep = res.report
@@ -613,6 +618,12 @@ def _table(results, systems, metric: str) -> list[str]:
     return L
 
 
+def _relsat_option(opts: Options, name: str):
+    """The value of relsat option ``name`` that ``opts`` runs relsat with."""
+    value = getattr(opts, name)
+    return getattr(DEFAULTS, name) if value is None else value
+
+
 def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, command: str, opts: Options,
            started: str, load: tuple[float, float], chart: str | None) -> str:
     systems = [s for s in ORDER if any(s in r.by_system() for r in results)]
@@ -626,7 +637,7 @@ def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, com
     L.append(
         "Systems: relsat = `relsat.driver.optimize.optimize` with its defaults (default rules, "
         f"{'cost model ' + opts.cost_model + ', ' if opts.cost_model else ''}ILP extraction, latency guard) and "
-        f"node limit {opts.node_limit or 'default'}; onnxsim = `onnxsim.simplify` with its defaults; "
+        f"node limit {_relsat_option(opts, 'node_limit')}; onnxsim = `onnxsim.simplify` with its defaults; "
         "onnxoptimizer = its default fuse-and-eliminate passes, then constant folding by "
         "`onnxsim.simplify(perform_optimization=False)` (onnxsim's folder with its optimizer off); ort-offline = the model ONNX Runtime saves at level "
         "ALL (`optimized_model_filepath`; NCHWc and com.microsoft operators, for the CPU provider only); "
@@ -808,8 +819,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=list(zoo.NAMES), help="zoo models (default: all)")
     ap.add_argument("--small", action="store_true", help="the reduced zoo variants")
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
-    ap.add_argument("--node-limit", type=int, default=2000)
-    ap.add_argument("--time-limit", type=float, default=60.0, help="relsat's saturation time limit, s")
+    ap.add_argument("--node-limit", type=int, default=None,
+                    help=f"relsat's e-node limit (default: relsat's, {DEFAULTS.node_limit})")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help=f"relsat's saturation time limit, s (default: relsat's, {DEFAULTS.time_limit:g})")
     ap.add_argument("--cost-model", default=None, help="relsat's cost model (default: relsat's own default)")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timed runs per system (default 2)")
     ap.add_argument("--min-runs", type=int, default=20, help="timed runs per system, at least (default 20)")
