@@ -219,10 +219,10 @@ def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     every rule file a set reads (includes too), so editing one invalidates earlier results.  User
     rule files are verified here, once (``check_rules``; an unsound rule stops the batch before any
     model runs), and the workers do not verify them again."""
-    from relsat import __version__
     from relsat.programs.rulesets import rule_sources
 
     from .optimize import resolve_rules
+    from .version import __version__
 
     opts.check()
     if opts.costs is not None:

@@ -79,7 +79,7 @@ def _fail(e: Exception) -> None:
 
 def _load_input(spec: str):
     if spec.startswith("zoo:"):
-        from relsat.benchmarks import zoo
+        from . import zoo
 
         name = spec[4:]
         if name not in zoo.NAMES:
@@ -334,7 +334,7 @@ def zoo_build(name: str = typer.Argument(..., help="a zoo model name, or all"),
               output: Path = typer.Option(..., "-o", "--output", help="output folder"),
               small: bool = typer.Option(False, "--small", help="the reduced-size variants")) -> None:
     """Write benchmark models and print their node counts by op type."""
-    from relsat.benchmarks import zoo
+    from . import zoo
 
     names = zoo.NAMES if name == "all" else (name,)
     try:

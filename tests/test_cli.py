@@ -6,7 +6,7 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from relsat.benchmarks import zoo
+from relsat.driver import zoo
 from relsat.driver.cli import app
 from relsat.driver.verify import verify
 

@@ -9,7 +9,8 @@ explains the layers. The Python API::
     result.report["nodes_out"], result.report.written
 """
 
-__version__ = "0.1.0"
+from relsat.driver.version import __version__
+
 __all__ = ["optimize", "Options", "OptimizeResult", "__version__"]
 
 
