@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from catalog_cases import IDS, OPERATORS, example_model
 from relsat.driver import bindings, onnx_import
 from relsat.driver.errors import RelsatError
 from relsat.driver.onnx_export import export_model
@@ -18,7 +19,6 @@ from relsat.driver.outputs import save_model_atomic
 from relsat.extract.original import original_choice
 from relsat.driver.onnx_import import import_model, load_model
 from relsat.driver.verify import verify
-from relsat.relations.catalog import OPS
 from relsat.relations.runtime import session
 
 try:
@@ -98,6 +98,17 @@ def test_zoo_roundtrip(name):
 
 
 # ------------------------------------------------- one-node models per catalog op
+@pytest.mark.parametrize("op", OPERATORS, ids=IDS)
+def test_every_operators_example(op):
+    """Each catalog operator's example (tests/catalog_cases.py), written as export writes it, imports as
+    the catalog node and is written back as one node of its domain."""
+    imported, out = roundtrip(example_model(op))
+    assert opaque_count(imported) == 0
+    assert [(n.domain, n.op_type) for n in out.graph.node] == [(op.domain, op.op_type)]
+
+
+# ONNX spellings import normalises (opsets, auto_pad, negative axes, inputs or attributes, defaults), and
+# forms that stay opaque
 def case(name, opset, op_type, inputs, attrs, n_out=1, opaque=False):
     """A one-node model: inputs map names to a shape (graph input), an array (initializer) or None
     (an omitted optional input, named ""); ``opaque``: the node cannot be a catalog node."""
@@ -105,53 +116,34 @@ def case(name, opset, op_type, inputs, attrs, n_out=1, opaque=False):
 
 
 CASES = [
-    case("conv", 17, "Conv", {"x": [1, 3, 8, 8], "w": w(4, 3, 3, 3), "b": w(4)},
-         dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     case("conv-group-same-upper", 17, "Conv", {"x": [1, 4, 7, 7], "w": w(4, 2, 3, 3)},
      dict(group=2, auto_pad="SAME_UPPER", strides=[2, 2])),
     case("conv-dilated-valid", 11, "Conv", {"x": [1, 2, 9, 9], "w": w(3, 2, 3, 3)},
          dict(dilations=[2, 2], auto_pad="VALID")),
     case("conv1d-same-lower", 17, "Conv", {"x": [1, 2, 10], "w": w(3, 2, 4)}, dict(auto_pad="SAME_LOWER")),
-    case("matmul", 17, "MatMul", {"a": [2, 3, 4], "b": w(4, 5)}, {}),
-    case("gemm", 17, "Gemm", {"a": [3, 4], "b": w(5, 4), "c": w(5)}, dict(alpha=0.5, beta=2.0, transB=1)),
     case("gemm-opset9", 9, "Gemm", {"a": [4, 3], "b": w(4, 5), "c": w(1, 5)}, dict(transA=1)),
-    case("fusedmatmul-com.microsoft", 17, "FusedMatMul", {"a": [2, 4, 3], "b": w(4, 5)},
-         dict(alpha=0.5, transA=1, domain="com.microsoft")),
-    case("add", 17, "Add", {"a": [2, 3, 4], "b": [4]}, {}),
-    case("sub", 17, "Sub", {"a": [2, 1, 4], "b": [3, 1]}, {}),
-    case("mul", 14, "Mul", {"a": [2, 3], "b": w(3)}, {}),
-    case("div", 17, "Div", {"a": [2, 3], "b": w(2, 3, positive=True)}, {}),
-    case("relu", 17, "Relu", {"x": [2, 3]}, {}),
-    case("sigmoid", 17, "Sigmoid", {"x": [2, 3]}, {}),
-    case("tanh", 17, "Tanh", {"x": [2, 3]}, {}),
-    case("erf", 17, "Erf", {"x": [2, 3]}, {}),
-    case("sqrt", 17, "Sqrt", {"x": [2, 3]}, {}),
-    case("leakyrelu", 17, "LeakyRelu", {"x": [2, 3]}, dict(alpha=0.2)),
-    case("gelu", 20, "Gelu", {"x": [2, 3]}, dict(approximate="tanh")),
-    case("hardsigmoid", 17, "HardSigmoid", {"x": [2, 3]}, dict(alpha=0.25, beta=0.4)),
-    case("hardswish", 14, "HardSwish", {"x": [2, 3]}, {}),
+    case("sub-two-inputs", 17, "Sub", {"a": [2, 1, 4], "b": [3, 1]}, {}),
+    case("mul-opset14", 14, "Mul", {"a": [2, 3], "b": w(3)}, {}),
+    case("hardswish-opset14", 14, "HardSwish", {"x": [2, 3]}, {}),
     case("clip-opset9-attributes", 9, "Clip", {"x": [2, 3]}, dict(min=-0.5, max=0.5)),
     case("clip-opset13-inputs", 13, "Clip", {"x": [2, 3], "lo": np.float32(-0.5), "hi": np.float32(0.5)}, {}),
     case("clip-max-only", 13, "Clip", {"x": [2, 3], "": None, "hi": np.float32(0.25)}, {}),
     case("identity-opset26", 26, "Identity", {"x": [2, 3]}, {}),
-    case("softmax", 17, "Softmax", {"x": [2, 3, 4]}, dict(axis=1)),
     case("softmax-opset11-last-axis", 11, "Softmax", {"x": [2, 3, 4]}, dict(axis=-1)),
     case("softmax-opset11-default-axis", 11, "Softmax", {"x": [2, 3, 4]}, {}, 1, True),
-    case("layernorm", 17, "LayerNormalization", {"x": [2, 3, 4], "s": w(4), "b": w(4)}, dict(axis=-1, epsilon=1e-3)),
-    case("batchnorm", 15, "BatchNormalization",
+    case("batchnorm-opset15", 15, "BatchNormalization",
      {"x": [1, 3, 4, 4], "s": w(3), "b": w(3), "m": w(3), "v": w(3, positive=True)}, dict(epsilon=1e-3)),
     case("batchnorm-opset7", 7, "BatchNormalization",
      {"x": [1, 3, 4, 4], "s": w(3), "b": w(3), "m": w(3), "v": w(3, positive=True)}, {}),
-    case("maxpool", 12, "MaxPool", {"x": [1, 2, 9, 9]},
+    case("maxpool-opset12-dilated", 12, "MaxPool", {"x": [1, 2, 9, 9]},
      dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, dilations=[1, 2])),
     case("maxpool-opset8-unused-indices", 8, "MaxPool", {"x": [1, 2, 6, 6]},
          dict(kernel_shape=[2, 2], strides=[2, 2]), 2),
-    case("averagepool", 19, "AveragePool", {"x": [1, 2, 8, 8]},
+    case("averagepool-same-lower", 19, "AveragePool", {"x": [1, 2, 8, 8]},
      dict(kernel_shape=[3, 3], auto_pad="SAME_LOWER", count_include_pad=1)),
     case("averagepool-opset10", 10, "AveragePool", {"x": [1, 2, 7, 7]},
          dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
-    case("globalaveragepool", 17, "GlobalAveragePool", {"x": [1, 3, 5, 5]}, {}),
-    case("concat", 17, "Concat", {"a": [2, 3], "b": [2, 1], "c": w(2, 2)}, dict(axis=-1)),
+    case("concat-negative-axis", 17, "Concat", {"a": [2, 3], "b": [2, 1], "c": w(2, 2)}, dict(axis=-1)),
     case("split-opset13-input", 13, "Split", {"x": [2, 6], "split": i64(1, 2, 3)}, dict(axis=-1), 3),
     case("split-opset11-attribute", 11, "Split", {"x": [6, 2]}, dict(split=[2, 2, 2]), 3),
     case("split-opset18-uneven", 18, "Split", {"x": [7, 2]}, dict(num_outputs=3), 3),
@@ -162,10 +154,9 @@ CASES = [
      {"x": [5, 6], "starts": i64(-1), "ends": i64(-100), "axes": i64(1), "steps": i64(-2)}, {}),
     case("slice-opset9-attributes", 9, "Slice", {"x": [4, 6]}, dict(starts=[1], ends=[-1], axes=[1])),
     case("transpose-default", 17, "Transpose", {"x": [2, 3, 4]}, {}),
-    case("transpose", 17, "Transpose", {"x": [2, 3, 4]}, dict(perm=[1, 2, 0])),
     case("reshape-0-and-minus-1", 17, "Reshape", {"x": [2, 3, 4], "s": i64(0, -1)}, {}),
     case("reshape-opset7", 7, "Reshape", {"x": [2, 3, 4], "s": i64(-1, 4)}, {}),
-    case("flatten", 17, "Flatten", {"x": [2, 3, 4]}, dict(axis=-1)),
+    case("flatten-negative-axis", 17, "Flatten", {"x": [2, 3, 4]}, dict(axis=-1)),
     case("gather-scalar", 17, "Gather", {"x": [2, 5, 3], "i": np.array(-2, dtype=np.int64)}, dict(axis=1)),
     case("gather-scalar-axis0", 13, "Gather", {"x": [4, 3], "i": np.array(1, dtype=np.int64)}, {}),
     case("gather-list-opaque", 17, "Gather", {"x": [2, 5, 3], "i": np.array([0, 3], dtype=np.int64)}, dict(axis=1),
@@ -195,11 +186,6 @@ def test_one_node(opset, op_type, inputs, attrs, n_out, opaque):
     assert opaque_count(imported) == int(opaque)
     if not opaque:
         assert [n.op_type for n in out.graph.node] == [op_type]
-
-
-def test_the_table_covers_every_catalog_op():
-    covered = {c.values[1] for c in CASES}
-    assert {op.op_type for op in OPS if not op.leaf and op.op_type != "getitem"} <= covered
 
 
 # ----------------------------------------------------------- graph features
