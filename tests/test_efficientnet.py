@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.benchmarks.efficientnet import build
-from relsat.driver import optimize as optimize_module
+from relsat.driver import phases as pipeline_phases
 from relsat.driver.onnx_export import export_model
 from relsat.extract.original import original_choice
 from relsat.driver.onnx_import import import_model
@@ -104,7 +104,7 @@ def test_optimize_writes_the_padded_se_convs_it_chose(small, monkeypatch):
         analytic_costs(g)
         g.con.execute(_NOISY_SE_CONVS)
 
-    monkeypatch.setattr(optimize_module, "analytic_costs", noisy_costs)
+    monkeypatch.setattr(pipeline_phases, "analytic_costs", noisy_costs)
     result = optimize(small, cost_model="analytic", measure=False, extractor="greedy", rules=("default", "merge"))
     assert len(_padded_weight_convs(result.model)) >= 4
     assert verify(small, result.model).ok

@@ -1,0 +1,579 @@
+"""The phases of the optimize pipeline (``relsat.driver.optimize``), each a function from what it needs to
+a typed result.
+
+``relsat.driver.optimize`` runs them in this order, times them and builds the ``Report`` from their
+results; its module docstring says what each does.  A phase reads the run's settings (:class:`Run`) and
+the results of the phases before it, and returns its own result: nothing is shared through attributes.
+Every notice a phase gives travels in its result (``notices``), in the order the phases ran.
+
+- prepare: :func:`prepare` -> :class:`Prepared` (the rules, the cost cache);
+- import: :func:`load` -> :class:`Loaded`, then :func:`read` -> :class:`Imported` (the model in the
+  e-graph, its binding and input sets);
+- profile: :func:`check_overhead` -> the call overhead's check (a dict, or None);
+- saturate: :func:`saturate` -> :class:`Saturated` (the runner's or a search's report);
+- profile: :func:`profile` -> :class:`Priced` (every e-node's cost, the extraction problem);
+- extract: :func:`extract` -> :class:`Extracted` (greedy, best, the original graph);
+- context: :func:`search_candidates` -> :class:`Candidates` (the in-context ``Search``);
+- choose: :func:`choose` -> :class:`Chosen` (the measured choice, verified);
+- export: :func:`export` -> :class:`Exported` (the first usable extraction);
+- verify: :func:`verify_export` -> :class:`Verified`;
+- latency: :func:`guard` -> :class:`Timed` (the latency guard);
+- decide: :func:`decide` -> :class:`Outcome` (what is written, and why).
+
+``context`` and ``choose`` run instead of ``export``, ``verify`` and ``latency`` when the final choice
+is measured in context (:func:`in_context`).  :func:`decide` is the one step that says what is written:
+the extraction's fallbacks, a failed verification (nothing is written), the latency guard and the
+in-context measured choice all reach it as results.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from relsat.extract.analytic import analytic_costs, problem_from
+from relsat.extract.cost_cache import CostCache
+from relsat.extract.extraction import Extraction, ExtractionProblem, greedy_extract, ilp_extract
+from relsat.extract.measured import MeasuredReport, measured_costs
+from relsat.extract.original import original_choice
+from relsat.extract.profile import ProviderUnavailable, check_call_overhead
+from relsat.programs import rulesets
+from relsat.programs.ir import RuleError
+from relsat.programs.parser import load_rules
+from relsat.relations import runtime
+from relsat.relations.backend import Backend
+from relsat.relations.egraph import EGraph
+
+from . import bindings, feeds, latency, torch_runtime
+from .bindings import Binding
+from .candidates import Candidate, Search
+from .errors import RelsatError, error_line
+from .onnx_export import export_model
+from .onnx_import import ImportResult, check_ort_loadable, import_model, load_model
+from .options import Options
+from .outputs import check_outputs, open_cost_cache, protected_paths
+from .outputs import _same as same_file
+from .runner import Limits, Runner
+from .runner import Report as RunnerReport
+from .search import SearchResult
+from .verify import VerifyResult, verify
+
+UNCHANGED = "the input model is written unchanged"
+
+
+def resolve_rules(names, *, check: bool, status=lambda text: None) -> tuple[list[Path], list]:
+    """``--rules`` values as (files, rules) through ``relsat.programs.rulesets``; ``check``: verify user
+    rule files on random tensors first. Rule-file problems become one-line RelsatErrors."""
+    try:
+        files = rulesets.rule_files(names) if names else []
+        if check and not all(rulesets.is_shipped(f) for f in files):
+            status("checking the user rules on random tensors ...")
+            rulesets.check_rule_files(files)
+        return files, [r for f in files for r in (_shipped(f) if rulesets.is_shipped(f) else load_rules(f)).rules]
+    except (rulesets.RuleSetError, RuleError, OSError) as e:
+        raise RelsatError(error_line(e)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(path: Path):
+    """A shipped rule set, parsed once per process (its files do not change; the IR is immutable): a batch
+    or a fuzzing campaign parses generated.rules' 1,548 rules once, not once a model (0.4 s each)."""
+    return load_rules(path)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every phase of one run may read: the checked options, the backend they resolve to (what runs and
+    times the model here, ``relsat.relations.backend``) and the progress callbacks."""
+
+    opts: Options
+    backend: Backend
+    status: Callable[[str], None]
+    on_round: Callable | None = None
+
+
+# ---------------------------------------------------------------- prepare, import
+@dataclass(frozen=True)
+class Prepared:
+    in_memory: bool  # the model came as a ModelProto, not a path
+    rules: list
+    cache: CostCache | None  # the cost cache, with measured costs
+    cache_only: bool  # the backend is not here: costs come from the --costs table only
+    notices: tuple[str, ...] = ()
+
+
+def prepare(run: Run, model_or_path, *, output, db, cost_cache) -> Prepared:
+    """Every output path checked, the rules resolved (a user's file verified), the cost cache opened and a
+    ``--costs`` table imported into it: everything that can fail before any work."""
+    o, backend, notices = run.opts, run.backend, []
+    in_memory = isinstance(model_or_path, onnx.ModelProto)
+    check_outputs(source=None if in_memory else model_or_path, output=output, db=db,
+                  protected=protected_paths(cost_cache, o.costs))
+    _, rules = resolve_rules(o.rules, check=o.check_rules, status=run.status)
+    cache_only = False
+    if not backend.here:
+        why = backend.unavailable()
+        if o.cost_model != "measured" or o.costs is None:
+            raise RelsatError(why + "; to use CUDA costs measured elsewhere pass --costs FILE")
+        cache_only = True
+        notices.append(f"provider {backend.name} is not available here: costs come from the --costs "
+                       "table only (missing signatures use scaled analytic costs)")
+    cache = None
+    if o.cost_model == "measured":  # a bad --costs file fails before any work
+        (_, where), *_ = protected_paths(cost_cache)
+        if not in_memory and same_file(where, Path(model_or_path)):
+            raise RelsatError(f"cost cache {where}: is the input model; relsat never writes it "
+                              f"(set RELSAT_COST_CACHE to another file)")
+        # open_cost_cache refuses a file that is not a cost cache
+        cache = cost_cache if isinstance(cost_cache, CostCache) else open_cost_cache(cost_cache)
+        notices += cache.notices
+        if o.costs is not None:
+            try:
+                n = cache.import_(o.costs)
+            except Exception as e:
+                raise RelsatError(f"--costs {o.costs}: cannot read it as a cost table: {error_line(e)}") from None
+            notices.append(f"imported {n} cost rows from {o.costs} into {cache.path}")
+    return Prepared(in_memory, rules, cache, cache_only, tuple(notices))
+
+
+@dataclass(frozen=True)
+class Loaded:
+    source: str  # the input's path, or "<model>"
+    model: onnx.ModelProto
+
+
+def load(prepared: Prepared, model_or_path) -> Loaded:
+    """The input model, checked: ONNX Runtime can load it."""
+    if prepared.in_memory:
+        check_ort_loadable(model_or_path)
+        return Loaded("<model>", model_or_path)
+    return Loaded(str(model_or_path), load_model(model_or_path))  # checks that ONNX Runtime can load it too
+
+
+@dataclass(frozen=True)
+class Imported:
+    source: str
+    model: onnx.ModelProto  # the input model
+    graph: ImportResult  # the model as the e-graph holds it
+    roots: list[int]  # the output e-classes
+    binding: Binding  # the sizes the dynamic dims are costed, timed and verified at
+    input_sets: list  # the user's verification input sets
+
+    @property
+    def g(self) -> EGraph:
+        return self.graph.egraph
+
+
+def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
+    """The model read into ``g``, and the sizes its dynamic dims are costed, timed and verified at
+    (``relsat.driver.bindings``), with the user's verification input sets."""
+    o, model = run.opts, loaded.model
+    graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
+    binding = bindings.choose(model, graph)
+    input_sets = feeds.load_input_sets(o.inputs, feeds.graph_inputs(model)) if o.inputs else []
+    return Imported(loaded.source, model, graph, [cid for _, cid in graph.outputs], binding, input_sets)
+
+
+def in_context(run: Run, prepared: Prepared) -> bool:
+    """Whether costs are refined in context and the final choice measured (``relsat.driver.candidates``):
+    with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the backend."""
+    o = run.opts
+    return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not prepared.cache_only
+            and run.backend.profiles_graphs)  # in-context costs come from ONNX Runtime's profiler
+
+
+def check_overhead(run: Run, prepared: Prepared) -> dict | None:
+    """The cached call overhead against a fresh timing of it, replaced when stale, before any cost uses it
+    (``relsat.extract.profile.check_call_overhead``); with the in-context search only (it times models)."""
+    if prepared.cache is not None and in_context(run, prepared):
+        return check_call_overhead(run.backend, run.opts.threads, prepared.cache)
+    return None
+
+
+# ---------------------------------------------------------------- saturate, profile, extract
+def pricer(run: Run, prepared: Prepared, imported: Imported) -> Callable:
+    """The run's costs for every e-node of an e-graph's current tables (``price(g, progress=False)``): the
+    profile phase's, and what the searches compare e-graphs by.  It returns the ``MeasuredReport`` (None
+    for analytic costs)."""
+
+    def price(g: EGraph, progress=False) -> MeasuredReport | None:
+        if run.opts.cost_model == "measured":
+            return measured_costs(g, imported.graph.opset_imports, backend=run.backend, threads=run.opts.threads,
+                                  cache=prepared.cache, measure=not prepared.cache_only, progress=progress)
+        analytic_costs(g)
+        return None
+
+    return price
+
+
+@dataclass(frozen=True)
+class Saturated:
+    sat: RunnerReport | None  # the rounds that built the e-graph (None: no rules)
+    searched: SearchResult | None = None  # the search that built it (--search mcts|backtrack)
+
+    @property
+    def backtracked(self) -> bool:
+        """The e-graph holds only the chosen graph (the input's cost is the search's start)."""
+        return self.searched is not None and self.searched.strategy == "backtrack"
+
+
+def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
+    """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
+    o, g = run.opts, imported.g
+    limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
+    if not prepared.rules:
+        return Saturated(None)
+    if o.search == "eqsat":
+        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=run.on_round).run())
+    step = lambda i, best: run.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
+    try:
+        if o.search == "mcts":
+            from .mcts import ITERATIONS, mcts
+            searched = mcts(g, prepared.rules, imported.roots, price, limits=limits, seed=o.seed,
+                            scheduler=o.scheduler, iterations=o.budget or ITERATIONS, extractor=o.extractor,
+                            on_step=step)
+        else:
+            from .backtrack import BUDGET, backtrack
+            searched = backtrack(g, prepared.rules, imported.roots, price, alpha=o.alpha,
+                                 budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
+    except ProviderUnavailable as e:
+        raise RelsatError(f"--provider {run.backend.name}: {e}") from None
+    return Saturated(searched.report, searched)
+
+
+@dataclass(frozen=True)
+class Priced:
+    profile: MeasuredReport | None  # None for analytic costs
+    problem: ExtractionProblem
+    node_ids: np.ndarray  # e-node id of each problem index
+    notices: tuple[str, ...] = ()
+
+
+def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Priced:
+    """Every e-node's cost (measured per operator signature through the cost cache, or analytic) and the
+    extraction problem over them."""
+    notices = []
+    if run.opts.cost_model == "measured":
+        run.status("profiling operators ...")
+    try:
+        p = price(imported.g,
+                  progress=lambda done, total: run.status(f"profiling operators: {done}/{total} new signatures"))
+    except ProviderUnavailable as e:
+        raise RelsatError(f"--provider {run.backend.name}: {e}") from None
+    if p is not None:
+        notices += p.notices
+        if p.failed:
+            why = "are not in the cost table" if prepared.cache_only else "could not be timed alone"
+            notices.append(f"{p.failed} of {p.signatures} operator signatures {why}; "
+                           f"their {p.fallback_nodes} e-nodes use scaled analytic costs")
+    problem, node_ids = problem_from(imported.g, imported.roots)
+    return Priced(p, problem, node_ids, tuple(notices))
+
+
+@dataclass(frozen=True)
+class Extracted:
+    greedy: Extraction
+    best: Extraction  # the ILP's (the greedy one with --extractor greedy)
+    orig: dict[int, int]  # the original graph inside the e-graph: e-class -> e-node
+    original_cost: float  # its cost (a backtracking search's start cost)
+
+
+def extract(run: Run, imported: Imported, saturated: Saturated, priced: Priced) -> Extracted:
+    """Greedy and (by default) ILP extraction, and the original graph inside the e-graph with its cost."""
+    o = run.opts
+    run.status("extracting ...")
+    greedy = greedy_extract(priced.problem)
+    best = (ilp_extract(priced.problem, time_limit=o.ilp_time_limit, mip_gap=o.mip_gap, warm_start=greedy)
+            if o.extractor == "ilp" else greedy)
+    orig = original_choice(imported.g, imported.roots)
+    cost_of = dict(zip(priced.node_ids.tolist(), priced.problem.node_cost.tolist()))
+    original_cost = sum(cost_of.get(n, 0.0) for n in set(orig.values()))
+    if saturated.backtracked:  # the e-graph holds only the chosen graph: the input's cost is the search's start
+        original_cost = saturated.searched.start_cost
+    return Extracted(greedy, best, orig, original_cost)
+
+
+# ---------------------------------------------------------------- in context: context, choose
+@dataclass(frozen=True)
+class Candidates:
+    search: Search  # the refined costs and the candidate graphs
+    fallbacks: list  # the candidates that could not be exported: {"candidate", "reason"}
+
+
+def _fallbacks(search: Search) -> list:
+    return [{"candidate": c.label, "reason": c.status} for c in search.candidates if c.model is None]
+
+
+def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: Priced,
+                      extracted: Extracted) -> Candidates:
+    """Costs refined in context and the candidate graphs found with them (``relsat.driver.candidates``,
+    steps 1 to 3); the refined costs stored in ``costs``."""
+    o, model = run.opts, imported.model
+    run.status("profiling whole graphs in context ...")
+    shapes = imported.binding.costed
+    specs = [(n, shapes[n], runtime.np_dtype(dt)) for n, dt, _ in imported.graph.inputs]
+    fed = feeds.draw(specs, feeds.input_roles(model, shapes), 0)
+    s = Search(imported.graph, priced.problem, priced.node_ids, fed, run.backend, o.threads, prepared.cache,
+               o.ilp_time_limit, o.mip_gap)
+    s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
+          input_nodes=len(model.graph.node))
+    _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
+    return Candidates(s, _fallbacks(s))
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The in-context choice: the candidates timed against the input model, verified fastest first."""
+
+    search: Search
+    picked: Candidate | None  # the candidate to write (None: the input model)
+    label: str  # its label, or "original"
+    check: VerifyResult  # its verification
+    latency: dict | None  # the input model against the written (or fastest) candidate
+    fallbacks: list
+    extracted: dict  # op counts of the extracted graph (the fastest candidate when none is picked)
+    cost_before: float | None  # the original's in-context prediction (None after a backtracking search)
+    cost_after: float
+    notices: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> onnx.ModelProto | None:
+        return self.picked.model if self.picked is not None else None
+
+
+def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, extracted: Extracted,
+           candidates: Candidates) -> Chosen:
+    """Steps 4 and 5 of ``relsat.driver.candidates``: the candidates timed against the input model (stale
+    profiles re-taken), the fastest that verifies picked when it beats the input model beyond noise."""
+    o, s, model, notices = run.opts, candidates.search, imported.model, []
+    picked, check, latency_report = s.choose(model, bindings=imported.binding.all, input_sets=imported.input_sets,
+                                             threshold=o.guard_threshold, status=run.status)
+    fid, fallbacks = s.fidelity, candidates.fallbacks
+    if fid.get("first_pass") is not None:  # stale profiles were re-taken: the search ran again
+        fallbacks = _fallbacks(s)
+        _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
+        first = fid["first_pass"]
+        notices.append(
+            f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
+            f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
+            f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
+    if fid.get("original_within_tolerance") is False:
+        notices.append(
+            f"the in-context prediction of the original is {fid['original_prediction_ratio']:.2f}x its measured "
+            f"latency, beyond the noise ({fid['original_tolerance']:.0%}): the timings moved during this run")
+    orig = extracted.orig
+    choice = picked.choice if picked is not None else orig
+    _extraction_table(imported.g, choice, orig)
+    fastest = s.fastest()
+    shown = picked or fastest  # the extracted graph, also when the input model is written
+    if fastest is None:
+        notices.append("no candidate graph differs from the original: " + UNCHANGED)
+    elif picked is None and (held := next((c for c in s.candidates if c.confirm is not None), None)):
+        notices.append(
+            f"the {held.label} graph was faster beyond noise in the first timing but not when timed again "
+            f"against the input model ({held.status.split('(', 1)[-1].rstrip(')')}, threshold "
+            f"{o.guard_threshold:.0%}): " + UNCHANGED)
+    elif picked is None:
+        notices.append(
+            f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {fastest.measured_ms:.3f} ms vs "
+            f"{s.original.measured_ms:.3f} ms, threshold {o.guard_threshold:.0%}): " + UNCHANGED)
+    return Chosen(
+        s, picked, picked.label if picked is not None else "original",
+        check or VerifyResult(True, 0.0, 0.0, {}, UNCHANGED), latency_report, fallbacks,
+        _op_counts(shown.model if shown is not None else model),
+        None if saturated.backtracked else s.predicted(orig) - s.call_overhead_ms,
+        s.predicted(choice) - s.call_overhead_ms, tuple(notices))
+
+
+# ---------------------------------------------------------------- otherwise: export, verify, latency
+@dataclass(frozen=True)
+class Exported:
+    """The first usable extraction, exported (:func:`_export_first_usable`)."""
+
+    label: str  # ilp | greedy | original
+    used: Extraction | None  # the extraction it came from (None: none could be used)
+    model: onnx.ModelProto | None  # the optimized model (None: the choice is the original graph)
+    session: object | None  # its ONNX Runtime session, for verification
+    fallbacks: list  # the extractions passed over: {"candidate", "reason"}
+    extracted: dict  # op counts of the model this proposes (the input model when ``model`` is None)
+    cost_after: float
+    notices: tuple[str, ...] = ()
+
+
+def export(imported: Imported, priced: Priced, extracted: Extracted) -> Exported:
+    """The first usable extraction written as ONNX: ILP, then greedy, then the input model itself, with a
+    notice (a valid model never makes ``optimize`` fail)."""
+    notices, best = [], extracted.best
+    label, used, choice, optimized, fallbacks = _export_first_usable(
+        imported.graph, [(best.method, best), ("greedy", extracted.greedy)], priced.node_ids, extracted.orig,
+        notices, len(imported.model.graph.node))
+    _extraction_table(imported.g, choice, extracted.orig)
+    model, session = optimized if optimized is not None else (None, None)
+    return Exported(label, used, model, session, fallbacks, _op_counts(model if model is not None else imported.model),
+                    used.cost if used is not None else extracted.original_cost, tuple(notices))
+
+
+@dataclass(frozen=True)
+class Verified:
+    check: VerifyResult  # ok: the exported model computes what the input model does
+    notices: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok
+
+
+def verify_export(run: Run, imported: Imported, exported: Exported) -> Verified:
+    """The exported model against the input, element by element at every binding (``relsat.driver.verify``),
+    under ONNX Runtime and, where the backend runs whole graphs with PyTorch, on the GPU too."""
+    if exported.model is None:
+        return Verified(VerifyResult(True, 0.0, 0.0, {}, UNCHANGED))
+    model, how = imported.model, dict(bindings=imported.binding.all, input_sets=imported.input_sets)
+    check = verify(model, exported.session, **how)
+    if not (check.ok and run.backend.whole_graph == "torch"):
+        return Verified(check)
+    gpu = verify(model, torch_runtime.session(exported.model, "cuda"), **how)  # and where it will run
+    gpu.message = f"on the GPU (PyTorch): {gpu.message}"
+    return Verified(gpu if not gpu.ok else check, (f"verified under ONNX Runtime on the CPU and {gpu.message}",))
+
+
+@dataclass(frozen=True)
+class Timed:
+    """The latency guard: the input model and the optimized one timed as whole models."""
+
+    latency: dict | None  # ``relsat.driver.latency.guard``'s report (None: not timed)
+    faster: bool  # the optimized model is faster beyond noise (or could not be timed)
+    notices: tuple[str, ...] = ()
+
+
+def guard_skipped() -> Timed:
+    return Timed(None, True, ("latency guard skipped: neither ONNX Runtime's CUDAExecutionProvider nor PyTorch "
+                              "with CUDA is here to time whole models",))
+
+
+def guard(run: Run, imported: Imported, optimized: onnx.ModelProto) -> Timed:
+    """Time the input and the optimized model (``relsat.driver.latency.guard``); ``faster`` when the optimized
+    one beats the input model beyond noise."""
+    o, model, shapes = run.opts, imported.model, imported.binding.costed
+    run.status("timing the original and the optimized model ...")
+    res = latency.guard(model, optimized, threads=o.threads, backend=run.backend, input_shapes=shapes,
+                        threshold=o.guard_threshold, roles=feeds.input_roles(model, shapes))
+    if res.keep_optimized:
+        return Timed(res.as_dict(), True)
+    a, b = ((res.original.cpu_ms, res.optimized.cpu_ms) if res.metric == "cpu"
+            else (res.original.median_ms, res.optimized.median_ms))
+    return Timed(res.as_dict(), False, (
+        f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
+        f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}, threshold {res.threshold:.0%}): " + UNCHANGED,))
+
+
+# ---------------------------------------------------------------- decide
+@dataclass(frozen=True)
+class Outcome:
+    """What is written, and what the last phases report about it."""
+
+    written: str  # optimized | original
+    model: onnx.ModelProto  # the model written: the optimized one or the input model
+    label: str  # the extraction or candidate used (original: none)
+    fallbacks: list
+    extracted: dict  # the extracted graph's op counts, also when the input model is written
+    cost_before: float | None  # the in-context prediction of the original (None: the extraction's cost of it)
+    cost_after: float
+    check: VerifyResult
+    latency: dict | None
+    notices: tuple[str, ...]  # the last phases', in the order they ran
+
+
+def decide(imported: Imported, offered: Exported | Chosen, verified: Verified | None = None,
+           timed: Timed | None = None, *, db=None) -> Outcome:
+    """The one step that says what is written.  ``offered``: the exported extraction (then ``verified`` is its
+    verification and ``timed`` the latency guard, None when it did not run) or the in-context choice (which
+    verified and timed its candidate itself).  The input model is written when nothing else is offered (the
+    extraction kept the original graph or none could be used; no candidate beat it) or when the guard found
+    the optimized model not faster; a failed verification writes nothing: a RelsatError."""
+    if isinstance(offered, Chosen):
+        check, timing, cost_before = offered.check, offered.latency, offered.cost_before
+    else:
+        check, timing, cost_before = verified.check, timed.latency if timed is not None else None, None
+    if not check.ok:
+        where = f"; the e-graph is in {db}" if db is not None else ""
+        raise RelsatError(f"{imported.source}: verification failed, no model written: {check.message}{where}")
+    notices = [*offered.notices, *(verified.notices if verified is not None else ())]
+    if offered.model is None:
+        if isinstance(offered, Exported) and not offered.fallbacks:
+            notices.append("the extraction kept the original graph: " + UNCHANGED)
+        written = "original"
+    else:
+        written = "optimized" if timed is None or timed.faster else "original"
+    notices += timed.notices if timed is not None else ()
+    return Outcome(written, offered.model if written == "optimized" else imported.model, offered.label,
+                   offered.fallbacks, offered.extracted, cost_before, offered.cost_after, check, timing,
+                   tuple(notices))
+
+
+# ---------------------------------------------------------------- helpers
+def _export_first_usable(imported, candidates, node_ids, orig, notices, input_nodes=None):
+    """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on),
+    so that a valid model never makes ``optimize`` fail: ``(label, result, choice, model, fallbacks)``,
+    ``model`` being (ModelProto, its ONNX Runtime session, reused by verification), or None when the
+    choice is the original graph; the label is ``original`` (result None) when no candidate could be
+    used. Each candidate passed over adds a notice and a fallback entry."""
+    fallbacks, seen = [], []
+    for label, res in candidates:
+        choice = {int(c): int(node_ids[i]) for c, i in res.choice.items()}
+        if choice in seen:
+            continue
+        seen.append(choice)
+        try:
+            candidate = export_model(imported, choice)
+            if choice == orig and (input_nodes is None or len(candidate.graph.node) >= input_nodes):
+                return label, res, choice, None, fallbacks  # the input model itself, unchanged
+            session = runtime.session(candidate)  # loadable with ONNX Runtime's optimizations on
+        except Exception as e:  # never fail a valid model: fall back to the next candidate
+            fallbacks.append({"candidate": label, "reason": error_line(e)})
+            notices.append(f"the {label} extraction cannot be used: {error_line(e)}")
+            continue
+        return label, res, choice, (candidate, session), fallbacks
+    notices.append("no extracted graph could be used: " + UNCHANGED)
+    return "original", None, orig, None, fallbacks
+
+
+def _op_counts(model: onnx.ModelProto) -> dict:
+    return {"nodes": len(model.graph.node), "ops": dict(sorted(Counter(n.op_type for n in model.graph.node).items()))}
+
+
+def _store_costs(g: EGraph, node_ids: np.ndarray, ms: np.ndarray, in_context: np.ndarray) -> None:
+    """The refined costs into ``costs``: ``ms`` what extraction used, ``alone_ms`` the one-node cost before
+    (kept when the refined costs are stored again), ``source`` 'context' for e-nodes priced inside a profiled
+    whole graph."""
+    g.con.execute("ALTER TABLE costs ADD COLUMN IF NOT EXISTS alone_ms DOUBLE")
+    g.con.register("_refined", {"node": node_ids, "ms": ms, "ctx": in_context})
+    try:
+        g.con.execute("UPDATE costs SET alone_ms = coalesce(costs.alone_ms, costs.ms), ms = r.ms, "
+                      "source = CASE WHEN r.ctx THEN 'context' ELSE costs.source END "
+                      "FROM _refined r WHERE costs.node = r.node")
+    finally:
+        g.con.unregister("_refined")
+
+
+def _extraction_table(g: EGraph, choice: dict[int, int], orig: dict[int, int]) -> None:
+    """``extraction``: one row per chosen e-class: its node, op and cost, the node the original graph
+    uses for that e-class (NULL if the original does not compute it) and whether they differ."""
+    g.con.register("_choice", {"eclass": np.fromiter(choice, dtype=np.int64, count=len(choice)),
+                               "node": np.fromiter(choice.values(), dtype=np.int64, count=len(choice))})
+    g.con.register("_orig", {"eclass": np.fromiter(orig, dtype=np.int64, count=len(orig)),
+                             "node": np.fromiter(orig.values(), dtype=np.int64, count=len(orig))})
+    try:
+        g.con.execute(
+            "CREATE OR REPLACE TABLE extraction AS SELECT c.eclass, c.node, k.op, k.ms AS cost, "
+            "o.node AS original_node, o.node IS DISTINCT FROM c.node AS changed "
+            "FROM _choice c LEFT JOIN _orig o USING (eclass) LEFT JOIN costs k ON k.node = c.node ORDER BY c.eclass")
+    finally:
+        g.con.unregister("_choice")
+        g.con.unregister("_orig")
