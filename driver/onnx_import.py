@@ -45,6 +45,7 @@ from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, writ
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
 from relsat.relations import runtime
+from relsat.relations.rules import evaluate
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
 
@@ -535,13 +536,15 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
             nodes.append(n)
     folded: dict[str, np.ndarray] = {}
     failed: set[str] = set()  # outputs of nodes ONNX Runtime could not evaluate
+    typed: dict[str, onnx.ValueInfoProto] = {}  # outputs of other domains' catalog ops, typed by the catalog
     while True:
         light = helper.make_model(
             helper.make_graph(nodes, g.name, inputs, g.output, list(consts.values()),
-                              sparse_initializer=g.sparse_initializer),
+                              sparse_initializer=g.sparse_initializer, value_info=list(typed.values())),
             opset_imports=model.opset_import, ir_version=max(model.ir_version, 4),  # IR 3 ignores unlisted initializers
             functions=model.functions)
         types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph, symbols)
+        grown = _type_other_domains(light, types, consts, symbols, typed)
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
             out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)
@@ -555,6 +558,8 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
                 continue
             ready.append(n)
             known.add(n.output[0])
+        if not ready and grown:
+            continue  # inference again, from the outputs the catalog typed
         if not ready:
             return (_fill_gaps(light, types, symbols) if symbolic else types), folded
         consts.update((k, numpy_helper.from_array(v, k)) for k, v in shape_values.items())
@@ -574,6 +579,65 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
                 consts[n.output[0]] = numpy_helper.from_array(np.asarray(v), n.output[0])
                 folded[n.output[0]] = np.asarray(v)
         nodes = [n for n in nodes if not (n.output and n.output[0] in folded)]
+
+
+@dataclass
+class _Constants:
+    """What an import hook reads outside the importer: the default domain's opset, constant inputs' values."""
+
+    opset: int
+    tensors: dict  # name -> TensorProto
+
+    def get(self, name: str):
+        t = self.tensors.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def const_ints(self, name: str):
+        v = self.get(name)
+        return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _type_other_domains(light: onnx.ModelProto, types: dict, consts: dict, symbols: Symbols, typed: dict) -> bool:
+    """Type the outputs of catalog operators of other domains (com.microsoft), which ONNX's shape inference has no
+    schema for, from the catalog's shape and dtype rules over their inputs' types: ``typed`` (output name ->
+    ValueInfoProto, for the next inference to carry on from) and ``types`` gain them, in graph order (one such
+    op reading another's output is typed in the same pass).  An output that inference or a declaration already
+    typed is left alone; so is a node the catalog cannot represent or whose rule rejects it (it stays opaque).
+    Returns whether anything was typed."""
+    opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in light.opset_import}
+    ctx = _Constants(opsets.get("", 0), consts)
+    grown = False
+    for node in light.graph.node:
+        op = for_node(node.domain, node.op_type)
+        if (op is None or not op.domain or op.is_tuple or not op.in_opsets(opsets.get(op.domain, 0))
+                or not node.output or not node.output[0] or node.output[0] in typed):
+            continue
+        dtype, shape = types.get(node.output[0]) or (None, None)
+        if dtype is not None and shape is not None and not any(symbols.anonymous(d) for d in shape):
+            continue
+        form = _catalog_form(op, node, ctx, ctx.get, lambda name: (types.get(name) or (None, None))[1])
+        if form is None:
+            continue
+        attrs, data, shapes = form
+        dtypes = [(types.get(n) or (None, None))[0] for n in data]
+        if op.variadic:
+            kids, kid_dtypes = [shapes], [dtypes]
+        else:
+            pad = len(op.inputs) - len(data)
+            if pad < 0:
+                continue
+            kids = [tuple(s) if s is not None else None for s in shapes] + [None] * pad
+            kid_dtypes = dtypes + [None] * pad
+        got, got_dtype, _ = evaluate(op, kids, attrs, kid_dtypes)
+        if got is None or got_dtype is None:
+            continue
+        for d in got:
+            if is_sym(d) and d not in symbols.by_code:
+                symbols.add_derived(d)
+        types[node.output[0]] = (got_dtype, list(got))
+        typed[node.output[0]] = helper.make_tensor_value_info(node.output[0], got_dtype, _onnx_shape(got, symbols))
+        grown = True
+    return grown
 
 
 # ------------------------------------------------------------ node helpers
@@ -609,6 +673,53 @@ def _digest(arr: np.ndarray, dtype: int) -> str:
 
 
 # ----------------------------------------------------------------- import
+def _catalog_form(op: OpDef, node: onnx.NodeProto, ctx, const_of, shape_of,
+                  known=lambda name: True) -> tuple[dict, list, list] | None:
+    """A node's catalog form: (attributes, defaults filled in and normalised by the op's import hook, lifted
+    inputs read from constants; the names of its data inputs; their shapes), or None when the catalog cannot
+    represent it.  ``const_of(name)``: a constant input's value (None if not constant); ``shape_of(name)``:
+    a value's shape (None if unknown); ``known(name)``: whether a data input is defined yet; ``ctx``: what
+    the hooks read (``opset``, ``const_ints``)."""
+    attrs = {a.name: _attr_value(a) for a in node.attribute}
+    lifted = {lf.input_index: lf for lf in op.lifted}
+    data = []
+    for i, name in enumerate(node.input):
+        if i not in lifted:
+            data.append(name)
+        elif name:
+            kind = op.attr(lifted[i].attr).kind
+            v = const_of(name)
+            if v is not None and kind == "float" and np.size(v) == 1:
+                x = np.asarray(v).reshape(-1)[0]
+                if x.dtype.kind in "iu" and int(float(x)) != int(x):
+                    return None  # an integer a float attribute cannot hold exactly (beyond 2**53)
+                attrs[lifted[i].attr] = float(x)
+            elif v is not None and kind == "ints":
+                attrs[lifted[i].attr] = [int(x) for x in np.asarray(v).reshape(-1)]
+            elif v is not None and kind == "int" and np.ndim(v) == 0 and np.asarray(v).dtype.kind in "iu":
+                attrs[lifted[i].attr] = int(v)  # a scalar index (Gather); an index list stays opaque
+            elif op.op_type == "Reshape" and node.output and shape_of(node.output[0]) is not None:
+                attrs.update(shape=shape_of(node.output[0]), allowzero=1)  # input shapes are fixed
+            else:
+                return None
+    shapes = [shape_of(n) if n else None for n in data]
+    if any(n and (s is None or not known(n)) for n, s in zip(data, shapes)) or not data or not data[0]:
+        return None
+    hook = IMPORT_HOOKS.get(op.op_type)
+    if hook and not hook(ctx, node, attrs, data, shapes):
+        return None
+    if set(attrs) - {a.name for a in op.attrs}:
+        return None  # an attribute relsat cannot represent
+    for a in op.attrs:
+        if a.name not in attrs:
+            if a.default is REQUIRED:
+                return None
+            attrs[a.name] = a.default
+    if "axis" in attrs:
+        attrs["axis"] = norm_axis(attrs["axis"], len(shapes[0]))
+    return attrs, data, shapes
+
+
 @dataclass
 class _Item:
     node: onnx.NodeProto
@@ -735,43 +846,10 @@ class _Importer:
         op = for_node(node.domain, node.op_type)
         if op is None or self.opaque_all or (op.domain and not op.in_opsets(self.opsets.get(op.domain, 0))):
             return None
-        attrs = {a.name: _attr_value(a) for a in node.attribute}
-        lifted = {lf.input_index: lf for lf in op.lifted}
-        data = []
-        for i, name in enumerate(node.input):
-            if i not in lifted:
-                data.append(name)
-            elif name:
-                kind = op.attr(lifted[i].attr).kind
-                v = self.consts.get(name)
-                if v is not None and kind == "float" and np.size(v) == 1:
-                    x = np.asarray(v).reshape(-1)[0]
-                    if x.dtype.kind in "iu" and int(float(x)) != int(x):
-                        return None  # an integer a float attribute cannot hold exactly (beyond 2**53)
-                    attrs[lifted[i].attr] = float(x)
-                elif v is not None and kind == "ints":
-                    attrs[lifted[i].attr] = self.const_ints(name)
-                elif v is not None and kind == "int" and np.ndim(v) == 0 and np.asarray(v).dtype.kind in "iu":
-                    attrs[lifted[i].attr] = int(v)  # a scalar index (Gather); an index list stays opaque
-                elif op.op_type == "Reshape" and self.shape(node.output[0]) is not None:
-                    attrs.update(shape=self.shape(node.output[0]), allowzero=1)  # input shapes are fixed
-                else:
-                    return None
-        shapes = [self.shape(n) if n else None for n in data]
-        if any(n and (s is None or n not in self.cls) for n, s in zip(data, shapes)) or not data or not data[0]:
+        form = _catalog_form(op, node, self, self.consts.get, self.shape, self.cls.__contains__)
+        if form is None:
             return None
-        hook = IMPORT_HOOKS.get(op.op_type)
-        if hook and not hook(self, node, attrs, data, shapes):
-            return None
-        if set(attrs) - {a.name for a in op.attrs}:
-            return None  # an attribute relsat cannot represent
-        for a in op.attrs:
-            if a.name not in attrs:
-                if a.default is REQUIRED:
-                    return None
-                attrs[a.name] = a.default
-        if "axis" in attrs:
-            attrs["axis"] = norm_axis(attrs["axis"], len(shapes[0]))
+        attrs, data, shapes = form
         if not op.is_tuple and (not node.output or not node.output[0] or self.used.intersection(node.output[1:])):
             return None  # a second output (MaxPool's Indices, LayerNormalization's Mean, ...) is used
         if op.variadic:

@@ -23,15 +23,13 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations import runtime
-from relsat.relations.catalog import BY_TYPE, REQUIRED, SQL_MACROS, OpDef
+from relsat.relations.catalog import BY_TYPE, REQUIRED, OpDef
 from relsat.relations.onnx_form import catalog_nodes
-from relsat.relations.rules import given_source, rule_select
-from relsat.relations.schema import q
+from relsat.relations.rules import shape_rule as _shape_rule  # the catalog's shape rules without an e-graph
 
 from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleSet, ShapeOf,
                  Term, Var)
@@ -91,48 +89,6 @@ def check_rule(rule: Rule, *, trials: int = 3, seed: int = 0, draws: int = 400) 
         reason = f"no instance in {2 * draws} draws; most often: {reasons.most_common(1)[0][0]}"
         return RuleCheck(rule.name, False, 0.0, reason, skipped=reason)
     return RuleCheck(rule.name, True, worst, f"{done} instance(s) agree (max abs error {worst:.2e})")
-
-
-# ---------------------------------------------------------------- the catalog's shape rules, without an e-graph
-
-
-@functools.cache
-def _shape_con() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
-    for stmt in SQL_MACROS.split(";\n"):
-        if stmt.strip():
-            con.execute(stmt)
-    return con
-
-
-@functools.cache
-def _shape_sql(op: OpDef) -> str:
-    """The catalog's rules over ``?`` parameters (``relations.rules.given_source``), as ``insert_from``
-    evaluates them: (shape or tuple shapes, canonical attributes...)."""
-    shape = "o_tshapes" if op.is_tuple else "o_shape"
-    return (f"SELECT {', '.join([shape] + [q(a.name) for a in op.attrs])} FROM "
-            f"({rule_select(op, given_source(op), given=[a.name for a in op.attrs], analyses='given')})")
-
-
-def _shape_rule(op: OpDef, kids: list, attrs: dict) -> tuple[object, dict]:
-    """(shape, or list of shapes for a tuple op, None when invalid; the attributes as the e-graph stores them).
-
-    ``kids`` has one entry per catalog input: None (absent), a shape (a tuple), or a list of shapes
-    (a variadic input, or the tuple-valued child of getitem)."""
-    params = []
-    for inp, kid in zip(op.inputs, kids):
-        if inp.variadic:
-            params.append([list(s) for s in kid])
-        elif isinstance(kid, list):
-            params += [0, None, [list(s) for s in kid]]
-        else:
-            params += [-1 if kid is None else 0, None if kid is None else list(kid), None]
-    params += [attrs[a.name] for a in op.attrs]
-    row = _shape_con().execute(_shape_sql(op), params).fetchall()[0]
-    shape = row[0]
-    if shape is not None:
-        shape = [tuple(s) for s in shape] if op.is_tuple else tuple(shape)
-    return shape, {a.name: v for a, v in zip(op.attrs, row[1:])}
 
 
 # ---------------------------------------------------------------- drawing an instance

@@ -6,16 +6,21 @@ dtypes ``ts_<c>``/``td_<c>``, joined from ``eclass``, or given by the source), i
 (cast, defaults filled in, canonicalised by the catalog's ``canon`` rules) and the node's own
 ``o_shape``, ``o_dtype``, ``o_const``, ``o_tshapes``, ``o_tdtypes`` from the catalog's rules.
 Its users: ``EGraph.insert_from`` and ``check_invariants`` (relations/egraph.py), the bulk
-writer's check of imported rows (relations/bulk.py), rule verification without an e-graph
-(programs/verify.py, ``given_source``) and the analytic cost model (extract/analytic.py,
-FLOP rules as extra expressions).
+writer's check of imported rows (relations/bulk.py), the analytic cost model (extract/analytic.py,
+FLOP rules as extra expressions) and, without an e-graph, ``evaluate``/``shape_rule``: one node's
+rules over given shapes and dtypes (``given_source``), for rule verification (programs/verify.py)
+and for typing the outputs of other domains' operators at ONNX import (driver/onnx_import.py).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterable, Mapping
 
-from .catalog import REQUIRED, OpDef
+import duckdb
+
+from .catalog import REQUIRED, SQL_MACROS, OpDef
 from .schema import key_columns, literal, q
 
 OUTPUTS = ("o_shape", "o_dtype", "o_const", "o_tshapes", "o_tdtypes")
@@ -103,18 +108,71 @@ def rule_select(op: OpDef, source: str, *, given: Iterable[str], carry: Iterable
     return sql
 
 
-def given_source(op: OpDef) -> str:
+def given_source(op: OpDef, *, dtypes: bool = False) -> str:
     """A one-row source of ``?`` parameters for ``rule_select(..., analyses="given")``: per input its
     child id (-1 when absent) and shape, or for a tuple-valued child its tuple shapes (a variadic input:
-    its list of shapes), then the attributes in catalog order.  Dtypes are float, children not constant."""
+    its list of shapes), with ``dtypes`` its ONNX dtype (a list for a variadic input) after the shape,
+    then the attributes in catalog order.  Without ``dtypes`` they are float; children are not constant."""
     cols = ["0 AS rid"]
     for inp in op.inputs:
         c = inp.column
         if inp.variadic:
-            cols += [f"[]::BIGINT[] AS {q(c)}", f"?::BIGINT[][] AS s_{c}", f"NULL::INTEGER[] AS d_{c}",
-                     f"false AS k_{c}"]
+            cols += [f"[]::BIGINT[] AS {q(c)}", f"?::BIGINT[][] AS s_{c}",
+                     f"{'?' if dtypes else 'NULL'}::INTEGER[] AS d_{c}", f"false AS k_{c}"]
         else:
-            cols += [f"?::BIGINT AS {q(c)}", f"?::BIGINT[] AS s_{c}", f"1 AS d_{c}", f"false AS k_{c}",
-                     f"?::BIGINT[][] AS ts_{c}", f"NULL::INTEGER[] AS td_{c}"]
+            cols += [f"?::BIGINT AS {q(c)}", f"?::BIGINT[] AS s_{c}", f"{'?::INTEGER' if dtypes else '1'} AS d_{c}",
+                     f"false AS k_{c}", f"?::BIGINT[][] AS ts_{c}", f"NULL::INTEGER[] AS td_{c}"]
     cols += [f"?::{a.sql_type} AS {q(a.name)}" for a in op.attrs]
     return "SELECT " + ", ".join(cols)
+
+
+_LOCAL = threading.local()  # one DuckDB connection with the catalog's macros per thread
+
+
+def _con() -> duckdb.DuckDBPyConnection:
+    con = getattr(_LOCAL, "con", None)
+    if con is None:
+        con = _LOCAL.con = duckdb.connect()
+        for stmt in SQL_MACROS.split(";\n"):
+            if stmt.strip():
+                con.execute(stmt)
+    return con
+
+
+@functools.cache
+def _given_sql(op: OpDef, dtypes: bool) -> str:
+    out = ["o_tshapes", "o_tdtypes"] if op.is_tuple else ["o_shape", "o_dtype"]
+    return (f"SELECT {', '.join(out + [q(a.name) for a in op.attrs])} FROM "
+            f"({rule_select(op, given_source(op, dtypes=dtypes), given=[a.name for a in op.attrs], analyses='given')})")
+
+
+def evaluate(op: OpDef, kids: list, attrs: dict, dtypes: list | None = None) -> tuple[object, object, dict]:
+    """One node's rules without an e-graph, as ``insert_from`` evaluates them: (its shape, or list of
+    shapes for a tuple op, None when the node is invalid; its dtype (a list for a tuple op); the attributes
+    as the e-graph stores them, canonicalised).
+
+    ``kids`` has one entry per catalog input: None (absent), a shape (a tuple), or a list of shapes (a
+    variadic input, or the tuple-valued child of getitem); ``dtypes`` likewise their ONNX dtypes (None:
+    all float)."""
+    params = []
+    for k, (inp, kid) in enumerate(zip(op.inputs, kids)):
+        dtype = [dtypes[k]] if dtypes is not None else []
+        if inp.variadic:
+            params += [[list(s) for s in kid]] + dtype
+        elif isinstance(kid, list):
+            params += [0, None] + dtype + [[list(s) for s in kid]]
+        else:
+            params += [-1 if kid is None else 0, None if kid is None else list(kid)] + dtype + [None]
+    params += [attrs[a.name] for a in op.attrs]
+    row = _con().execute(_given_sql(op, dtypes is not None), params).fetchall()[0]
+    shape = row[0]
+    if shape is not None:
+        shape = [tuple(s) for s in shape] if op.is_tuple else tuple(shape)
+    return shape, row[1], {a.name: v for a, v in zip(op.attrs, row[2:])}
+
+
+def shape_rule(op: OpDef, kids: list, attrs: dict) -> tuple[object, dict]:
+    """``evaluate`` over float inputs: (shape, or list of shapes for a tuple op, None when invalid; the
+    attributes as the e-graph stores them)."""
+    shape, _, stored = evaluate(op, kids, attrs)
+    return shape, stored

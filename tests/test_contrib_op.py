@@ -89,6 +89,29 @@ def test_import_and_export_keep_the_contrib_node():
     assert verify(m, out).ok
 
 
+def test_catalog_ops_reading_its_output_are_catalog_nodes():
+    """ONNX's shape inference has no schema for com.microsoft ops: import types their outputs from the catalog's
+    shape and dtype rules (dynamic dims too), so the ops reading them, and theirs, are catalog nodes, not opaque."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in [("w1", (16, 8)), ("w2", (16, 16)), ("w3", (16, 3))]]
+    nodes = [helper.make_node("FusedMatMul", ["x", "w1"], ["f1"], domain="com.microsoft", alpha=0.5, transB=1),
+             helper.make_node("FusedMatMul", ["f1", "w2"], ["f2"], domain="com.microsoft"),
+             helper.make_node("Relu", ["f2"], ["r"]), helper.make_node("MatMul", ["r", "w3"], ["y"])]
+    graph = helper.make_graph(nodes, "contrib", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=10)
+    imported = import_model(m)
+    g = imported.egraph
+    assert g.sql("SELECT count(*) FROM op_opaque")[0][0] == 0, imported.notices
+    assert dict(g.sql("SELECT op, count(*) FROM enodes WHERE op NOT IN ('Input', 'Weight') GROUP BY op")) == {
+        "FusedMatMul": 2, "Relu": 1, "MatMul": 1}
+    batch = imported.inputs[0][2][0]
+    assert imported.types["f2"] == (TensorProto.FLOAT, [batch, 16]) and imported.types["r"][1] == [batch, 16]
+    assert verify(m, export_model(imported)).ok
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_optimize_rewrites_into_it_and_verifies(rules, fused, tmp_path, monkeypatch):
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
