@@ -62,7 +62,6 @@ from pathlib import Path
 
 import onnx
 
-from relsat.relations.backend import resolve
 from relsat.relations.egraph import EGraph
 
 from . import phases
@@ -153,7 +152,7 @@ def optimize(model_or_path, options: Options | None = None, *, db=None, output=N
         opts = (options or DEFAULTS).replace(**overrides).check()
     except TypeError as e:
         raise RelsatError(str(e)) from None
-    run = phases.Run(opts, resolve(opts.provider), on_status or (lambda text: None), on_round)
+    run = phases.Run(opts, opts.backend, on_status or (lambda text: None), on_round)
     return _pipeline(run, model_or_path, db=db, output=output, keep_egraph=keep_egraph, cost_cache=cost_cache)
 
 

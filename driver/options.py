@@ -33,10 +33,11 @@ from typing import Any
 
 import duckdb
 
+from relsat.relations.backend import PROVIDERS, Backend, resolve
+
 from .errors import RelsatError
 
 COST_MODELS = ("measured", "analytic")
-PROVIDERS = ("cpu", "cuda")
 EXTRACTORS = ("ilp", "greedy")
 SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search)
 SCHEDULERS = ("backoff", "simple")  # relsat.driver.runner's schedulers
@@ -166,6 +167,12 @@ class Options:
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def backend(self) -> Backend:
+        """``provider`` resolved (``relsat.relations.backend``; once per process): what runs and times the
+        model here. Everything below the options is given this object, never the provider name."""
+        return resolve(self.provider)
 
     def check(self) -> Options:
         """RelsatError (one line, named after the flag: :func:`flag_name`) for a value ``optimize`` cannot use."""
