@@ -1,6 +1,6 @@
 """The backend a model is optimized for: ``--provider`` resolved once into what runs and times here.
 
-``Options.check`` (relsat.driver.options) turns the provider name into a :class:`Backend` with
+``Options.backend`` (relsat.driver.options) turns the provider name into a :class:`Backend` with
 :func:`resolve`, and that object is passed down: to the one-node profiler (extract/profile.py),
 the whole-graph profiler (extract/context.py), the latency guard and the measured choice
 (driver/latency.py, driver/candidates.py) and the pipeline (driver/optimize.py).  No module below
