@@ -2,13 +2,20 @@
 
 A rule's left side becomes one SELECT that joins the op tables of its pattern
 terms (plus the ``eclass`` analysis table for shape/const conditions) and
-materialises every match as a row of a temp table ``_m``: the variables it
-binds, the ``let`` values, and the root e-class of each pattern.  The right
-side is a list of ``Build`` steps, one per distinct right-side term in
-post-order; each step is a SELECT over ``_m`` (joined with the results of the
-steps it depends on) that ``EGraph.insert_from`` hash-conses.  Unions pair each
+materialises every match as a row of a temp table (``Compiled.matches``, ``_m``):
+the variables it binds, the ``let`` values, and the root e-class of each
+pattern.  The right side is a list of ``Build`` steps, one per distinct
+right-side term in post-order; each step is a SELECT over the matches (joined
+with the results of the steps it depends on) that ``EGraph.insert_from``
+hash-conses into the step's result table (``Build.name``).  Unions pair each
 pattern root with its right-side result.  The statements per rule are fixed by
 the rule's text, never by the number of matches.
+
+Every table name is a field: ``Compiled.tables`` (the op tables the left side
+joins), ``Compiled.matches``, ``Build.name`` and ``Build.reads`` (the tables a
+step's SELECT reads), ``Compiled.results``; the planner keeps its steps as
+``_Step`` records and the left side's FROM items as ``_From`` records, so no
+table name is ever recovered from SQL text.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pre
 
 
 SNAPSHOT_ALL = 1 << 62  # ``until`` that lets a match see every row
+MATCHES = "_m"  # the temp table a rule's matches are materialised in (one row per match, ``mid`` its id)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Build:
     target: str | None = None  # source column with the pattern root a new top node goes into
     changed_only: bool = False  # only the unions read the result: it keeps the rows whose node is not in
     # their target e-class already (the others would queue no union)
+    reads: tuple[str, ...] = ()  # the tables ``source`` reads: the matches or an earlier step's result,
+    # then the results it joins by ``mid``
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class Compiled:
     results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
     tables: tuple[str, ...] = ()  # the op tables the left side joins: no match while one is empty, and no
     # new match (semi-naive) while none has a row newer than the rule's last run
+    matches: str = MATCHES  # the temp table ``match()``'s rows go into (with a ``mid`` column): what the
+    # builds, unions and pairs read
 
     def match(self, since: int = 0, until: int = SNAPSHOT_ALL) -> str:
         """The SELECT of the matches that use a row of round ``since`` or later (semi-naive) and
@@ -57,11 +69,24 @@ class Compiled:
         return self.match_sql.format(since=int(since), until=int(until))
 
 
+@dataclass(frozen=True)
+class _From:
+    """One FROM item of a left side: ``table alias``; ``analysis``: the ``eclass`` table (a condition's
+    shape or constness), not an op table."""
+
+    table: str
+    alias: str
+    analysis: bool = False
+
+    def sql(self) -> str:
+        return f"{self.table} {self.alias}"
+
+
 class _Lhs:
     """Walks the patterns, allocating table aliases and collecting join conditions."""
 
     def __init__(self) -> None:
-        self.froms: list[str] = []
+        self.froms: list[_From] = []
         self.where: list[str] = []
         self.binds: dict[str, str] = {}  # variable -> SQL expression
         self.eclass_vars: set[str] = set()
@@ -80,7 +105,7 @@ class _Lhs:
         op = BY_TYPE[t.op]
         alias = f"t{len(self.aliases)}"
         self.aliases.append(alias)
-        self.froms.append(f"{op.table} {alias}")
+        self.froms.append(_From(op.table, alias))
         if t.op == "getitem":
             self.where.append(f"{alias}.{q('index')} = {t.index}")
         for name, val in t.attrs:
@@ -123,7 +148,7 @@ class _Lhs:
         if var not in self.analysis:
             alias = f"e{len(self.analysis)}"
             self.analysis[var] = alias
-            self.froms.append(f"eclass {alias}")
+            self.froms.append(_From("eclass", alias, analysis=True))
             self.where.append(f"{alias}.id = {self.binds[var]}")
         return self.analysis[var]
 
@@ -194,18 +219,18 @@ def compile_rule(rule: Rule) -> Compiled:
     for k, alias in enumerate(lhs.aliases):
         fresh = ([f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
                  + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]])
-        parts.append(f"SELECT {', '.join(cols)} FROM {', '.join(lhs.froms)} "
+        parts.append(f"SELECT {', '.join(cols)} FROM {', '.join(f.sql() for f in lhs.froms)} "
                      f"WHERE {' AND '.join(lhs.where + conds + fresh)}")
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
     match_sql = (" UNION " if lhs.loose else " UNION ALL ").join(parts)
-    plan: list[dict] = []
+    plan: list[_Step] = []
     memo: dict[Term, str] = {}
     unions, pairs, results = [], [], []
     needs: dict[str, set[str]] = {}  # build -> match columns its result must carry for later readers
     for i, r in enumerate(rule.rhs):
         if isinstance(r, Var):
-            unions.append(f"SELECT m.root{i}, m.{q('v_' + r.name)} FROM _m m")
-            pairs.append(f"SELECT m.mid, m.root{i}, m.{q('v_' + r.name)} FROM _m m")
+            unions.append(f"SELECT m.root{i}, m.{q('v_' + r.name)} FROM {MATCHES} m")
+            pairs.append(f"SELECT m.mid, m.root{i}, m.{q('v_' + r.name)} FROM {MATCHES} m")
         else:
             res = _build(r, plan, memo, target=f"root{i}")
             needs.setdefault(res, set()).add(f"root{i}")
@@ -213,7 +238,7 @@ def compile_rule(rule: Rule) -> Compiled:
             pairs.append(f"SELECT r.mid, r.root{i}, r.out FROM {res} r")
             results.append(res)
     builds = _sources(plan, needs)
-    tables = tuple(dict.fromkeys(f.split()[0] for f in lhs.froms if not f.startswith("eclass ")))
+    tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables)
 
@@ -303,16 +328,40 @@ def _attr_sql(v, refs: set[str]) -> str:
     return "[" + ", ".join(_attr_sql(i, refs) for i in v.items) + "]"
 
 
-def _build(t: Term, plan: list[dict], memo: dict, target: str | None = None) -> str:
+@dataclass(frozen=True)
+class _Join:
+    """A built child's result joined into a step by ``mid``: ``JOIN table alias ON alias.mid = m.mid``."""
+
+    table: str
+    alias: str
+
+    def sql(self) -> str:
+        return f"JOIN {self.table} {self.alias} ON {self.alias}.mid = m.mid"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One planned build step, before ``_sources`` decides which match columns it carries."""
+
+    name: str  # its result table
+    op: str
+    base: str  # the table it reads as ``m``: the matches, or its first built child's result
+    joins: tuple[_Join, ...]  # its other built children's results
+    cols: tuple[str, ...]  # the SELECT items of the node's children and attributes
+    refs: frozenset[str]  # the match columns (quoted) those items read from ``m``
+    target: str | None  # the match column with the pattern root it is unioned with (a right side's top)
+
+
+def _build(t: Term, plan: list[_Step], memo: dict, target: str | None = None) -> str:
     """Plan the build steps of right-side term ``t`` (children first); return its result table.
 
     A step over built children reads the first child's result as ``m`` and joins the others by
     ``mid``; ``insert_from`` carries source columns into the result, so no step joins back to
-    ``_m`` (``_sources`` decides which match columns each step carries)."""
+    the matches (``_sources`` decides which match columns each step carries)."""
     if t in memo:
         return memo[t]
     op = BY_TYPE[t.op]
-    base, joins, children, refs = "_m", [], [], set()
+    base, joins, children, refs = MATCHES, [], [], set()
     for child in t.children:
         if isinstance(child, Absent):
             children.append("-1")
@@ -321,13 +370,13 @@ def _build(t: Term, plan: list[dict], memo: dict, target: str | None = None) -> 
             children.append(f"m.{q('v_' + child.name)}")
         else:
             res = _build(child, plan, memo)
-            if base == "_m":
+            if base == MATCHES:
                 base = res
                 children.append("m.out")
             else:
-                alias = f"j{len(joins)}"
-                joins.append(f"JOIN {res} {alias} ON {alias}.mid = m.mid")
-                children.append(f"{alias}.out")
+                join = _Join(res, f"j{len(joins)}")
+                joins.append(join)
+                children.append(f"{join.alias}.out")
     cols = []
     if op.variadic:
         cols.append(f"[{', '.join(children)}] AS {q(op.inputs[0].column)}")
@@ -337,26 +386,26 @@ def _build(t: Term, plan: list[dict], memo: dict, target: str | None = None) -> 
         cols.append(f"{t.index} AS {q('index')}")
     cols += [f"{_attr_sql(v, refs)} AS {q(name)}" for name, v in t.attrs]
     name = f"_r{len(plan)}"
-    plan.append({"name": name, "op": t.op, "base": base, "joins": joins, "cols": cols, "refs": refs,
-                 "target": target})
+    plan.append(_Step(name, t.op, base, tuple(joins), tuple(cols), frozenset(refs), target))
     memo[t] = name
     return name
 
 
-def _sources(plan: list[dict], needs: dict[str, set[str]]) -> tuple[Build, ...]:
+def _sources(plan: list[_Step], needs: dict[str, set[str]]) -> tuple[Build, ...]:
     """The SELECT of each planned step.  A result carries only the match columns that the steps
     reading it as their ``m`` (and the unions) still use, so wide matches stay narrow."""
     for step in reversed(plan):
-        carried = needs.setdefault(step["name"], set()) | ({step["target"]} if step["target"] else set())
-        needs[step["name"]] = carried
-        if step["base"] != "_m":
-            needs.setdefault(step["base"], set()).update(carried | step["refs"])
-    read = {step["base"] for step in plan} | {j.split()[1] for step in plan for j in step["joins"]}
+        carried = needs.setdefault(step.name, set()) | ({step.target} if step.target else set())
+        needs[step.name] = carried
+        if step.base != MATCHES:
+            needs.setdefault(step.base, set()).update(carried | step.refs)
+    read = {step.base for step in plan} | {j.table for step in plan for j in step.joins}
     out = []
     for step in plan:
-        carry = [f"m.{c}" for c in sorted(needs[step["name"]])]
-        cols = ["m.mid AS rid", "m.mid"] + carry + step["cols"]
-        out.append(Build(step["name"], step["op"], f"SELECT {', '.join(cols)} FROM {step['base']} m "
-                         f"{' '.join(step['joins'])}".rstrip(), step["target"],
-                         step["target"] is not None and step["name"] not in read))
+        carry = [f"m.{c}" for c in sorted(needs[step.name])]
+        cols = ["m.mid AS rid", "m.mid"] + carry + list(step.cols)
+        source = f"SELECT {', '.join(cols)} FROM {step.base} m {' '.join(j.sql() for j in step.joins)}".rstrip()
+        out.append(Build(step.name, step.op, source, step.target,
+                         step.target is not None and step.name not in read,
+                         (step.base,) + tuple(j.table for j in step.joins)))
     return tuple(out)
