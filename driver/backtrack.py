@@ -211,7 +211,7 @@ class Backtrack:
                     con.execute(f"DROP TABLE _bt_m{i}")
         for i in matched:
             c = self.compiled[i]
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT * FROM _bt_m{i}")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT * FROM _bt_m{i}")
             for b in c.builds:
                 g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
             con.execute(f"INSERT INTO _bt_pairs SELECT {i}, * FROM ({c.pairs})")
@@ -235,7 +235,8 @@ class Backtrack:
         g, con, c = self.g, self.g.con, self.compiled[rule]
         self.states.checkout(parent.state)
         self.ts += 1
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT * FROM ({self._match_sql(c)}) WHERE mid = {int(mid)}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT * FROM ({self._match_sql(c)}) "
+                    f"WHERE mid = {int(mid)}")
         for b in c.builds:
             g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
         # the matched classes' nodes from before the rewrite: the reduction keeps what replaced them

@@ -12,13 +12,15 @@ The phases of a round, one method each:
 - ``_check_limits``: before the round, the e-node and time limits.
 - ``_schedule``: the rules of this round (multi-pattern rules past their round
   budget left out, then the scheduler's choice).
-- ``_match``: one rule's matches into the temp table ``_m``; semi-naive (only
+- ``_match``: one rule's matches into its temp table (``Compiled.matches``); semi-naive (only
   matches that use a row newer than the rule's previous run; rows a rebuild
   rewrote count as new), capped so whole matches fit the round's e-node budget
   (the least match rows are kept: the cap keeps the same matches every run).
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
-  unions would make an e-class depend on itself is dropped (``relations.reach``).
+  unions would make an e-class depend on itself is dropped (``relations.reach``);
+  then the rule's matches and build results are dropped (a banned rule's matches
+  too), so no temp table outlives its rule.
   Rules are matched and applied one after the other, in name order, but every
   rule matches the e-graph as it stood at the start of the round (rows of earlier
   rounds only, by their ``ts``: one snapshot, as in egg and egglog), so a round's
@@ -226,7 +228,7 @@ class _Round:
 
 @dataclass
 class _Matches:
-    """One rule's matches, in the temp table ``_m``."""
+    """One rule's matches, in the temp table ``rule.compiled.matches``."""
 
     rule: RuleState
     count: int
@@ -281,6 +283,7 @@ class Runner:
                     if s.scheduler.matched(rnd, st.compiled, m.count):
                         self._apply(r, m)
                     else:  # banned: the matches are not applied, so the rule's `since` stays
+                        self.egraph.con.execute(f"DROP TABLE {st.compiled.matches}")
                         r.stats.append((rnd, st.compiled.rule, m.count, 0, 0, m.seconds, True))
                 self._rebuild(r)
                 s.report.statements.append(counter.count)
@@ -341,7 +344,7 @@ class Runner:
         return not tables or all(t in r.newest for t in tables) and any(r.newest[t] >= since for t in tables)
 
     def _match(self, r: _Round, st: RuleState) -> _Matches:
-        """The rule's matches (semi-naive: using a row newer than its last run) into ``_m``."""
+        """The rule's matches (semi-naive: using a row newer than its last run) into ``c.matches``."""
         g, c = self.egraph, st.compiled
         since = st.since if self.semi_naive else 0
         t0 = time.perf_counter()
@@ -349,19 +352,20 @@ class Runner:
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
         rows = c.match(since, r.it.round)  # the round's snapshot: rows of earlier rounds only
-        g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
-        count = g.con.execute("SELECT count(*) FROM _m").fetchall()[0][0]
+        g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
+        count = g.con.execute(f"SELECT count(*) FROM {c.matches}").fetchall()[0][0]
         if cap is not None and count > cap:  # the same matches survive the cap whatever the threads: the
             # least rows (sorted only when the cap cuts: a sort of every match costs more than the match)
-            g.con.execute(f"CREATE OR REPLACE TEMP TABLE _m AS SELECT row_number() OVER () AS mid, * FROM "
-                          f"(SELECT * EXCLUDE (mid) FROM _m ORDER BY ALL LIMIT {cap})")
+            g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM "
+                          f"(SELECT * EXCLUDE (mid) FROM {c.matches} ORDER BY ALL LIMIT {cap})")
             count = cap
         seconds = time.perf_counter() - t0
         r.it.match_s += seconds
         return _Matches(st, count, cap, seconds)
 
     def _apply(self, r: _Round, m: _Matches) -> None:
-        """Insert the rule's right sides for the matches in ``_m`` and queue its unions."""
+        """Insert the rule's right sides for its matches and queue its unions; drop the matches and
+        the build results."""
         g, c, rnd = self.egraph, m.rule.compiled, r.it.round
         t1 = time.perf_counter()
         m.rule.since = rnd
@@ -379,12 +383,15 @@ class Runner:
                 r.budget -= res.new_nodes
                 applied += res.targeted  # an application that needs no union
             if filtering:
-                cyclic_matches(g, c.pairs)
-                for t in ("_m",) + c.results:  # the unions read these
-                    g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM _cyc)")
+                with g.scratch("cycle_filter") as tmp:
+                    cyclic = tmp.claim("cyc")
+                    cyclic_matches(g, c.pairs, cyclic)
+                    for t in (c.matches,) + c.results:  # the unions read these
+                        g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
             applied += sum(g.union_from(u) for u in c.unions)
-            for b in c.builds:  # free the rule's intermediate tables before the next rule
-                g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
+        # free the rule's tables before the next rule (no match: no build ran)
+        for t in ([b.name for b in c.builds] if m.count else []) + [c.matches]:
+            g.con.execute(f"DROP TABLE IF EXISTS {t}")
         t2 = time.perf_counter()
         r.it.apply_s += t2 - t1
         r.it.applied += applied

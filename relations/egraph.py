@@ -20,10 +20,22 @@ Every operation is a fixed number of SQL statements per operator table:
   until nothing new is unioned.  Nothing runs when nothing was unioned.
 
 Python never loops over rows or e-nodes here.
+
+Temp tables: a method's working tables (and the numpy frames it registers) are
+named for its call (``_Scratch``: ``_insert12_keys``, ``_rebuild3_map``) and
+dropped when it returns or raises, so a method called while another's tables
+exist (a nested call, a hook, a second user of the connection) neither reads
+nor overwrites them.  What one method hands another is passed by name: the new
+nodes ``insert_from`` checks (``_check_targets(new)``), the displaced-id map a
+rebuild pass reads (``_components(into)``, ``_merge_analyses(mapping)``,
+``_touched``, ``_recanonicalize``).  The one table that outlives its call is
+``insert_from``'s result (``InsertResult.table``), which the caller names or
+gets named and drops.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -54,9 +66,59 @@ class RebuildReport:
     skipped: bool = False
 
 
+class _Scratch:
+    """The temp tables of one call of an ``EGraph`` method: names unique to the call
+    (``_<call><n>_<part>``), dropped on leaving the ``with`` block (also when it raises).
+
+    ``create`` makes (or, called again with the same part, replaces) a table; ``claim`` only names
+    one that a callee is told to create; ``register`` registers a numpy frame as a view."""
+
+    def __init__(self, g: EGraph, call: str) -> None:
+        self.g = g
+        self.prefix = f"_{call}{next(g._calls)}_"
+        self.made: list[str] = []
+        self.frames: list[str] = []
+
+    def name(self, part: str) -> str:
+        """A name in this call's namespace that is not dropped on exit (a result for the caller)."""
+        return self.prefix + part
+
+    def claim(self, part: str) -> str:
+        t = self.prefix + part
+        if t not in self.made:
+            self.made.append(t)
+        return t
+
+    def create(self, part: str, sql: str) -> str:
+        t = self.claim(part)
+        self.g.con.execute(f"CREATE OR REPLACE TEMP TABLE {t} AS {sql}")
+        return t
+
+    def register(self, part: str, frame) -> str:
+        name = self.prefix + part
+        self.g.con.register(name, frame)
+        self.frames.append(name)
+        return name
+
+    def __enter__(self) -> _Scratch:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        con = self.g.con
+        try:
+            for name in self.frames:
+                con.unregister(name)
+            for t in self.made:
+                con.execute(f"DROP TABLE IF EXISTS {t}")
+        except duckdb.Error:
+            if kind is None:  # on the way out of an error, that error is the one to see
+                raise
+
+
 @dataclass
 class InsertResult:
-    table: str  # temp table (rid, out, the carried source columns) for every source row that has a node
+    table: str  # temp table (rid, out, the carried source columns) for every source row that has a node;
+    # the caller's to drop
     new_nodes: int = 0
     targeted: int = 0  # new nodes placed straight into their target e-class
 
@@ -75,6 +137,8 @@ class EGraph:
     pass_no: int = field(init=False, default=0)
     _columns: dict = field(init=False, repr=False, default_factory=dict)  # insert source SQL -> its column names
     const_dirty: bool = field(init=False, default=False)  # constness changed outside a rebuild
+    _calls: itertools.count = field(init=False, repr=False, default_factory=itertools.count)  # numbers the
+    # calls' temp tables (``_Scratch``)
 
     def __post_init__(self) -> None:
         config = {}
@@ -100,17 +164,25 @@ class EGraph:
     def sql(self, query: str, params=None):
         return self.con.execute(query, params or []).fetchall()
 
+    def scratch(self, call: str) -> _Scratch:
+        """Temp tables for one call on this e-graph's connection (``with g.scratch("name") as tmp``):
+        named for the call, dropped at the end of the block."""
+        return _Scratch(self, call)
+
     # ---------------------------------------------------------------- insert
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
-                    result: str = "_ins", target: str | None = None, changed_only: bool = False) -> InsertResult:
+                    result: str | None = None, target: str | None = None, changed_only: bool = False,
+                    columns: list[str] | None = None) -> InsertResult:
         """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
         child columns and any attribute columns; omitted attributes take their defaults; leaves
         also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added.
 
-        The result table holds, for every source row that has a node, the row's other source
+        The result table (``result``, or a name of this call's: ``InsertResult.table``, which the
+        caller drops) holds, for every source row that has a node, the row's other source
         columns (carried through, so a later step needs no join back by ``rid``), its key columns
         (attributes canonicalised) and ``out``, the node's e-class.  ``source`` must not have an
-        ``out`` column.
+        ``out`` column; ``columns``: its column names, when the caller knows them (else they are
+        looked up once per source text).
 
         ``target`` names a source column holding an existing canonical e-class that the row's node
         is known to equal (the root of a rule's match): a new node goes straight into that e-class
@@ -126,9 +198,17 @@ class EGraph:
         Deterministic: the ``limit`` keeps the new keys that sort first, a new key wanted by several
         rows goes into the least of their targets, and new nodes (and new e-classes) are numbered
         in key order, so the same input gives the same rows and ids whatever DuckDB's threads do."""
+        with self.scratch("insert") as tmp:
+            result = result or tmp.name("result")
+            return self._insert(op, source, tmp, ts=ts, limit=limit, result=result, target=target,
+                                changed_only=changed_only, columns=columns)
+
+    def _insert(self, op: OpDef, source: str, tmp: _Scratch, *, ts: int, limit: int | None, result: str,
+                target: str | None, changed_only: bool, columns: list[str] | None) -> InsertResult:
+        """``insert_from`` with its working tables in ``tmp``."""
         c = self.con
-        src = self._columns.get(source)
-        if src is None:  # the sources (a compiled build, ``add``'s batch) name their columns: same text, same names
+        src = columns or self._columns.get(source)
+        if src is None:  # the sources (a compiled build) name their columns: same text, same names
             src = self._columns[source] = [r[0] for r in c.execute(f"DESCRIBE SELECT * FROM ({source})").fetchall()]
         keys = key_columns(op)
         keysel = ", ".join(q(k) for k in keys)
@@ -145,74 +225,66 @@ class EGraph:
             repl = f" REPLACE ({', '.join(f'b.{q(a.name)}::{a.sql_type} AS {q(a.name)}' for a in given)})" if given else ""
             defaults = [x for x in attr_columns(op, src) if not x.startswith("b.")]
             cols = ", ".join([f"b.*{repl}"] + defaults)
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _keys AS SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
-                      f"LEFT JOIN {op.table} o ON {on}")
-            if not c.execute("SELECT count(*) FROM _keys WHERE out IS NULL").fetchall()[0][0]:
+            looked = tmp.create("keys", f"SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
+                                        f"LEFT JOIN {op.table} o ON {on}")
+            if not c.execute(f"SELECT count(*) FROM {looked} WHERE out IS NULL").fetchall()[0][0]:
                 # every row's node is there already (common in late rounds): no shape rules to run
-                c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE true{moved('', '')}")
-                c.execute("DROP TABLE _keys")
+                c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM {looked} WHERE true{moved('', '')}")
                 return InsertResult(result)
             # one row per missing key (hashed, not sorted): any rid, the least target
             least = f", min({q(target)}) AS {q(target)}" if target else ""
-            missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM _keys WHERE out IS NULL GROUP BY ALL"
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                      f"{rule_select(op, missing, given=set(keys), carry=extra, valid_only=True)}")
-            fresh, made = "_cand", ["_keys", "_cand"]
+            missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM {looked} WHERE out IS NULL GROUP BY ALL"
+            fresh = cand = tmp.create("cand", rule_select(op, missing, given=set(keys), carry=extra, valid_only=True))
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                      f"{rule_select(op, source, given=src, carry=carried, valid_only=True)}")
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT DISTINCT ON ({keysel}) * FROM _cand c "
-                      f"WHERE NOT EXISTS (SELECT 1 FROM {op.table} o WHERE {on}){pick}")
-            fresh, made = "_fresh", ["_cand", "_fresh"]
+            cand = tmp.create("cand", rule_select(op, source, given=src, carry=carried, valid_only=True))
+            fresh = tmp.create("fresh", f"SELECT DISTINCT ON ({keysel}) * FROM {cand} c "
+                                        f"WHERE NOT EXISTS (SELECT 1 FROM {op.table} o WHERE {on}){pick}")
         if limit is not None and c.execute(f"SELECT count(*) FROM {fresh}").fetchall()[0][0] > limit:
             # the least keys (sorted for only when the limit cuts)
-            c.execute(f"CREATE OR REPLACE TEMP TABLE _fresh AS SELECT * FROM {fresh} ORDER BY {keysel} "
-                      f"LIMIT {int(limit)}")
-            fresh, made = "_fresh", made + ["_fresh"]
+            fresh = tmp.create("fresh", f"SELECT * FROM {fresh} ORDER BY {keysel} LIMIT {int(limit)}")
         # new nodes numbered in key order (those with a fresh e-class first); a statement takes one
         # contiguous block of each sequence, so the block's least value plus that number is an id
         # that does not depend on the order in which threads happened to draw the values
         tgt = f"{q(target)} IS NOT NULL" if target else "false"
         cls = "min(_cid) OVER () + _k - 1"
         out = f"coalesce({q(target)}, {cls})" if target else cls
-        c.execute(
-            f"CREATE OR REPLACE TEMP TABLE _new AS SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
+        new = tmp.create(
+            "new", f"SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
             f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM (SELECT nextval('node_seq') AS _nid, "
             f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
             f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM {fresh}))")
-        new, targeted = c.execute("SELECT count(*), count(*) FILTER (tgt) FROM _new").fetchall()[0]
+        added, targeted = c.execute(f"SELECT count(*), count(*) FILTER (tgt) FROM {new}").fetchall()[0]
         if target:
-            self._check_targets()
-        c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM _new")
+            self._check_targets(new)
+        c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM {new}")
         c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
-                  f"FROM _new WHERE NOT tgt")
-        if new:
+                  f"FROM {new} WHERE NOT tgt")
+        if added:
             self.live.add(op.table)
         if not op.canon and not op.leaf:
-            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM _keys WHERE out IS NOT NULL"
-                      f"{moved('', '')} UNION ALL SELECT c.* REPLACE (o.out AS out) FROM _keys c JOIN _new o ON {on} "
+            c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM {looked} WHERE out IS NOT NULL"
+                      f"{moved('', '')} UNION ALL SELECT c.* REPLACE (o.out AS out) FROM {looked} c JOIN {new} o ON {on} "
                       f"WHERE c.out IS NULL{moved('o.', 'c.')}")
         else:
             c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.* EXCLUDE (o_shape, o_dtype, o_const, "
-                      f"o_tshapes, o_tdtypes), o.out FROM _cand c JOIN {op.table} o ON {on} WHERE true"
+                      f"o_tshapes, o_tdtypes), o.out FROM {cand} c JOIN {op.table} o ON {on} WHERE true"
                       f"{moved('o.', 'c.')}")
-        for t in dict.fromkeys(made + ["_new"]):  # large in big rounds: free them now
-            c.execute(f"DROP TABLE {t}")
-        return InsertResult(result, new, targeted)
+        return InsertResult(result, added, targeted)  # (the working tables, large in big rounds, go now)
 
-    def _check_targets(self) -> None:
-        """New nodes placed into existing e-classes: their shapes must agree; constness spreads."""
+    def _check_targets(self, new: str) -> None:
+        """New nodes placed into existing e-classes (rows of table ``new`` with ``tgt``): their shapes
+        must agree; constness spreads."""
         c = self.con
         bad = c.execute(
-            "SELECT n.out, n.o_shape, e.shape, n.o_dtype, e.dtype FROM _new n JOIN eclass e ON e.id = n.out "
+            f"SELECT n.out, n.o_shape, e.shape, n.o_dtype, e.dtype FROM {new} n JOIN eclass e ON e.id = n.out "
             "WHERE n.tgt AND (n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
             "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes) LIMIT 1").fetchall()
         if bad:
             cid, s, es, d, ed = bad[0]
             raise ShapeConflict(f"a node of shape {s} (dtype {d}) was derived equal to e-class {cid} "
                                 f"(shape {es}, dtype {ed}); nodes {self._describe_class(cid)}")
-        made = c.execute("UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM _new WHERE tgt AND o_const) k "
+        made = c.execute(f"UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM {new} WHERE tgt AND o_const) k "
                          "WHERE eclass.id = k.out AND NOT eclass.is_const").fetchall()[0][0]
         if made:
             self.const_dirty = True
@@ -254,12 +326,11 @@ class EGraph:
                 select.append(f"{expr} AS {q(name)}")
             else:
                 select.append(f"{literal(val)} AS {q(name)}")
-        self.con.register("_batch", frame)
-        try:
-            res = self.insert_from(op, f"SELECT {', '.join(select)} FROM _batch", ts=ts)
-        finally:
-            self.con.unregister("_batch")
-        out = self.con.execute(f"SELECT rid, out FROM {res.table} ORDER BY rid").fetchnumpy()
+        with self.scratch("add") as tmp:
+            batch = tmp.register("batch", frame)
+            res = self.insert_from(op, f"SELECT {', '.join(select)} FROM {batch}", ts=ts, result=tmp.claim("result"),
+                                   columns=["rid", *children, *attrs])
+            out = self.con.execute(f"SELECT rid, out FROM {res.table} ORDER BY rid").fetchnumpy()
         result = np.full(n, -1, dtype=np.int64)
         result[out["rid"]] = out["out"]
         if (result < 0).any():
@@ -271,11 +342,8 @@ class EGraph:
     def union(self, a, b) -> None:
         """Queue unions of e-class pairs (arrays); ``rebuild()`` applies them."""
         frame = {"a": np.asarray(a, dtype=np.int64), "b": np.asarray(b, dtype=np.int64)}
-        self.con.register("_pairs", frame)
-        try:
-            self.con.execute("INSERT INTO pending SELECT a, b FROM _pairs WHERE a <> b")
-        finally:
-            self.con.unregister("_pairs")
+        with self.scratch("union") as tmp:
+            self.con.execute(f"INSERT INTO pending SELECT a, b FROM {tmp.register('pairs', frame)} WHERE a <> b")
 
     def union_from(self, source: str) -> int:
         """Queue unions from a SELECT of (a, b) pairs; returns the pairs queued."""
@@ -283,56 +351,55 @@ class EGraph:
 
     def find(self, ids) -> np.ndarray:
         frame = {"i": np.arange(len(ids), dtype=np.int64), "x": np.asarray(ids, dtype=np.int64)}
-        self.con.register("_ids", frame)
-        try:
-            r = self.con.execute(
-                "SELECT coalesce(u.root, x) AS r FROM _ids LEFT JOIN uf u ON u.id = x ORDER BY i").fetchnumpy()
-        finally:
-            self.con.unregister("_ids")
+        with self.scratch("find") as tmp:
+            r = self.con.execute(f"SELECT coalesce(u.root, x) AS r FROM {tmp.register('ids', frame)} "
+                                 "LEFT JOIN uf u ON u.id = x ORDER BY i").fetchnumpy()
         return r["r"].astype(np.int64)
 
     # ---------------------------------------------------------------- rebuild
-    def _components(self) -> int:
-        """Turn pending pairs into ``_map(id, root)`` for every id that stops being canonical.
+    def _components(self, into: str) -> int:
+        """Turn pending pairs into table ``into(id, root)`` (created or replaced) for every id that
+        stops being canonical; returns its rows.
 
         Min-label propagation in one recursive CTE keyed by node (``USING KEY``): each step only
         revisits the neighbours of the labels that dropped in the step before."""
         c = self.con
-        c.execute(
-            "CREATE OR REPLACE TEMP TABLE _adj AS SELECT unnest([x, y]) AS n, unnest([y, x]) AS k FROM ("
-            "SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM (SELECT coalesce(ua.root, p.a) AS x, "
-            "coalesce(ub.root, p.b) AS y FROM pending p LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub ON ub.id = p.b) "
-            "WHERE x <> y)"
-        )
-        c.execute("DELETE FROM pending")
-        c.execute(
-            "CREATE OR REPLACE TEMP TABLE _map AS WITH RECURSIVE cc(n, l) USING KEY (n) AS ("
-            "SELECT n, least(n, min(k)) FROM _adj GROUP BY n UNION "
-            "SELECT e.k, min(c.l) FROM cc c JOIN _adj e ON e.n = c.n JOIN recurring.cc r ON r.n = e.k "
-            "WHERE c.l < r.l GROUP BY e.k) "
-            "SELECT n AS id, l AS root FROM cc WHERE n <> l")
-        return c.execute("SELECT count(*) FROM _map").fetchall()[0][0]
+        with self.scratch("components") as tmp:
+            adj = tmp.create(
+                "adj", "SELECT unnest([x, y]) AS n, unnest([y, x]) AS k FROM ("
+                "SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM (SELECT coalesce(ua.root, p.a) AS x, "
+                "coalesce(ub.root, p.b) AS y FROM pending p LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub "
+                "ON ub.id = p.b) WHERE x <> y)")
+            c.execute("DELETE FROM pending")
+            c.execute(
+                f"CREATE OR REPLACE TEMP TABLE {into} AS WITH RECURSIVE cc(n, l) USING KEY (n) AS ("
+                f"SELECT n, least(n, min(k)) FROM {adj} GROUP BY n UNION "
+                f"SELECT e.k, min(c.l) FROM cc c JOIN {adj} e ON e.n = c.n JOIN recurring.cc r ON r.n = e.k "
+                "WHERE c.l < r.l GROUP BY e.k) "
+                "SELECT n AS id, l AS root FROM cc WHERE n <> l")
+        return c.execute(f"SELECT count(*) FROM {into}").fetchall()[0][0]
 
-    def _merge_analyses(self) -> bool:
-        """Fold the analyses of displaced e-classes into their roots and extend the union-find;
-        returns whether a displaced e-class differed from its root in constness."""
+    def _merge_analyses(self, mapping: str) -> bool:
+        """Fold the analyses of the e-classes displaced by ``mapping`` (a table of (id, root)) into
+        their roots and extend the union-find; returns whether a displaced e-class differed from its
+        root in constness."""
         c = self.con
         const_diff, bad = c.execute(
             "SELECT count(*) FILTER (e.is_const <> r.is_const), min(m.id) FILTER (r.shape IS DISTINCT FROM e.shape "
             "OR r.dtype IS DISTINCT FROM e.dtype OR r.tuple_shapes IS DISTINCT FROM e.tuple_shapes) "
-            "FROM _map m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root").fetchall()[0]
+            f"FROM {mapping} m JOIN eclass e ON e.id = m.id JOIN eclass r ON r.id = m.root").fetchall()[0]
         if bad is not None:
             r, i, rs, es, rd, ed = c.execute(
-                "SELECT m.root, m.id, r.shape, e.shape, r.dtype, e.dtype FROM _map m JOIN eclass e ON e.id = m.id "
+                f"SELECT m.root, m.id, r.shape, e.shape, r.dtype, e.dtype FROM {mapping} m JOIN eclass e ON e.id = m.id "
                 "JOIN eclass r ON r.id = m.root WHERE m.id = ?", [bad]).fetchall()[0]
             raise ShapeConflict(
                 f"union of e-class {r} (shape {rs}, dtype {rd}) and e-class {i} (shape {es}, dtype {ed}): "
                 f"shapes or dtypes differ; nodes {self._describe_class(r)} and {self._describe_class(i)}")
-        c.execute("UPDATE eclass SET is_const = true FROM (SELECT m.root FROM _map m JOIN eclass e ON e.id = m.id "
+        c.execute(f"UPDATE eclass SET is_const = true FROM (SELECT m.root FROM {mapping} m JOIN eclass e ON e.id = m.id "
                   "WHERE e.is_const) k WHERE eclass.id = k.root AND NOT eclass.is_const")
-        c.execute("DELETE FROM eclass WHERE id IN (SELECT id FROM _map)")
-        c.execute("UPDATE uf SET root = m.root FROM _map m WHERE uf.root = m.id")
-        c.execute("INSERT INTO uf SELECT id, root FROM _map")
+        c.execute(f"DELETE FROM eclass WHERE id IN (SELECT id FROM {mapping})")
+        c.execute(f"UPDATE uf SET root = m.root FROM {mapping} m WHERE uf.root = m.id")
+        c.execute(f"INSERT INTO uf SELECT id, root FROM {mapping}")
         return bool(const_diff)
 
     def _describe_class(self, cid: int) -> str:
@@ -340,49 +407,56 @@ class EGraph:
         return ", ".join(f"{op}#{nid}" for op, nid in rows) or f"class {cid}"
 
     def _recanonicalize(self, table: str, fixed: tuple[str, ...], var: tuple[str, ...],
-                        keys: tuple[str, ...], ts: int | None = None) -> int:
-        """Rewrite the rows of ``table`` that touch a displaced id and restore congruence among them.
+                        keys: tuple[str, ...], mapping: str, ts: int | None = None) -> int:
+        """Rewrite the rows of ``table`` that touch an id displaced by ``mapping`` (a table of
+        (id, root)) and restore congruence among them.
 
-        The touched rows, canonicalised, move to ``_t``; rows of ``_t`` sharing a key collapse to the
-        oldest, and a key that an untouched row already holds (untouched rows are unique by key)
+        The touched rows, canonicalised, move to a working table; rows there sharing a key collapse to
+        the oldest, and a key that an untouched row already holds (untouched rows are unique by key)
         keeps that row; every other e-class of a collapsed key is queued for union.  When most rows
-        are touched the table is rebuilt from ``_t`` whole (cheaper than deleting most of it).
+        are touched the table is rebuilt from the working table whole (cheaper than deleting most of it).
         Rewritten rows get round ``ts`` when given: they may match patterns they did not match
         before, so semi-naive evaluation must see them as new.  Returns the rows rewritten."""
+        with self.scratch("recanon") as tmp:
+            return self._rewrite(table, fixed, var, keys, mapping, ts, tmp)
+
+    def _rewrite(self, table: str, fixed: tuple[str, ...], var: tuple[str, ...], keys: tuple[str, ...],
+                 mapping: str, ts: int | None, tmp: _Scratch) -> int:
+        """``_recanonicalize`` with its working tables in ``tmp``."""
         c, p = self.con, self.pass_no
         joins, exprs, hit = [], {}, []
         for col in fixed + ("out",):
             alias = f"m_{col}"
-            joins.append(f"LEFT JOIN _map {alias} ON {alias}.id = o.{q(col)}")
+            joins.append(f"LEFT JOIN {mapping} {alias} ON {alias}.id = o.{q(col)}")
             exprs[col] = f"coalesce({alias}.root, o.{q(col)})"
             hit.append(f"{alias}.id IS NOT NULL")
         for col in var:
-            c.execute(
-                f"CREATE OR REPLACE TEMP TABLE _fix_{col} AS SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) "
+            fix = tmp.create(
+                f"fix_{col}", f"SELECT u.id, list(coalesce(m.root, u.cid) ORDER BY u.pos) "
                 f"AS v FROM (SELECT id, unnest({q(col)}) AS cid, generate_subscripts({q(col)}, 1) AS pos FROM {table}) u "
-                f"LEFT JOIN _map m ON m.id = u.cid GROUP BY u.id HAVING count(m.id) > 0")
-            joins.append(f"LEFT JOIN _fix_{col} f_{col} ON f_{col}.id = o.id")
+                f"LEFT JOIN {mapping} m ON m.id = u.cid GROUP BY u.id HAVING count(m.id) > 0")
+            joins.append(f"LEFT JOIN {fix} f_{col} ON f_{col}.id = o.id")
             exprs[col] = f"coalesce(f_{col}.v, o.{q(col)})"
             hit.append(f"f_{col}.id IS NOT NULL")
         cols = ", ".join(exprs.get(k, f"o.{q(k)}") + f" AS {q(k)}" for k in keys)
         hits = " OR ".join(hit)
         stamp = "o.ts" if ts is None else f"CASE WHEN {hits} THEN {int(ts)} ELSE o.ts END"
-        c.execute(f"CREATE OR REPLACE TEMP TABLE _t AS SELECT o.id, {cols}, {exprs['out']} AS out, {stamp} AS ts, "
-                  f"({hits}) AS hit FROM {table} o {' '.join(joins)}")
-        touched, total = c.execute("SELECT count(*) FILTER (hit), count(*) FROM _t").fetchall()[0]
-        full = 2 * touched > total  # most rows move: rebuild the table from _t (same statements either way)
-        c.execute(f"DELETE FROM _t WHERE NOT hit AND NOT {str(full).lower()}")
-        c.execute(f"DELETE FROM {table}" + ("" if full else " WHERE id IN (SELECT id FROM _t)"))
+        rows = tmp.create("rows", f"SELECT o.id, {cols}, {exprs['out']} AS out, {stamp} AS ts, "
+                                  f"({hits}) AS hit FROM {table} o {' '.join(joins)}")
+        touched, total = c.execute(f"SELECT count(*) FILTER (hit), count(*) FROM {rows}").fetchall()[0]
+        full = 2 * touched > total  # most rows move: rebuild the table from the rows (same statements either way)
+        c.execute(f"DELETE FROM {rows} WHERE NOT hit AND NOT {str(full).lower()}")
+        c.execute(f"DELETE FROM {table}" + ("" if full else f" WHERE id IN (SELECT id FROM {rows})"))
         keysel = ", ".join(q(k) for k in keys)
         on = " AND ".join(f"o.{q(k)} IS NOT DISTINCT FROM g.{q(k)}" for k in keys)
-        c.execute(
-            f"CREATE OR REPLACE TEMP TABLE _g AS SELECT g.*, o.out AS old FROM (SELECT {keysel}, min(id) AS id, "
+        groups = tmp.create(
+            "groups", f"SELECT g.*, o.out AS old FROM (SELECT {keysel}, min(id) AS id, "
             f"arg_min(out, id) AS out, arg_min(ts, id) AS ts, CASE WHEN count(*) > 1 THEN list(out) END AS outs "
-            f"FROM _t GROUP BY {keysel}) g LEFT JOIN {table} o ON {on}")
+            f"FROM {rows} GROUP BY {keysel}) g LEFT JOIN {table} o ON {on}")
         c.execute("INSERT INTO pending SELECT x, k FROM (SELECT unnest(coalesce(outs, [out])) AS x, coalesce(old, out) "
-                  "AS k FROM _g WHERE outs IS NOT NULL OR old IS NOT NULL) WHERE x <> k")
+                  f"AS k FROM {groups} WHERE outs IS NOT NULL OR old IS NOT NULL) WHERE x <> k")
         c.execute(f"INSERT INTO {table} (id, {keysel}, out, ts, touched) SELECT id, {keysel}, out, ts, {p} "
-                  f"FROM _g WHERE old IS NULL")
+                  f"FROM {groups} WHERE old IS NULL")
         return touched
 
     def _tables(self):
@@ -396,16 +470,16 @@ class EGraph:
         if "op_opaque" in self.live:
             yield "op_opaque", (), ("inputs",), ("proto", "inputs")
 
-    def _touched(self, tables: list[tuple]) -> list[tuple]:
-        """The tables (of ``_tables()``) with a row over a displaced id, found in one statement: the
-        others need no rewriting."""
+    def _touched(self, tables: list[tuple], mapping: str) -> list[tuple]:
+        """The tables (of ``_tables()``) with a row over an id displaced by ``mapping``, found in one
+        statement: the others need no rewriting."""
         if not tables:
             return []
         parts = []
         for table, fixed, var, _ in tables:
             cols = [q(col) for col in fixed + ("out",)] + [f"unnest({q(col)})" for col in var]
             ids = " UNION ALL ".join(f"SELECT {col} AS x FROM {table}" for col in cols)
-            parts.append(f"SELECT '{table}' AS t WHERE EXISTS (SELECT 1 FROM ({ids}) WHERE x IN (SELECT id FROM _map))")
+            parts.append(f"SELECT '{table}' AS t WHERE EXISTS (SELECT 1 FROM ({ids}) WHERE x IN (SELECT id FROM {mapping}))")
         hit = {t for (t,) in self.con.execute(" UNION ALL ".join(parts)).fetchall()}
         return [entry for entry in tables if entry[0] in hit]
 
@@ -421,20 +495,20 @@ class EGraph:
             report.skipped = True
             return report
         displaced_const, self.const_dirty = self.const_dirty, False
-        while True:
-            merged = self._components()
-            if not merged:
-                break
-            report.passes += 1
-            report.unions += merged
-            self.pass_no += 1
-            displaced_const |= self._merge_analyses()
-            before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
-            for table, fixed, var, keys in self._touched(list(self._tables())):
-                self._recanonicalize(table, fixed, var, keys, ts)
-            report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
-        for t in ("_adj", "_map", "_t", "_g"):
-            self.con.execute(f"DROP TABLE IF EXISTS {t}")
+        with self.scratch("rebuild") as tmp:
+            mapping = tmp.claim("map")  # each pass's displaced ids (id, root)
+            while True:
+                merged = self._components(mapping)
+                if not merged:
+                    break
+                report.passes += 1
+                report.unions += merged
+                self.pass_no += 1
+                displaced_const |= self._merge_analyses(mapping)
+                before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
+                for table, fixed, var, keys in self._touched(list(self._tables()), mapping):
+                    self._recanonicalize(table, fixed, var, keys, mapping, ts)
+                report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
         if displaced_const:
             self.propagate_const()
         report.seconds = time.perf_counter() - t0
@@ -503,14 +577,16 @@ class EGraph:
             raise InvariantError(f"{dup} e-classes have more than one analysis row")
 
     def _check_shapes(self, op: OpDef) -> None:
+        """Every node of ``op``'s table computes (by the catalog's shape rule) its e-class's shape."""
         cols = ", ".join(["id AS rid"] + [q(c) for c in key_columns(op)])
         src = f"SELECT {cols} FROM {op.table}"
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE _cand AS "
-                         f"{rule_select(op, src, given=key_columns(op), valid_only=True)}")
-        bad = self.con.execute(
-            f"SELECT n.id, n.out, c.o_shape, e.shape FROM {op.table} n LEFT JOIN _cand c ON c.rid = n.id "
-            f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.o_shape IS DISTINCT FROM e.shape "
-            f"OR c.o_dtype IS DISTINCT FROM e.dtype OR c.o_tshapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
+        with self.scratch("shapes") as tmp:
+            computed = tmp.create("cand", rule_select(op, src, given=key_columns(op), valid_only=True))
+            bad = self.con.execute(
+                f"SELECT n.id, n.out, c.o_shape, e.shape FROM {op.table} n LEFT JOIN {computed} c ON c.rid = n.id "
+                f"JOIN eclass e ON e.id = n.out WHERE c.rid IS NULL OR c.o_shape IS DISTINCT FROM e.shape "
+                f"OR c.o_dtype IS DISTINCT FROM e.dtype OR c.o_tshapes IS DISTINCT FROM e.tuple_shapes LIMIT 1"
+            ).fetchall()
         if bad:
             nid, cid, got, want = bad[0]
             raise InvariantError(f"{op.op_type} node {nid} computes shape {got} but its e-class {cid} has shape {want}")

@@ -40,26 +40,29 @@ def class_edges_sql(g, with_pending: bool = True) -> str:
     return " UNION ALL ".join(parts) or "SELECT NULL::BIGINT AS parent, NULL::BIGINT AS child WHERE false"
 
 
-def cyclic_matches(g, pairs: str, result: str = "_cyc") -> int:
-    """Create temp table ``result(mid)``: the matches of ``pairs`` (a SELECT of (mid, a, b) union
-    pairs) with a pair whose union would close a cycle (a reaches b or b reaches a, a <> b).
+def cyclic_matches(g, pairs: str, result: str) -> int:
+    """Create temp table ``result(mid)`` (the caller's to drop): the matches of ``pairs`` (a SELECT
+    of (mid, a, b) union pairs) with a pair whose union would close a cycle (a reaches b or b
+    reaches a, a <> b).
 
     Each direction is one search, started from whichever side has fewer distinct e-classes
     (typically the few matched roots, not the many new right sides) and confined to the classes
-    the other side can reach (or be reached from), so it stays near the matches.  Returns the
+    the other side can reach (or be reached from), so it stays near the matches.  Its working
+    tables are named for the call and dropped at its end (``EGraph.scratch``).  Returns the
     matches found."""
     c = g.con
-    c.execute(f"CREATE OR REPLACE TEMP TABLE _cpairs AS SELECT DISTINCT mid, a, b FROM ({pairs}) p(mid, a, b) "
-              f"WHERE a <> b")
-    c.execute(f"CREATE OR REPLACE TEMP TABLE _cedges AS {class_edges_sql(g)}")
-    na, nb = c.execute("SELECT count(DISTINCT a), count(DISTINCT b) FROM _cpairs").fetchall()[0]
-    c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
-              f"{_reaching('b', 'a', nb, na)} UNION ALL {_reaching('a', 'b', na, nb)})")
+    with g.scratch("cycles") as tmp:
+        cpairs = tmp.create("pairs", f"SELECT DISTINCT mid, a, b FROM ({pairs}) p(mid, a, b) WHERE a <> b")
+        edges = tmp.create("edges", class_edges_sql(g))
+        na, nb = c.execute(f"SELECT count(DISTINCT a), count(DISTINCT b) FROM {cpairs}").fetchall()[0]
+        c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
+                  f"{_reaching('b', 'a', nb, na, cpairs, edges)} UNION ALL {_reaching('a', 'b', na, nb, cpairs, edges)})")
     return c.execute(f"SELECT count(*) FROM {result}").fetchall()[0][0]
 
 
-def _reaching(x: str, y: str, nx: int, ny: int) -> str:
-    """A SELECT of the ``mid`` of ``_cpairs`` rows whose class ``x`` reaches their class ``y``.
+def _reaching(x: str, y: str, nx: int, ny: int, cpairs: str, edges: str) -> str:
+    """A SELECT of the ``mid`` of the rows of ``cpairs`` (mid, a, b) whose class ``x`` reaches their
+    class ``y`` along ``edges`` (parent, child).
 
     Searched down from the x side within the ancestors of the y side, or, when the y side has
     fewer classes, up from the y side within the descendants of the x side."""
@@ -69,10 +72,10 @@ def _reaching(x: str, y: str, nx: int, ny: int) -> str:
         start, other, fwd, back, hit = x, y, "child", "parent", f"r.s = p.{x} AND r.c = p.{y}"
     # `near`: the classes the other side reaches going the opposite way; the search stays inside
     return (
-        f"SELECT p.mid FROM _cpairs p JOIN (WITH RECURSIVE "
-        f"near(c) AS (SELECT {other} FROM _cpairs UNION SELECT e.{back} FROM near JOIN _cedges e ON e.{fwd} = near.c), "
-        f"r(s, c) AS (SELECT DISTINCT {start}, {start} FROM _cpairs UNION SELECT r.s, e.{fwd} FROM r "
-        f"JOIN _cedges e ON e.{back} = r.c WHERE e.{fwd} IN (SELECT c FROM near)) "
+        f"SELECT p.mid FROM {cpairs} p JOIN (WITH RECURSIVE "
+        f"near(c) AS (SELECT {other} FROM {cpairs} UNION SELECT e.{back} FROM near JOIN {edges} e ON e.{fwd} = near.c), "
+        f"r(s, c) AS (SELECT DISTINCT {start}, {start} FROM {cpairs} UNION SELECT r.s, e.{fwd} FROM r "
+        f"JOIN {edges} e ON e.{back} = r.c WHERE e.{fwd} IN (SELECT c FROM near)) "
         f"SELECT s, c FROM r WHERE s <> c) r ON {hit}"
     )
 
