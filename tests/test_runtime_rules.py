@@ -6,7 +6,6 @@ under ONNX Runtime element by element over several inputs; and the ops ONNX Runt
 from collections import Counter
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -175,8 +174,8 @@ def test_a_gathered_token_is_computed_alone():
     m = model_of(nodes, [2, S, C], [2, C], inits)
     out, applied = rewrite(m, set(), rules=("runtime",))
     assert applied["gather-matmul"] >= 2 and applied["gather-layernorm"] >= 2 and applied["gather-add"] >= 1, applied
-    shapes = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
-              for v in onnx.shape_inference.infer_shapes(out).graph.value_info}
+    # the written values' shapes as import reads them (ONNX's inference stops at a com.microsoft BiasGelu)
+    shapes = {name: shape for name, (_, shape) in import_model(out).types.items()}
     matmuls = [n for n in out.graph.node if n.op_type == "MatMul"]
     assert len(matmuls) == 2 and all(len(shapes[n.input[0]]) == 2 for n in matmuls), shapes  # one row each
     same_outputs(m, out, [2, S, C])
