@@ -291,6 +291,7 @@ OPS: tuple[OpDef, ...] = (
            torch="torch.clamp(x * alpha + beta, 0.0, 1.0)", example=Example(([2, 3],), {"alpha": 0.25, "beta": 0.4})),
     # below opset 14 written as x * HardSigmoid(x, 1/6, 1/2)
     _unary("HardSwish", flops="3 * prod(s_out)", torch="F.hardswish(x)"),
+    _unary("Softplus", flops="4 * prod(s_out)", torch="F.softplus(x)"),  # log(exp(x) + 1)
     OpDef(
         "Clip",
         _X,
