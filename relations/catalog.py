@@ -292,6 +292,9 @@ OPS: tuple[OpDef, ...] = (
     # below opset 14 written as x * HardSigmoid(x, 1/6, 1/2)
     _unary("HardSwish", flops="3 * prod(s_out)", torch="F.hardswish(x)"),
     _unary("Softplus", flops="4 * prod(s_out)", torch="F.softplus(x)"),  # log(exp(x) + 1)
+    # com.microsoft: gelu(A + B) in its erf form, B a bias over A's last axis
+    OpDef("BiasGelu", _AB, shape="CASE WHEN len(s_b) = 1 AND len(s_a) >= 1 AND s_b[1] = s_a[-1] THEN s_a END",
+          flops="9 * prod(s_out)", domain="com.microsoft", torch="F.gelu(a + b)", example=Example(([2, 3, 4], [4]))),
     OpDef(
         "Clip",
         _X,
