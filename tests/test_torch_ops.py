@@ -3,6 +3,8 @@ each operator's catalog example, a one-node model, run by the PyTorch runtime on
 and compared with ONNX Runtime element by element (driver/verify.py: several seeded input draws,
 wide-range and negative values), and the mapping's bookkeeping derived from the catalog."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +18,7 @@ from relsat.driver.torch_runtime import TorchSession  # noqa: E402
 from relsat.driver.verify import verify  # noqa: E402
 from relsat.extract import torch_cuda  # noqa: E402
 from relsat.relations.catalog import BY_ONNX, OPS  # noqa: E402
+from relsat.relations.runtime import session  # noqa: E402
 
 
 def test_every_catalog_operator_is_mapped_by_domain_and_op():
@@ -50,6 +53,35 @@ def test_operator_matches_onnx_runtime(op):
     model = example_model(op)
     assert [(n.domain, n.op_type) for n in model.graph.node] == [(op.domain, op.op_type)]
     res = verify(model, TorchSession(model, "cpu"))
+    assert res.ok, res.message
+
+
+@pytest.mark.parametrize("op", OPERATORS, ids=IDS)
+def test_one_node_timing_path_matches_onnx_runtime(op):
+    """``torch_cuda.build``, what CUDA operator timing runs (here on the CPU): parameter inputs on the host,
+    data inputs copied to the device, the node's outputs as ONNX Runtime computes them."""
+    model = example_model(op)
+    rng = np.random.default_rng(3)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    if 0 in op.positive:
+        feeds = {k: np.abs(v) + 0.5 for k, v in feeds.items()}
+    values = {**feeds, **{t.name: numpy_helper.to_array(t) for t in model.graph.initializer}}
+    sample = SimpleNamespace(node=model.graph.node[0], opset=20)
+    got = torch_cuda.build(sample, values, device="cpu")()
+    got = [t.numpy() for t in (got if isinstance(got, list) else [got])]
+    want = session(model).run(None, feeds)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with PyTorch CUDA")
+@pytest.mark.parametrize("op", OPERATORS, ids=IDS)
+def test_operator_matches_onnx_runtime_on_cuda(op):
+    model = example_model(op)
+    res = verify(model, TorchSession(model, "cuda"))
     assert res.ok, res.message
 
 
