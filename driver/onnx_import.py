@@ -13,6 +13,9 @@ Constant values deduplicated Weight leaves, graph inputs Input leaves, and each
 node either a catalog node (found by domain and op_type, attributes defaulted and
 normalized by the per-operator hooks below, lifted inputs turned into attributes,
 shapes checked against ONNX shape inference) or an opaque node that keeps its NodeProto.
+ONNX shape inference has no schema for other domains' operators: the outputs of those in the
+catalog (com.microsoft) are typed by the catalog's shape and dtype rules (``_type_other_domains``)
+and inference carries on from them, so the catalog nodes that read them are not opaque.
 
 The nodes of a model are planned as one batch (``relations.bulk.Plan``: e-class ids
 assigned while the graph is walked, identical nodes hash-consed) and written by
