@@ -19,8 +19,9 @@ The phases of a round, one method each:
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``);
-  then the rule's matches and build results are dropped (a banned rule's matches
-  too), so no temp table outlives its rule.
+  then the rule's build results are dropped.  The matches table (replaced rule by
+  rule) and the cycle filter's tables belong to the run (``EGraph.scratch``) and
+  are dropped when it ends: a run leaves no temp table behind.
   Rules are matched and applied one after the other, in name order, but every
   rule matches the e-graph as it stood at the start of the round (rows of earlier
   rounds only, by their ``ts``: one snapshot, as in egg and egglog), so a round's
@@ -212,6 +213,7 @@ class _Run:
     scheduler: Scheduler
     first_round: int
     start: float
+    scratch: object  # the run's temp tables (``EGraph.scratch``): matches, cycle filter; dropped at its end
     report: Report = field(default_factory=Report)
 
 
@@ -254,13 +256,14 @@ class Runner:
         order = g.con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
         g.con.execute("SET preserve_insertion_order = false")  # lets DuckDB number and insert rows in parallel
         try:
-            return self._saturate()
+            with g.scratch("run") as tmp:
+                return self._saturate(tmp)
         finally:
             self._state = None
             g.con.execute(f"SET preserve_insertion_order = {str(order).lower()}")
 
-    def _saturate(self) -> Report:
-        s = self._state = self._begin()
+    def _saturate(self, tmp) -> Report:
+        s = self._state = self._begin(tmp)
         counter = _StatementCounter(self.egraph)
         stop = StopReason.ITERATION_LIMIT
         try:
@@ -283,7 +286,6 @@ class Runner:
                     if s.scheduler.matched(rnd, st.compiled, m.count):
                         self._apply(r, m)
                     else:  # banned: the matches are not applied, so the rule's `since` stays
-                        self.egraph.con.execute(f"DROP TABLE {st.compiled.matches}")
                         r.stats.append((rnd, st.compiled.rule, m.count, 0, 0, m.seconds, True))
                 self._rebuild(r)
                 s.report.statements.append(counter.count)
@@ -295,8 +297,9 @@ class Runner:
             counter.restore()
         return self._finish(stop)
 
-    def _begin(self) -> _Run:
-        """Compile the rules, make the scheduler, start the clock; rounds go on from the stored ones."""
+    def _begin(self, tmp) -> _Run:
+        """Compile the rules, make the scheduler, start the clock; rounds go on from the stored ones.
+        ``tmp``: the run's scratch, which drops the rules' matches tables at the end."""
         # applied in name order: a round's result, ids and node-limit cut included, does not depend on
         # the order of the rules in a file
         rules = [RuleState(compile_rule(r)) for r in sorted(self.rules, key=lambda r: r.name)]
@@ -308,7 +311,9 @@ class Runner:
                      else SCHEDULERS[sched]())
         start = time.perf_counter()
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
-        return _Run(rules, sched, last + 1, start)
+        for st in rules:
+            tmp.keep(st.compiled.matches)
+        return _Run(rules, sched, last + 1, start, tmp)
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -364,8 +369,7 @@ class Runner:
         return _Matches(st, count, cap, seconds)
 
     def _apply(self, r: _Round, m: _Matches) -> None:
-        """Insert the rule's right sides for its matches and queue its unions; drop the matches and
-        the build results."""
+        """Insert the rule's right sides for its matches and queue its unions; drop the build results."""
         g, c, rnd = self.egraph, m.rule.compiled, r.it.round
         t1 = time.perf_counter()
         m.rule.since = rnd
@@ -383,15 +387,14 @@ class Runner:
                 r.budget -= res.new_nodes
                 applied += res.targeted  # an application that needs no union
             if filtering:
-                with g.scratch("cycle_filter") as tmp:
-                    cyclic = tmp.claim("cyc")
-                    cyclic_matches(g, c.pairs, cyclic)
-                    for t in (c.matches,) + c.results:  # the unions read these
-                        g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
+                tmp = self._state.scratch
+                cyclic = tmp.claim("cyclic")
+                cyclic_matches(g, c.pairs, cyclic, tmp)
+                for t in (c.matches,) + c.results:  # the unions read these
+                    g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
             applied += sum(g.union_from(u) for u in c.unions)
-        # free the rule's tables before the next rule (no match: no build ran)
-        for t in ([b.name for b in c.builds] if m.count else []) + [c.matches]:
-            g.con.execute(f"DROP TABLE IF EXISTS {t}")
+            for b in c.builds:  # free the rule's intermediate tables before the next rule
+                g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
         t2 = time.perf_counter()
         r.it.apply_s += t2 - t1
         r.it.applied += applied

@@ -27,10 +27,11 @@ dropped when it returns or raises, so a method called while another's tables
 exist (a nested call, a hook, a second user of the connection) neither reads
 nor overwrites them.  What one method hands another is passed by name: the new
 nodes ``insert_from`` checks (``_check_targets(new)``), the displaced-id map a
-rebuild pass reads (``_components(into)``, ``_merge_analyses(mapping)``,
-``_touched``, ``_recanonicalize``).  The one table that outlives its call is
-``insert_from``'s result (``InsertResult.table``), which the caller names or
-gets named and drops.
+rebuild pass reads (``_components``, ``_merge_analyses``, ``_touched``,
+``_recanonicalize``: ``mapping``); a rebuild hands its scratch to the helpers
+it calls, so their tables are the rebuild's, replaced from pass to pass and
+dropped once.  The one table that outlives its call is ``insert_from``'s result
+(``InsertResult.table``), which the caller names or gets named and drops.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class _Scratch:
     (``_<call><n>_<part>``), dropped on leaving the ``with`` block (also when it raises).
 
     ``create`` makes (or, called again with the same part, replaces) a table; ``claim`` only names
-    one that a callee is told to create; ``register`` registers a numpy frame as a view."""
+    one that a callee is told to create; ``keep`` adds a table named elsewhere to those dropped;
+    ``register`` registers a numpy frame as a view.  A call may hand its scratch to the methods it
+    calls: their tables are then the call's, replaced from one use to the next and dropped once."""
 
     def __init__(self, g: EGraph, call: str) -> None:
         self.g = g
@@ -85,9 +88,12 @@ class _Scratch:
 
     def claim(self, part: str) -> str:
         t = self.prefix + part
-        if t not in self.made:
-            self.made.append(t)
+        self.keep(t)
         return t
+
+    def keep(self, table: str) -> None:
+        if table not in self.made:
+            self.made.append(table)
 
     def create(self, part: str, sql: str) -> str:
         t = self.claim(part)
@@ -357,27 +363,26 @@ class EGraph:
         return r["r"].astype(np.int64)
 
     # ---------------------------------------------------------------- rebuild
-    def _components(self, into: str) -> int:
-        """Turn pending pairs into table ``into(id, root)`` (created or replaced) for every id that
-        stops being canonical; returns its rows.
+    def _components(self, tmp: _Scratch) -> tuple[str, int]:
+        """Turn pending pairs into a table (id, root) of ``tmp`` for every id that stops being
+        canonical; returns its name and rows.
 
         Min-label propagation in one recursive CTE keyed by node (``USING KEY``): each step only
         revisits the neighbours of the labels that dropped in the step before."""
         c = self.con
-        with self.scratch("components") as tmp:
-            adj = tmp.create(
-                "adj", "SELECT unnest([x, y]) AS n, unnest([y, x]) AS k FROM ("
-                "SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM (SELECT coalesce(ua.root, p.a) AS x, "
-                "coalesce(ub.root, p.b) AS y FROM pending p LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub "
-                "ON ub.id = p.b) WHERE x <> y)")
-            c.execute("DELETE FROM pending")
-            c.execute(
-                f"CREATE OR REPLACE TEMP TABLE {into} AS WITH RECURSIVE cc(n, l) USING KEY (n) AS ("
-                f"SELECT n, least(n, min(k)) FROM {adj} GROUP BY n UNION "
-                f"SELECT e.k, min(c.l) FROM cc c JOIN {adj} e ON e.n = c.n JOIN recurring.cc r ON r.n = e.k "
-                "WHERE c.l < r.l GROUP BY e.k) "
-                "SELECT n AS id, l AS root FROM cc WHERE n <> l")
-        return c.execute(f"SELECT count(*) FROM {into}").fetchall()[0][0]
+        adj = tmp.create(
+            "adj", "SELECT unnest([x, y]) AS n, unnest([y, x]) AS k FROM ("
+            "SELECT DISTINCT least(x, y) AS x, greatest(x, y) AS y FROM (SELECT coalesce(ua.root, p.a) AS x, "
+            "coalesce(ub.root, p.b) AS y FROM pending p LEFT JOIN uf ua ON ua.id = p.a LEFT JOIN uf ub "
+            "ON ub.id = p.b) WHERE x <> y)")
+        c.execute("DELETE FROM pending")
+        mapping = tmp.create(
+            "map", f"WITH RECURSIVE cc(n, l) USING KEY (n) AS ("
+            f"SELECT n, least(n, min(k)) FROM {adj} GROUP BY n UNION "
+            f"SELECT e.k, min(c.l) FROM cc c JOIN {adj} e ON e.n = c.n JOIN recurring.cc r ON r.n = e.k "
+            "WHERE c.l < r.l GROUP BY e.k) "
+            "SELECT n AS id, l AS root FROM cc WHERE n <> l")
+        return mapping, c.execute(f"SELECT count(*) FROM {mapping}").fetchall()[0][0]
 
     def _merge_analyses(self, mapping: str) -> bool:
         """Fold the analyses of the e-classes displaced by ``mapping`` (a table of (id, root)) into
@@ -407,22 +412,17 @@ class EGraph:
         return ", ".join(f"{op}#{nid}" for op, nid in rows) or f"class {cid}"
 
     def _recanonicalize(self, table: str, fixed: tuple[str, ...], var: tuple[str, ...],
-                        keys: tuple[str, ...], mapping: str, ts: int | None = None) -> int:
+                        keys: tuple[str, ...], mapping: str, tmp: _Scratch, ts: int | None = None) -> int:
         """Rewrite the rows of ``table`` that touch an id displaced by ``mapping`` (a table of
         (id, root)) and restore congruence among them.
 
-        The touched rows, canonicalised, move to a working table; rows there sharing a key collapse to
-        the oldest, and a key that an untouched row already holds (untouched rows are unique by key)
-        keeps that row; every other e-class of a collapsed key is queued for union.  When most rows
-        are touched the table is rebuilt from the working table whole (cheaper than deleting most of it).
+        The touched rows, canonicalised, move to a working table (in ``tmp``, the rebuild's scratch,
+        replaced table by table); rows there sharing a key collapse to the oldest, and a key that an
+        untouched row already holds (untouched rows are unique by key) keeps that row; every other
+        e-class of a collapsed key is queued for union.  When most rows are touched the table is
+        rebuilt from the working table whole (cheaper than deleting most of it).
         Rewritten rows get round ``ts`` when given: they may match patterns they did not match
         before, so semi-naive evaluation must see them as new.  Returns the rows rewritten."""
-        with self.scratch("recanon") as tmp:
-            return self._rewrite(table, fixed, var, keys, mapping, ts, tmp)
-
-    def _rewrite(self, table: str, fixed: tuple[str, ...], var: tuple[str, ...], keys: tuple[str, ...],
-                 mapping: str, ts: int | None, tmp: _Scratch) -> int:
-        """``_recanonicalize`` with its working tables in ``tmp``."""
         c, p = self.con, self.pass_no
         joins, exprs, hit = [], {}, []
         for col in fixed + ("out",):
@@ -495,10 +495,9 @@ class EGraph:
             report.skipped = True
             return report
         displaced_const, self.const_dirty = self.const_dirty, False
-        with self.scratch("rebuild") as tmp:
-            mapping = tmp.claim("map")  # each pass's displaced ids (id, root)
+        with self.scratch("rebuild") as tmp:  # the working tables of every pass, dropped at the end
             while True:
-                merged = self._components(mapping)
+                mapping, merged = self._components(tmp)  # this pass's displaced ids (id, root)
                 if not merged:
                     break
                 report.passes += 1
@@ -507,7 +506,7 @@ class EGraph:
                 displaced_const |= self._merge_analyses(mapping)
                 before = self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0]
                 for table, fixed, var, keys in self._touched(list(self._tables()), mapping):
-                    self._recanonicalize(table, fixed, var, keys, mapping, ts)
+                    self._recanonicalize(table, fixed, var, keys, mapping, tmp, ts)
                 report.congruences += self.con.execute("SELECT count(*) FROM pending").fetchall()[0][0] - before
         if displaced_const:
             self.propagate_const()

@@ -40,7 +40,7 @@ def class_edges_sql(g, with_pending: bool = True) -> str:
     return " UNION ALL ".join(parts) or "SELECT NULL::BIGINT AS parent, NULL::BIGINT AS child WHERE false"
 
 
-def cyclic_matches(g, pairs: str, result: str) -> int:
+def cyclic_matches(g, pairs: str, result: str, scratch=None) -> int:
     """Create temp table ``result(mid)`` (the caller's to drop): the matches of ``pairs`` (a SELECT
     of (mid, a, b) union pairs) with a pair whose union would close a cycle (a reaches b or b
     reaches a, a <> b).
@@ -48,15 +48,18 @@ def cyclic_matches(g, pairs: str, result: str) -> int:
     Each direction is one search, started from whichever side has fewer distinct e-classes
     (typically the few matched roots, not the many new right sides) and confined to the classes
     the other side can reach (or be reached from), so it stays near the matches.  Its working
-    tables are named for the call and dropped at its end (``EGraph.scratch``).  Returns the
-    matches found."""
+    tables go in ``scratch`` (the caller's ``EGraph.scratch``, which drops them; a caller that
+    filters often hands one in, so they are replaced from call to call) or, without one, in
+    tables named for this call and dropped at its end.  Returns the matches found."""
+    if scratch is None:
+        with g.scratch("cycles") as tmp:
+            return cyclic_matches(g, pairs, result, tmp)
     c = g.con
-    with g.scratch("cycles") as tmp:
-        cpairs = tmp.create("pairs", f"SELECT DISTINCT mid, a, b FROM ({pairs}) p(mid, a, b) WHERE a <> b")
-        edges = tmp.create("edges", class_edges_sql(g))
-        na, nb = c.execute(f"SELECT count(DISTINCT a), count(DISTINCT b) FROM {cpairs}").fetchall()[0]
-        c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
-                  f"{_reaching('b', 'a', nb, na, cpairs, edges)} UNION ALL {_reaching('a', 'b', na, nb, cpairs, edges)})")
+    cpairs = scratch.create("cycle_pairs", f"SELECT DISTINCT mid, a, b FROM ({pairs}) p(mid, a, b) WHERE a <> b")
+    edges = scratch.create("cycle_edges", class_edges_sql(g))
+    na, nb = c.execute(f"SELECT count(DISTINCT a), count(DISTINCT b) FROM {cpairs}").fetchall()[0]
+    c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT DISTINCT mid FROM ("
+              f"{_reaching('b', 'a', nb, na, cpairs, edges)} UNION ALL {_reaching('a', 'b', na, nb, cpairs, edges)})")
     return c.execute(f"SELECT count(*) FROM {result}").fetchall()[0][0]
 
 
