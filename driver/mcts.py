@@ -102,6 +102,7 @@ class Mcts:
         self.tables = [compile_rule(r).tables for r in self.rules]  # the op tables each rule joins
         self.low = self.high = 0.0  # least and greatest cost seen
         self.steps = self.noops = 0
+        self.deadline = math.inf  # set by run(): the time limit, also checked between the actions of one expansion
 
     # ------------------------------------------------------------------ actions
     def _label(self, a: int | None) -> str:
@@ -167,8 +168,12 @@ class Mcts:
         return node
 
     def _expand(self, node: _Node) -> _Node | None:
-        """The node's next untried action that changes its e-graph, as a new child (None: none left)."""
+        """The node's next untried action that changes its e-graph, as a new child (None: none left, or the
+        time limit passed while trying them: a node with hundreds of rules that change nothing, e.g. the
+        generated set's, took 220 s of no-op actions under a 10 s limit before the limit was checked here)."""
         while node.untried:
+            if time.perf_counter() > self.deadline:
+                return None  # the rest stay untried; run() stops at its next check
             a = node.untried.pop(0)
             if (node.path, a) in self.useless or (a != SATURATE and not set(self.tables[a]) <= node.state.live):
                 continue  # known to change nothing, or joins an operator this e-graph does not have
@@ -264,6 +269,7 @@ class Mcts:
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
+        self.deadline = t0 + self.limits.seconds
         try:
             root_state = self.states.save()
             self.states.checkout(root_state)

@@ -60,3 +60,18 @@ def test_initializers_listed_as_inputs_in_ir3_are_constants():
     assert [n.op_type for n in written.graph.node] == ["Mul"]
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(_run(written, {"x": x})[0], x * 6.0, rtol=1e-6)
+
+
+def test_mcts_honours_its_time_limit_while_expanding_one_node():
+    """Fuzzer, campaign of 2026-11-26 (seed 2026, model 2849: 23 nodes of MatMul, Gemm, LayerNormalization,
+    ...): ``--search mcts --rules generated --time-limit 10`` ran 222 s. Saturation changed nothing, so the
+    root's expansion tried its 910 applicable rules one by one, each a no-op, and the time limit was checked
+    only between expansions. Now it is checked between the actions of one expansion too: with a 1 s limit the
+    search stops on it long before trying every rule (counted in rounds, not timed)."""
+    from relsat.benchmarks import fuzz
+
+    model = fuzz.generate(2026 * 1_000_003 + 2849)
+    res = optimize(model, rules=["generated"], search="mcts", budget=4, seed=1, **{**CHEAP, "time_limit": 1.0})
+    search = res.report.search
+    assert search["stop"] == "time limit", search
+    assert search["rounds_run"] < 300, search  # was 910: every applicable rule of the root
