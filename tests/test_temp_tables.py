@@ -110,6 +110,18 @@ def _nested(g: EGraph, x: int):
     return nested
 
 
+def _alone_and_interleaved(op):
+    """``op`` on a small graph left alone, and on another with the nested calls before each statement:
+    (its result alone, that graph, its result interleaved, that graph, the statements interleaved)."""
+    ref, _ = small_graph()
+    want = op(ref)
+    g, x = small_graph()
+    proxy = _Interleaving(g, _nested(g, x))
+    got = op(g)
+    g.con = proxy.real
+    return want, ref, got, g, proxy.calls
+
+
 def test_calls_interleaved_with_an_insert_do_not_see_its_tables():
     """Before every statement of ``insert_from`` (new nodes placed into target e-classes, so
     ``_check_targets`` reads the new rows), other calls: the insert's result, ids and tables are
@@ -122,13 +134,8 @@ def test_calls_interleaved_with_an_insert_do_not_see_its_tables():
                                              "v(rid, x, t)", ts=1, target="t", result="_outer")
         return res.new_nodes, res.targeted, g.sql("SELECT * FROM _outer ORDER BY ALL")
 
-    ref, _ = small_graph()
-    want = insert(ref)
-    g, x = small_graph()
-    proxy = _Interleaving(g, _nested(g, x))
-    got = insert(g)
-    g.con = proxy.real
-    assert proxy.calls >= 8
+    want, ref, got, g, calls = _alone_and_interleaved(insert)
+    assert calls >= 8
     assert got == want and want[:2] == (1, 1)
     g.con.execute("DROP TABLE _outer")
     ref.con.execute("DROP TABLE _outer")
@@ -144,13 +151,8 @@ def test_calls_interleaved_with_a_rebuild_do_not_see_its_tables():
         g.union([m1], [m2])
         return g.rebuild(ts=1)
 
-    ref, _ = small_graph()
-    want = merge(ref)
-    g, x = small_graph()
-    proxy = _Interleaving(g, _nested(g, x))
-    got = merge(g)
-    g.con = proxy.real
-    assert proxy.calls >= 10
+    want, ref, got, g, calls = _alone_and_interleaved(merge)
+    assert calls >= 10
     assert (got.passes, got.unions, got.congruences) == (want.passes, want.unions, want.congruences)
     assert want.congruences == 1 and want.passes == 2  # the Relus, by congruence
     assert [len(set(i)) for (i,) in g.sql("SELECT inputs FROM op_concat")] == [1]  # a variadic row rewritten
