@@ -221,7 +221,7 @@ def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     model runs), and the workers do not verify them again."""
     from relsat.programs.rulesets import rule_sources
 
-    from .optimize import resolve_rules
+    from .phases import resolve_rules
     from .version import __version__
 
     opts.check()

@@ -68,7 +68,6 @@ from . import phases
 from .errors import RelsatError
 from .options import DEFAULTS, Options
 from .outputs import EGraphFile, save_model_atomic
-from .phases import resolve_rules  # noqa: F401  (relsat.driver.batch resolves --rules with it)
 from .version import __version__
 
 
