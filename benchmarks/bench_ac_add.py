@@ -43,7 +43,7 @@ def _rss_mib() -> float:
 
 
 def run_relsat(n: int, memory_limit: str | None = None) -> dict:
-    from relsat.driver.runner import Limits, Runner
+    from relsat.driver.search.runner import Limits, Runner
     from relsat.programs.parser import load_rules
     from relsat.relations.egraph import EGraph
 

@@ -23,7 +23,7 @@ For each model:
   Each is verified against the original element by element at relsat's two bindings and must keep
   every dynamic dim; one that fails gets an 'x' and its one-line reason, and is not timed;
 - **latency** at the costed binding, at 1 thread and at all cores, of the original, relsat's model
-  and the verified peers, all timed together (``relsat.driver.latency.time_models``: fresh sessions,
+  and the verified peers, all timed together (``relsat.driver.boundary.latency.time_models``: fresh sessions,
   blocks of back-to-back runs interleaved, medians), level ALL; the table gives each one's speedup
   over the original, relsat / the best peer (relsat-on-onnxsim is not a peer there), and the
   geometric mean of both per group of models (``corpus.Entry.group``) and over all;
@@ -53,11 +53,11 @@ import onnx
 
 from relsat.benchmarks import compare, corpus
 from relsat.benchmarks.compare import declared_dims, dims_kept
-from relsat.driver import feeds
-from relsat.driver.latency import time_models
-from relsat.driver.optimize import optimize
+from relsat.driver.boundary import feeds
+from relsat.driver.boundary.latency import time_models
+from relsat.driver.app.optimize import optimize
 from relsat.driver.options import all_cores
-from relsat.driver.verify import verify
+from relsat.driver.boundary.verify import verify
 from relsat.relations import runtime
 
 THIRD = (96, 160, 48, 200)  # sizes tried for the non-batch dims of the third binding

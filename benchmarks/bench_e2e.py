@@ -3,9 +3,9 @@
 For each model (full size): ``relsat optimize`` with measured costs (the persistent cost cache
 is used and filled), the given node limit and time limits, and the final latency guard on, in
 its own process; then the original model and the written one are timed with
-``python -m relsat.driver.latency`` (ONNX Runtime, ORT_ENABLE_ALL, fixed intra-op threads,
+``python -m relsat.driver.boundary.latency`` (ONNX Runtime, ORT_ENABLE_ALL, fixed intra-op threads,
 sequential, warm-up, runs interleaved, median; ``--provider cuda`` without onnxruntime-gpu: the
-PyTorch runtime on the GPU, ``relsat.driver.torch_runtime``) in ``--processes`` fresh processes, alternating
+PyTorch runtime on the GPU, ``relsat.driver.boundary.torch_runtime``) in ``--processes`` fresh processes, alternating
 which model goes first; the latency of a model is the median of the processes' medians.
 
 Prints a Markdown table (model, nodes in -> out, original and optimized ms, speedup, guard
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from relsat.benchmarks import zoo
+from relsat.driver.boundary import zoo
 
 
 def spearman(x, y) -> float:
@@ -51,7 +51,7 @@ def spearman(x, y) -> float:
 
 
 def run_optimize(src: Path, dst: Path, report: Path, args) -> tuple[dict | None, str, float]:
-    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", str(src), "-o", str(dst),
+    cmd = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(src), "-o", str(dst),
            "--report", str(report), "--node-limit", str(args.node_limit), "--iter-limit", str(args.iter_limit),
            "--time-limit", str(args.time_limit), "--ilp-time-limit", str(args.ilp_time_limit),
            "--threads", str(args.threads), "--cost-model", "measured", "--provider", args.provider]
@@ -73,7 +73,7 @@ def fresh_latency(a: Path, b: Path, args) -> dict:
     per = []
     for k in range(args.processes):
         pair = [a, b] if k % 2 == 0 else [b, a]
-        out = subprocess.run([sys.executable, "-m", "relsat.driver.latency", *map(str, pair),
+        out = subprocess.run([sys.executable, "-m", "relsat.driver.boundary.latency", *map(str, pair),
                               "--threads", str(args.threads), "--budget", str(args.budget),
                               "--provider", args.provider],
                              capture_output=True, text=True, check=True).stdout
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model-timeout", type=float, default=1800.0, help="wall limit of one optimize run (s)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--provider", default="cpu", help="cpu | cuda (cuda without onnxruntime-gpu: the PyTorch "
-                    "runtime times whole models, relsat.driver.torch_runtime)")
+                    "runtime times whole models, relsat.driver.boundary.torch_runtime)")
     ap.add_argument("--processes", type=int, default=3, help="fresh latency processes per model")
     ap.add_argument("--budget", type=float, default=1.0, help="timed seconds per model per process (fast models)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/relsat_bench_e2e"))

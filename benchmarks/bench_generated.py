@@ -27,7 +27,7 @@ CONFIGS = {"default": ["default"], "default+generated": ["default", "generated"]
 def run(model: str, rules: list[str], node_limit: int, out: Path, timeout: float) -> dict:
     tag = "-".join(rules)
     report = out / f"{model}.{tag}.json"
-    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", f"zoo:{model}", "-o", str(out / f"{model}.{tag}.onnx"),
+    cmd = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", f"zoo:{model}", "-o", str(out / f"{model}.{tag}.onnx"),
            "--node-limit", str(node_limit), "--candidates", "0", "--report", str(report)]
     for r in rules:
         cmd += ["--rules", r]
@@ -46,7 +46,7 @@ def run(model: str, rules: list[str], node_limit: int, out: Path, timeout: float
 
 
 def main() -> None:
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(zoo.NAMES))

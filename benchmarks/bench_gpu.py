@@ -6,15 +6,15 @@ line), the time budget each gets out of a total (``--total-budget``, 540 s: the 
 10 minutes), the three systems timed per model (the original, relsat's written model, onnxsim's
 output), how they are timed, and the Markdown it writes (``--markdown``). Per model:
 
-- ``relsat optimize --provider cuda`` in its own process (``relsat.driver.cli``, as bench_e2e runs
+- ``relsat optimize --provider cuda`` in its own process (``relsat.driver.app.cli``, as bench_e2e runs
   it), killed at its share of the budget; saturation and ILP time limits are cut from the same share;
 - onnxsim (``onnxsim.simplify``, defaults, dynamic dims kept) in its own process, killed likewise,
-  then verified against the original (``relsat.driver.verify``); an onnxsim model that does not
+  then verified against the original (``relsat.driver.boundary.verify``); an onnxsim model that does not
   verify is not timed;
 - latency on the GPU at the binding relsat costed: with onnxruntime-gpu, ONNX Runtime's CUDA
-  execution provider (``relsat.driver.latency.session``); without it, PyTorch through
-  ``relsat.driver.torch_runtime.TorchSession`` on cuda. Fresh sessions in two blocks, created in
-  the given order and then reversed, runs interleaved in blocks (``relsat.driver.latency``'s
+  execution provider (``relsat.driver.boundary.latency.session``); without it, PyTorch through
+  ``relsat.driver.boundary.torch_runtime.TorchSession`` on cuda. Fresh sessions in two blocks, created in
+  the given order and then reversed, runs interleaved in blocks (``relsat.driver.boundary.latency``'s
   ``_timed_block``), the median wall clock per system. A system its runtime cannot run is reported,
   the others are still timed;
 - which rules fired (the saturation's applications per rule) and the extracted graph's op changes
@@ -51,8 +51,8 @@ from pathlib import Path
 import onnx
 
 from relsat.benchmarks import corpus, zoo
-from relsat.driver import feeds, latency, torch_runtime
-from relsat.driver.verify import random_inputs, verify
+from relsat.driver.boundary import feeds, latency, torch_runtime
+from relsat.driver.boundary.verify import random_inputs, verify
 from relsat.relations.backend import resolve
 
 TOTAL_S = 540.0  # the whole run: under 10 minutes with start-up and the table
@@ -127,7 +127,7 @@ def plan(args) -> tuple[list[tuple[str, str, Path | None]], list[str]]:
 
 def run_relsat(src: Path, dst: Path, rep: Path, budget: float, provider: str, args) -> tuple[dict | None, str]:
     sat, ilp = (max(1.0, 0.2 * budget), max(1.0, 0.1 * budget))
-    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", str(src), "-o", str(dst),
+    cmd = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(src), "-o", str(dst),
            "--report", str(rep), "--provider", provider]
     if args.dry_run:  # tiny budgets; no in-context search, as on a GPU without onnxruntime-gpu (optimize.in_context)
         sat, ilp = min(sat, 2.0), min(ilp, 2.0)
@@ -176,7 +176,7 @@ def _session(path: Path, rt: str, device: str, threads: int):
 def time_systems(paths: dict[str, Path], *, rt: str, device: str, shapes: dict | None, roles: dict | None,
                  budget_s: float, threads: int) -> tuple[dict[str, float], dict[str, str]]:
     """Median wall-clock ms of every system that its runtime runs, all timed on the same inputs, interleaved
-    (``relsat.driver.latency.time_models``'s method with this runtime's sessions); errors by system."""
+    (``relsat.driver.boundary.latency.time_models``'s method with this runtime's sessions); errors by system."""
     errors: dict[str, str] = {}
     names = list(paths)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -299,7 +299,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     dry = meta["dry_run"]
     title = ("## GPU dry run on the CPU (issue 25): not a GPU figure" if dry else
              "## GPU (issue 25): zoo and corpus end to end with `--provider cuda`")
-    timed = ("PyTorch through `relsat.driver.torch_runtime.TorchSession` on " + meta["device"]
+    timed = ("PyTorch through `relsat.driver.boundary.torch_runtime.TorchSession` on " + meta["device"]
              + (" (onnxruntime-gpu is not installed)" if meta["device"] == "cuda" else "")
              if meta["runtime"] == "torch" else f"ONNX Runtime ({meta['device']} execution provider)")
     lines = [title, "",

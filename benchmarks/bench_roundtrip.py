@@ -5,7 +5,7 @@
 
 Model groups:
 
-* ``zoo``: the ten zoo models (``relsat.benchmarks.zoo``, full size unless ``--small``);
+* ``zoo``: the ten zoo models (``relsat.driver.boundary.zoo``, full size unless ``--small``);
 * ``rapidocr``: the three PP-OCR models (det v4, rec v4, cls mobile v2) shipped in the PyPI
   package ``rapidocr-onnxruntime`` (exported by Paddle2ONNX);
 * ``silero``: two Silero VAD models from the PyPI package ``silero-vad`` (the 16 kHz
@@ -37,9 +37,9 @@ import onnx
 import onnxruntime
 
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_export import export_model
-from relsat.driver.onnx_import import import_model, load_model
-from relsat.driver.verify import verify
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import import_model, load_model
+from relsat.driver.boundary.verify import verify
 
 GROUPS = ("zoo", "rapidocr", "silero", "onnx-light")
 # package -> [(file inside the wheel, input shapes)]
@@ -87,7 +87,7 @@ def models(groups, cache: Path, small: bool):
     """(group, name, model or path, input shapes) for every model of the groups."""
     for group in groups:
         if group == "zoo":
-            from relsat.benchmarks import zoo
+            from relsat.driver.boundary import zoo
 
             for name in zoo.NAMES:
                 yield group, name + (" (small)" if small else ""), lambda n=name: zoo.build(n, small=small), None
@@ -134,7 +134,7 @@ def roundtrip(source, shapes) -> dict:
 
 
 def run_optimize(model, shapes) -> dict:
-    from relsat.driver.optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     t = time.perf_counter()
     try:

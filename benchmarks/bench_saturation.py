@@ -4,7 +4,7 @@
                                                  [--iter-limit 10] [--time-limit 120] [--timeout 600]
 
 Each (model, node limit) runs in a fresh process: the full-size zoo model is built
-(``relsat.benchmarks.zoo.build``), imported (``relsat.driver.onnx_import.import_model``, not
+(``relsat.driver.boundary.zoo.build``), imported (``relsat.driver.boundary.onnx_import.import_model``, not
 timed) and saturated by a ``Runner`` with the rules of ``load_rule_list(["default"])`` and the
 CLI's defaults otherwise (backoff scheduler, multi-pattern rules in the first round, cycle
 filtering on).  Reported: seconds, rounds, e-nodes before and after, stop reason, the time split
@@ -25,10 +25,10 @@ LIMITS = (2_000, 50_000)
 
 
 def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float = 120.0) -> dict:
-    from relsat.benchmarks import zoo
-    from relsat.driver.onnx_import import import_model
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
     from relsat.programs.rulesets import load_rule_list
-    from relsat.driver.runner import Limits, Runner
+    from relsat.driver.search.runner import Limits, Runner
 
     g = import_model(zoo.build(name)).egraph
     before = g.counts()["enodes"]
@@ -62,7 +62,7 @@ def run_isolated(name: str, node_limit: int, iter_limit: int, time_limit: float,
 
 def rows(models=None, limits=LIMITS, iter_limit: int = 10, time_limit: float = 120.0,
          timeout: float = 600.0) -> list[dict]:
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 
     return [run_isolated(m, lim, iter_limit, time_limit, timeout) for m in (models or zoo.NAMES) for lim in limits]
 
@@ -84,7 +84,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args.iter_limit, args.time_limit)))
         return
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 
     if not args.json:
         print("| model | node limit | seconds | match | apply | rebuild | rounds | e-nodes before | e-nodes | "

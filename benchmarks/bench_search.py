@@ -8,7 +8,7 @@ ILP objective, ms) comes from the same cost table and the written model is the e
 bound it: it runs once per model and alpha.  One JSON report per run is kept in ``--out``.
 
 ``--time`` then times, in a separate pass meant for a quiet machine, every written model that
-differs from its input against that input (``python -m relsat.driver.latency``: ONNX Runtime,
+differs from its input against that input (``python -m relsat.driver.boundary.latency``: ONNX Runtime,
 block-interleaved medians, ``--threads``), and stores the medians in the report.  ``--table``
 prints the Markdown table from every report there (so runs can be added in pieces):
 
@@ -40,7 +40,7 @@ def _flags(strategy: str) -> list[str]:
 
 
 def _input(model: str, out: Path) -> Path:
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 
     path = out / "inputs" / f"{model}.onnx"
     if not path.exists():
@@ -53,7 +53,7 @@ def run(model: str, strategy: str, node_limit: int | None, rules: list[str], bud
         timeout: float, time_limit: float | None = None) -> dict:
     tag = f"{model}.{strategy}.{node_limit or 'none'}"
     report = out / f"{tag}.json"
-    cmd = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "optimize", str(_input(model, out)),
+    cmd = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(_input(model, out)),
            "-o", str(out / f"{tag}.onnx"), "--candidates", "0", "--no-measure", "--report", str(report),
            *_flags(strategy)]
     if node_limit is not None:
@@ -88,7 +88,7 @@ def time_written(out: Path, threads: int) -> None:
         if "note" in r["bench"] or r.get("written") != "optimized" or "timing" in r["bench"]:
             continue
         model = out / f"{p.stem}.onnx"
-        cmd = [sys.executable, "-m", "relsat.driver.latency", str(_input(r["bench"]["model"], out)), str(model),
+        cmd = [sys.executable, "-m", "relsat.driver.boundary.latency", str(_input(r["bench"]["model"], out)), str(model),
                "--threads", str(threads)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -158,7 +158,7 @@ def seeds_table(out: Path) -> str:
 
 
 def main() -> None:
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for models and reports")

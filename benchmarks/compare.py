@@ -8,7 +8,7 @@ runners (``MAKERS``, ``run_system``: make one system's model, verify it) that ``
 For every zoo model, each system below produces a model from the same original:
 
   original       the zoo model as built
-  relsat         ``relsat.driver.optimize.optimize`` (default rules, ILP extraction, measured
+  relsat         ``relsat.driver.app.optimize.optimize`` (default rules, ILP extraction, measured
                  costs when that option exists, and its final latency guard)
   onnxsim        ``onnxsim.simplify`` with its defaults
   onnxoptimizer  ``onnxoptimizer.optimize`` with its default passes (fuse and eliminate), followed by
@@ -25,14 +25,14 @@ For every zoo model, each system below produces a model from the same original:
                  output it could have reached
 
 Every model is checked against the original under ONNX Runtime with
-``relsat.driver.verify.verify`` (at ``Options.bindings``, default the model's own shapes), and
+``relsat.driver.boundary.verify.verify`` (at ``Options.bindings``, default the model's own shapes), and
 its declared dynamic dims against the original's (``dims_kept``), before it is timed
 (``run_system``); one that fails verification or freezes a dynamic dim, or a system that crashes
 or is not installed, is reported as such (one line) and not timed. Where relsat (or relsat-on-onnxsim)
 wrote a rewritten graph, its notes give what changed in the graph ONNX Runtime runs (``ort_ops``:
 op counts of ONNX Runtime's optimized model, before -> after). The
 verified models of one zoo model are then timed together (``time_interleaved``), in
-sessions made by ``relsat.driver.latency.session``: ONNX Runtime level ALL, fixed
+sessions made by ``relsat.driver.boundary.latency.session``: ONNX Runtime level ALL, fixed
 intra-op threads, one inter-op thread, sequential execution; the same seeded inputs; in
 blocks of fresh sessions created in a rotated order (the sessions created first in a process
 ran a few percent slower here, whatever the model), each warmed up, then rounds that run
@@ -73,9 +73,9 @@ import onnx
 import onnxruntime as ort
 
 from relsat.benchmarks import ort_ops
-from relsat.driver import zoo
+from relsat.driver.boundary import zoo
 from relsat.driver.options import DEFAULTS
-from relsat.driver.verify import error_line, random_inputs, verify
+from relsat.driver.boundary.verify import error_line, random_inputs, verify
 
 SECTION = "Peer comparison"
 SYSTEMS = ("original", "relsat", "onnxsim", "onnxoptimizer", "ort-offline")  # the first comparison's systems
@@ -167,7 +167,7 @@ def make_original(model: onnx.ModelProto, opts: Options, tmp: Path):
 
 def _relsat(model: onnx.ModelProto, opts: Options, path: Path):
     """relsat's model for ``model``, written to ``path``, and its facts worth reporting."""
-    from relsat.driver.optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     kw = {k: getattr(opts, k) for k in RELSAT_OPTIONS if getattr(opts, k) is not None}
     kw.update(opts.relsat_kwargs)
@@ -358,7 +358,7 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
                      max_runs: int = 2000, blocks: int | None = None,
                      seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Seconds per run of each model (paths or ModelProtos), all on the same seeded inputs, in
-    sessions made by ``relsat.driver.latency.session`` (level ALL, ``threads`` intra-op threads, one
+    sessions made by ``relsat.driver.boundary.latency.session`` (level ALL, ``threads`` intra-op threads, one
     inter-op thread, sequential).
 
     The runs are split into ``blocks`` (default: one per model). Each block creates fresh sessions,
@@ -366,7 +366,7 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
     percent slower here, whatever the model, so every model takes every place once), warms them
     up, then runs rounds in which every model runs once, the starting model rotating from round to
     round. In a round each model runs a burst of back-to-back runs (about ``BLOCK_S``, as
-    ``relsat.driver.latency`` does), after one untimed run for a model faster than ``COLD_S``, so that
+    ``relsat.driver.boundary.latency`` does), after one untimed run for a model faster than ``COLD_S``, so that
     its timed runs find its weights in the caches as a model serving requests does (run by run, each
     model's weights were evicted by the others', a penalty that differs between graphs; one untimed
     run was not enough either: NASRNN's original then ran 3.18 ms against 2.75 alone). The number of
@@ -378,7 +378,7 @@ def time_interleaved(models, *, threads: int = 1, budget_s: float = 2.0, min_run
     own work, without the time other processes held the core."""
     import gc
 
-    from relsat.driver.latency import BLOCK_RUNS, BLOCK_S, COLD_S, session
+    from relsat.driver.boundary.latency import BLOCK_RUNS, BLOCK_S, COLD_S, session
 
     k = len(models)
     blocks = blocks or k
@@ -635,7 +635,7 @@ def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, com
              "above 1.")
     L.append("")
     L.append(
-        "Systems: relsat = `relsat.driver.optimize.optimize` with its defaults (default rules, "
+        "Systems: relsat = `relsat.driver.app.optimize.optimize` with its defaults (default rules, "
         f"{'cost model ' + opts.cost_model + ', ' if opts.cost_model else ''}ILP extraction, latency guard) and "
         f"node limit {_relsat_option(opts, 'node_limit')}; onnxsim = `onnxsim.simplify` with its defaults; "
         "onnxoptimizer = its default fuse-and-eliminate passes, then constant folding by "
@@ -644,7 +644,7 @@ def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, com
         "onnxslim = `onnxslim.slim` with its defaults; ort-transformers = ONNX Runtime's transformers optimizer "
         "(`optimize_model`, model type bert, heads and hidden size read from the graph; the two BERTs only); "
         "relsat-on-onnxsim = relsat as above on onnxsim's model (not counted as a peer in the verdicts). Every "
-        "system's model is verified against the original under ONNX Runtime (`relsat.driver.verify.verify`) "
+        "system's model is verified against the original under ONNX Runtime (`relsat.driver.boundary.verify.verify`) "
         "before it is timed; a model that fails, or a system that crashes, is reported and not timed. Where "
         "relsat wrote a rewritten graph, its notes give what changed in the graph ONNX Runtime runs (op counts "
         "of its optimized model, before -> after).")

@@ -14,7 +14,7 @@ chains.  Models have ~3-25 nodes, opset 17 (some 13 and 21), IR version 10, and 
 dynamic batch dim.  The same seed gives the same model.
 
 **The campaign** (``python -m relsat.benchmarks.fuzz --models N --seed S --out FILE.jsonl``)
-runs each model through ``relsat.driver.optimize.optimize`` with every shipped rule set
+runs each model through ``relsat.driver.app.optimize.optimize`` with every shipped rule set
 (cheap settings: analytic costs, no timing, a small node limit) and, for a fraction of the
 models, the mcts and backtracking searches; then runs the written model and the original
 under ONNX Runtime on fresh random inputs and compares them element by element
@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.onnx_import import _bcast
+from relsat.driver.boundary.onnx_import import _bcast
 
 RULE_SETS = ("default", "taso", "generated", "fold", "merge", "runtime")
 SEARCHES = ("mcts", "backtrack")
@@ -858,7 +858,7 @@ def plan(index: int, seed: int, per_model: str, search_every: int) -> list[dict]
 def run_one(model: onnx.ModelProto, settings: dict, seed: int, workdir: Path) -> dict:
     """One optimize of ``model`` under ``settings``, classified (module docstring)."""
     from relsat.driver.errors import RelsatError
-    from relsat.driver.optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     rec = {"settings": settings, "status": "ok"}
     out = workdir / f"out-{os.getpid()}-{time.monotonic_ns()}.onnx"

@@ -2,7 +2,7 @@
 
 Each field that ``relsat optimize`` takes on the command line carries its flag as metadata
 (:class:`Flag`: the flag's name, the type it reads, its help and its choices), so that the
-name, default and help of a flag are written once, here: the CLI (:mod:`relsat.driver.cli`)
+name, default and help of a flag are written once, here: the CLI (:mod:`relsat.driver.app.cli`)
 generates the options of ``relsat optimize`` and ``relsat batch`` from :func:`command_flags`
 (``relsat batch`` has every flag but ``--inputs``, and shares the cores among its workers when
 ``--threads`` is not given), their defaults are ``DEFAULTS``'s values, and ``check()`` names
@@ -35,12 +35,12 @@ import duckdb
 
 from relsat.relations.backend import PROVIDERS, Backend, resolve
 
-from .errors import RelsatError
+from relsat.driver.errors import RelsatError
 
 COST_MODELS = ("measured", "analytic")
 EXTRACTORS = ("ilp", "greedy")
-SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search)
-SCHEDULERS = ("backoff", "simple")  # relsat.driver.runner's schedulers
+SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.driver.search.result)
+SCHEDULERS = ("backoff", "simple")  # relsat.driver.search.runner's schedulers
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
 
 

@@ -31,7 +31,7 @@ A cached profile is only as good as the moment it was taken: one taken while oth
 machine predicted squeezenet at 5.7x its latency in every later run. So each row records its
 conditions (``signature["conditions"]``: when, the load average, CPU count and threads, the latency
 with its quartiles and runs, and the call overhead it was scaled with; :func:`relsat.extract.cost_cache.conditions`),
-and the measured final choice (:mod:`relsat.driver.candidates`) checks every profile it used against
+and the measured final choice (:mod:`relsat.driver.search.candidates`) checks every profile it used against
 the fresh timing of the same graph; ``profile_graph(..., refresh=...)`` re-takes one that disagreed,
 replacing its row.
 """

@@ -1,7 +1,7 @@
 """ONNX nodes as PyTorch calls, and CUDA operator timing with them, for machines without onnxruntime-gpu.
 
 Owns running a single ONNX node as PyTorch on any torch device (``node_call``), used for whole
-graphs by :mod:`relsat.driver.torch_runtime`, and one node's timing with CUDA events (``time_op``,
+graphs by :mod:`relsat.driver.boundary.torch_runtime`, and one node's timing with CUDA events (``time_op``,
 used by :mod:`relsat.extract.profile`). The mapping itself is the catalog's: each operator's
 ``OpDef.torch`` is a Python expression, evaluated here over the node's inputs and attributes
 (``_namespace``) and the helpers below for the operators whose ONNX spellings need code (auto_pad,

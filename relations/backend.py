@@ -3,7 +3,7 @@
 ``Options.backend`` (relsat.driver.options) turns the provider name into a :class:`Backend` with
 :func:`resolve`, and that object is passed down: to the one-node profiler (extract/profile.py),
 the whole-graph profiler (extract/context.py), the latency guard and the measured choice
-(driver/latency.py, driver/candidates.py) and the pipeline (driver/optimize.py).  No module below
+(driver/boundary/latency.py, driver/search/candidates.py) and the pipeline (driver/app/optimize.py).  No module below
 reads the provider name to decide something; each asks the backend:
 
 - ``session(model, threads=, optimize=)``: an ONNX Runtime session on the backend's execution

@@ -7,7 +7,7 @@ real ids from the sequences, inserts every table with one statement, then evalua
 catalog's rules (``relations.rules.rule_select``, as ``EGraph.insert_from`` does) on the rows
 that asked to be checked: an unknown analysis takes the rule's, a row its rule rejects or that
 disagrees with the plan rolls the batch back and is reported.  The number of statements does not
-grow with the depth of the graph.  ONNX import (driver/onnx_import.py) plans; this module writes.
+grow with the depth of the graph.  ONNX import (driver/boundary/onnx_import.py) plans; this module writes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``IMPORT_HOOKS`` holds the one import hook of each operator whose ONNX spellings need more than
 the generic attribute reading (auto_pad to pads, negative axes, opset-dependent defaults, Pad's
-axes input, ...); ONNX import (driver/onnx_import.py) calls it.  The rest of this module is the
+axes input, ...); ONNX import (driver/boundary/onnx_import.py) calls it.  The rest of this module is the
 one writer of an e-node as NodeProto(s).
 
 ``catalog_nodes`` writes a catalog node as ONNX writes it at a given opset of its domain:
@@ -13,7 +13,7 @@ the few operator-specific spellings (``_SPELLINGS``: Slice's INT64_MIN end, Resh
 allowzero, Softmax's axis before opset 13, Gelu below opset 20 and HardSwish below 14 as their definitions in
 primitives).  ``opaque_node`` writes an opaque node back with new value names (subgraph reads of
 outer values renamed too).  ``enode_proto`` writes one e-node standing alone (the profiler's
-one-node models).  Export (driver/onnx_export.py), rule verification (programs/verify.py)
+one-node models).  Export (driver/boundary/onnx_export.py), rule verification (programs/verify.py)
 and measured costs (extract/measured.py) all write nodes through this module.
 
 Also here, as they are needed on both sides of it: walking the subgraphs of a node and the

@@ -9,7 +9,7 @@ Its users: ``EGraph.insert_from`` and ``check_invariants`` (relations/egraph.py)
 writer's check of imported rows (relations/bulk.py), the analytic cost model (extract/analytic.py,
 FLOP rules as extra expressions) and, without an e-graph, ``evaluate``/``shape_rule``: one node's
 rules over given shapes and dtypes (``given_source``), for rule verification (programs/verify.py)
-and for typing the outputs of other domains' operators at ONNX import (driver/onnx_import.py).
+and for typing the outputs of other domains' operators at ONNX import (driver/boundary/onnx_import.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from relsat.relations.backend import CPU, PROVIDERS, ProviderMissing, available,
 
 ROOT = Path(__file__).resolve().parent.parent
 # the modules allowed to name the provider values: the flag (options, cli) and the backend itself
-NAMING = {"relations/backend.py", "driver/options.py", "driver/cli.py"}
+NAMING = {"relations/backend.py", "driver/options.py", "driver/app/cli.py"}
 
 
 def _relu():

@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.backtrack import Backtrack, backtrack
-from relsat.driver.onnx_export import export_model
-from relsat.driver.onnx_import import import_model
-from relsat.driver.verify import verify
+from relsat.driver.search.backtrack import Backtrack, backtrack
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.boundary.verify import verify
 from relsat.extract.analytic import analytic_costs
 from relsat.extract.original import original_choice
 from relsat.programs.parser import load_rules, parse_rules
@@ -153,7 +153,7 @@ def test_optimize_with_backtrack_reports_the_input_cost_and_writes_a_verified_mo
     """The pipeline path, with the rules as a user's rule file (checked on random tensors first)."""
     import duckdb
 
-    from relsat.driver.optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     rules = tmp_path / "detour.rules"
     rules.write_text("relu-out: (Transpose :perm ?p (Relu ?x)) => (Identity (Relu (Transpose :perm ?p ?x)))\n"

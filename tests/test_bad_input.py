@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_import import check_ort_loadable, import_model, load_model
+from relsat.driver.boundary.onnx_import import check_ort_loadable, import_model, load_model
 
 F = TensorProto.FLOAT
 

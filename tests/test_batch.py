@@ -15,12 +15,12 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from relsat.benchmarks import zoo
-from relsat.driver import batch as B
-from relsat.driver import batch_model as M
-from relsat.driver import cli
+from relsat.driver.boundary import zoo
+from relsat.driver.app import batch as B
+from relsat.driver.app import batch_model as M
+from relsat.driver.app import cli
 from relsat.driver.errors import RelsatError
-from relsat.driver.verify import verify
+from relsat.driver.boundary.verify import verify
 from relsat.extract.cost_cache import CostCache, CostRow
 
 runner = CliRunner()

@@ -1,7 +1,7 @@
 """relsat batch killed with SIGKILL: its workers die with it, a rerun finishes the batch, and every
 row of results.duckdb matches the files on disk (a model whose files do not match its row is redone).
 
-Real processes throughout: the batch runs as ``python -c 'from relsat.driver.cli import main; main()'``
+Real processes throughout: the batch runs as ``python -c 'from relsat.driver.app.cli import main; main()'``
 and processes are found and watched through /proc."""
 
 import hashlib
@@ -15,17 +15,17 @@ import time
 import duckdb
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver import batch as B
-from relsat.driver import batch_model as M
-from relsat.driver import outputs
+from relsat.driver.boundary import zoo
+from relsat.driver.app import batch as B
+from relsat.driver.app import batch_model as M
+from relsat.driver.boundary import outputs
 from relsat.driver.options import Options
-from relsat.driver.verify import verify
+from relsat.driver.boundary.verify import verify
 from test_batch import leftovers, table  # the results table and stray files, read as test_batch reads them
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
 
-CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "batch"]
+CLI = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "batch"]
 QUICK = ["--cost-model", "analytic", "--no-measure", "--threads", "1"]  # threads: the same options whatever --jobs
 QUICK_KW = dict(cost_model="analytic", measure=False, threads=1)
 MODELS = ("bert", "squeezenet", "vgg19")  # the quickest of the small zoo
@@ -237,7 +237,7 @@ def test_external_data_models_are_committed_and_hashed_with_their_data(tmp_path,
 
 _WATCHED = """
 import sys, time
-from relsat.driver import batch as B
+from relsat.driver.app import batch as B
 B._start_parent_watchdog(int(sys.argv[1]), sys.stdout)  # the fallback alone, no parent-death signal
 print("watching", flush=True)
 time.sleep(60)

@@ -18,10 +18,10 @@ import onnx
 import pytest
 from test_safety import small_model
 
-from relsat.driver import batch as B
+from relsat.driver.app import batch as B
 from relsat.driver.errors import RelsatError
 
-CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()", "batch"]
+CLI = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "batch"]
 QUICK = ["--cost-model", "analytic", "--no-measure", "--threads", "1"]
 QUICK_KW = dict(cost_model="analytic", measure=False, threads=1)
 MINE = b"mine\n"

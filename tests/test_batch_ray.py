@@ -11,9 +11,9 @@ import ray
 from test_batch import FAST, FAST_ARGS, check_small_zoo_batch, leftovers, small_zoo
 from typer.testing import CliRunner
 
-from relsat.benchmarks import zoo
-from relsat.driver import batch as B
-from relsat.driver import cli
+from relsat.driver.boundary import zoo
+from relsat.driver.app import batch as B
+from relsat.driver.app import cli
 from relsat.extract.cost_cache import CostCache
 
 runner = CliRunner()
@@ -85,7 +85,7 @@ def test_without_ray_the_executor_is_a_one_line_error(tmp_path):
     zoo.save(zoo.build("vgg19", small=True), tmp_path / "m" / "vgg19.onnx")
     out = tmp_path / "out"
     code = ("import sys; sys.modules['ray'] = None  # import ray fails, as where the extra is not installed\n"
-            "from relsat.driver.cli import main\n"
+            "from relsat.driver.app.cli import main\n"
             f"sys.argv = ['relsat', 'batch', {str(tmp_path / 'm')!r}, '-o', {str(out)!r}, '--executor', 'ray']\n"
             "main()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -11,8 +11,8 @@ import shutil
 import duckdb
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver.optimize import optimize
+from relsat.driver.boundary import zoo
+from relsat.driver.app.optimize import optimize
 from relsat.relations.backend import CPU
 from relsat.extract.context import GRAPH_OP
 from relsat.extract.cost_cache import CostCache

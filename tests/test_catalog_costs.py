@@ -8,7 +8,7 @@ import math
 import pytest
 
 from catalog_cases import IDS, OPERATORS, example_model
-from relsat.driver.onnx_import import import_model
+from relsat.driver.boundary.onnx_import import import_model
 from relsat.extract.analytic import analytic_costs
 from relsat.extract.measured import measured_costs
 

@@ -6,9 +6,9 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from relsat.driver import zoo
-from relsat.driver.cli import app
-from relsat.driver.verify import verify
+from relsat.driver.boundary import zoo
+from relsat.driver.app.cli import app
+from relsat.driver.boundary.verify import verify
 
 runner = CliRunner()
 
@@ -156,7 +156,7 @@ def _captured(monkeypatch, target: str):
 def test_optimize_flags_become_options(small_resnet, tmp_path, monkeypatch):
     from relsat.driver.options import DEFAULTS
 
-    seen = _captured(monkeypatch, "relsat.driver.optimize.optimize")
+    seen = _captured(monkeypatch, "relsat.driver.app.optimize.optimize")
     res = runner.invoke(app, ["optimize", str(small_resnet), "-o", str(tmp_path / "o.onnx"), "--rules", "default",
                               "--rules", "ac-add", "--input-shape", "input=1,16,16,16", "--no-measure",
                               "--memory-limit", "1GB", "--node-limit", "77", "--search", "mcts", "--budget", "5"])
@@ -171,10 +171,10 @@ def test_optimize_flags_become_options(small_resnet, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("threads", [None, "3"])
 def test_batch_flags_become_options_and_share_the_cores(small_resnet, tmp_path, monkeypatch, threads):
-    from relsat.driver.batch import worker_threads
+    from relsat.driver.app.batch import worker_threads
     from relsat.driver.options import DEFAULTS
 
-    seen = _captured(monkeypatch, "relsat.driver.batch.run_batch")
+    seen = _captured(monkeypatch, "relsat.driver.app.batch.run_batch")
     res = runner.invoke(app, ["batch", str(small_resnet.parent), "-o", str(tmp_path / "out"), "-j", "2",
                               "--cost-model", "analytic", *(["--threads", threads] if threads else [])])
     assert res.exit_code == 1 and "stopped here" in res.stderr, res.output

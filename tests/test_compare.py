@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from relsat.benchmarks import compare
-from relsat.driver.verify import verify
+from relsat.driver.boundary.verify import verify
 
 MODEL = "resnet50"  # small variant: BatchNormalization folding gives relsat something to do
 

@@ -1,4 +1,4 @@
-"""In-context costs and the measured final choice (relsat.extract.context, relsat.driver.candidates):
+"""In-context costs and the measured final choice (relsat.extract.context, relsat.driver.search.candidates):
 kernel time attributed to the e-nodes it came from, no-good cuts, and a choice made by measurement
 (real ONNX Runtime sessions with its profiler, real DuckDB e-graphs, real HiGHS)."""
 
@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations.backend import CPU
-from relsat.driver.candidates import Candidate, Search
-from relsat.driver.onnx_export import export_graph
-from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import optimize
+from relsat.driver.search.candidates import Candidate, Search
+from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.app.optimize import optimize
 from relsat.extract.analytic import problem_from
 from relsat.extract.context import attribute, profile_graph
 from relsat.extract.cost_cache import CostCache

@@ -16,10 +16,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.onnx_export import export_model
-from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import optimize
-from relsat.driver.verify import verify
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary.verify import verify
 from relsat.programs.parser import load_rules
 from relsat.programs.verify import check_rule
 from relsat.relations.catalog import BY_TYPE, OPS, for_node

@@ -16,13 +16,13 @@ from test_batch_outputs import one_line_error
 from test_safety import small_model
 from typer.testing import CliRunner
 
-from relsat.driver import batch as B
-from relsat.driver.cli import app
+from relsat.driver.app import batch as B
+from relsat.driver.app.cli import app
 from relsat.driver.errors import RelsatError
-from relsat.driver.outputs import open_cost_cache
+from relsat.driver.boundary.outputs import open_cost_cache
 from relsat.extract.cost_cache import CostCache, CostRow, NotACostCache
 
-CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()"]
+CLI = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()"]
 runner = CliRunner()
 
 

@@ -14,10 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from relsat.relations.backend import CPU, resolve
-from relsat.driver import batch as B
-from relsat.driver import cli
+from relsat.driver.app import batch as B
+from relsat.driver.app import cli
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_import import import_model
+from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.options import DEFAULTS, Options
 from relsat.extract.cost_cache import CostCache, CostRow
 from relsat.extract.measured import MIN_COST_MS, collect_samples, measured_costs

@@ -10,15 +10,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from relsat.benchmarks import zoo
-from relsat.driver import latency
-from relsat.driver.cli import app
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary import latency
+from relsat.driver.app.cli import app
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import optimize
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.app.optimize import optimize
 from relsat.driver.options import DEFAULTS
 from relsat.programs.rulesets import load_rule_list
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.search.runner import Limits, Runner
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.cost_cache import CostCache, CostRow
 from relsat.extract.extraction import dag_cost, greedy_extract, ilp_extract, is_acyclic, validate_choice

@@ -3,7 +3,7 @@ variables in optional child slots."""
 
 import numpy as np
 
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.search.runner import Limits, Runner
 from relsat.programs.compiler import compile_rule
 from relsat.programs.parser import parse_rules
 from relsat.relations.egraph import EGraph

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver.onnx_import import import_model
-from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.search.runner import Limits, Runner, StopReason
 from relsat.programs.parser import load_rules
 from relsat.programs.rulesets import load_rule_list
 from relsat.relations.catalog import OPS

@@ -7,12 +7,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver import bindings
+from relsat.driver.boundary import bindings
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_export import export_model
-from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import optimize
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.app.optimize import optimize
+from relsat.driver.search.runner import Limits, Runner
 from relsat.programs.parser import parse_rules
 from relsat.programs.verify import _shape_rule
 from relsat.relations.catalog import BY_TYPE
@@ -185,7 +185,7 @@ def test_a_transformer_like_reshape_keeps_batch_and_sequence():
 
 def test_a_model_that_fails_at_the_second_binding_is_not_written():
     # the original runs at every size; a wrong model that only works at the costed one fails verification
-    from relsat.driver.verify import verify
+    from relsat.driver.boundary.verify import verify
 
     m = conv_bn()
     imported = import_model(m)
@@ -291,7 +291,7 @@ def test_a_batch_dim_that_only_runs_at_one_gets_no_second_binding():
 def test_a_reshape_target_computed_with_minus_one_is_proven_by_symbolic_inference(monkeypatch):
     # x.view(x.size(0), -1, 4, 4), as exporters write it: ONNX's inference leaves dim 1 unknown, ONNX
     # Runtime's symbolic inference finds it is the sequence, so the Reshape and what reads it are no opaque nodes
-    from relsat.driver import onnx_import
+    from relsat.driver.boundary import onnx_import
 
     ax = numpy_helper.from_array(np.array([0], np.int64), "ax")
     nodes = [helper.make_node("Shape", ["x"], ["s"]),

@@ -17,14 +17,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.benchmarks.efficientnet import build
-from relsat.driver import phases as pipeline_phases
-from relsat.driver.onnx_export import export_model
+from relsat.driver.app import phases as pipeline_phases
+from relsat.driver.boundary.onnx_export import export_model
 from relsat.extract.original import original_choice
-from relsat.driver.onnx_import import import_model
-from relsat.driver.optimize import optimize
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.app.optimize import optimize
 from relsat.programs.rulesets import load_rule_list
-from relsat.driver.runner import Limits, Runner
-from relsat.driver.verify import verify
+from relsat.driver.search.runner import Limits, Runner
+from relsat.driver.boundary.verify import verify
 from relsat.relations.runtime import session as ort_session
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract, validate_choice
@@ -112,7 +112,7 @@ def test_optimize_writes_the_padded_se_convs_it_chose(small, monkeypatch):
 
 def test_export_raises_export_error_on_a_cyclic_choice():
     from relsat.driver.errors import RelsatError
-    from relsat.driver.onnx_export import ExportError
+    from relsat.driver.boundary.onnx_export import ExportError
 
     F = TensorProto.FLOAT
     model = helper.make_model(helper.make_graph(
@@ -131,7 +131,7 @@ def test_export_raises_export_error_on_a_cyclic_choice():
 
 
 def test_export_check_names_what_is_read_too_early_and_the_pad_fusion_hazard():
-    from relsat.driver.onnx_export import ExportError, _check_graph
+    from relsat.driver.boundary.onnx_export import ExportError, _check_graph
 
     F = TensorProto.FLOAT
     x = helper.make_tensor_value_info("x", F, [1, 2, 4, 4])

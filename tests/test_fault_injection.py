@@ -22,7 +22,7 @@ figures that benchmarks/FAULT_RESULTS.md records.  A temp dir on a small tmpfs (
 ends a batch with exit != 0, nothing partial and nothing left.
 
 Defects found are kept as ``xfail(strict=True)`` tests below until fixed (the e-graph and output temporaries
-of killed runs were left for good until driver/outputs.py's ``sweep_leftovers``)."""
+of killed runs were left for good until driver/boundary/outputs.py's ``sweep_leftovers``)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ import duckdb
 import onnx
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver.outputs import egraph_problem
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.outputs import egraph_problem
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
 
@@ -55,9 +55,9 @@ SLOW_POINTS = 50
 QUICK = ["--cost-model", "analytic", "--no-measure", "--threads", "1"]
 OPT_MODEL = "bert"  # small zoo bert: rewritten (31 -> 29 nodes) in ~3 s, so -o is not the input
 BATCH_MODELS = ("bert", "squeezenet")
-CLI = [sys.executable, "-c", "from relsat.driver.cli import main; main()"]
+CLI = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()"]
 
-# relsat's temporary names (driver/outputs.py, driver/batch_model.py): what a SIGKILL may leave behind
+# relsat's temporary names (driver/boundary/outputs.py, driver/app/batch_model.py): what a SIGKILL may leave behind
 TEMP_RE = re.compile(
     r"\..+\.tmp-\d+(\.wal|\.tmp)?"  # EGraphFile: .e.duckdb.tmp-<pid>, its WAL, DuckDB's spill folder
     r"|\..+\.\d+\.tmp"  # write_text_atomic: .r.json.<pid>.tmp

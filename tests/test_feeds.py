@@ -1,4 +1,4 @@
-"""Verification inputs (driver/feeds.py): integer inputs that are shapes, indices or split sizes are
+"""Verification inputs (driver/boundary/feeds.py): integer inputs that are shapes, indices or split sizes are
 drawn so that the model itself runs under ONNX Runtime (where the old default draw makes it fail),
 and user-given .npz input sets are checked with one-line errors."""
 
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver import feeds
+from relsat.driver.boundary import feeds
 from relsat.driver.errors import RelsatError
 from relsat.relations import runtime
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.optimize import optimize
+from relsat.driver.app.optimize import optimize
 
 F = TensorProto.FLOAT
 CHEAP = dict(cost_model="analytic", measure=False, candidates=0, node_limit=400, iter_limit=8, time_limit=10.0,

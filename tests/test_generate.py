@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 import relsat.programs.rules
-from relsat.driver.cli import app
-from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.driver.app.cli import app
+from relsat.driver.search.runner import Limits, Runner, StopReason
 from relsat.programs import generate as gen
 from relsat.programs.enumerate import enumerate_family
 from relsat.programs.parser import load_rules, parse_rules
@@ -146,8 +146,8 @@ def test_every_shipped_generated_rule_checks():
 
 def test_default_plus_generated_saturates_within_the_node_limit():
     """``--rules default --rules generated`` compiles and runs; the e-node limit holds inside a round."""
-    from relsat.benchmarks import zoo
-    from relsat.driver.onnx_import import import_model
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
 
     rules = load_rule_list(["default", "generated"])
     assert len({r.name for r in rules}) == len(rules)
@@ -163,8 +163,8 @@ def test_default_plus_generated_saturates_within_the_node_limit():
 def test_rules_over_absent_operators_cost_no_statement():
     """A rule whose left side joins an operator the e-graph lacks (or has no row newer than its last run)
     is not sent to DuckDB: the same e-graph, the same statements per round, as without it."""
-    from relsat.benchmarks import zoo
-    from relsat.driver.onnx_import import import_model
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
 
     base = load_rule_list(["default"])
     extra = list(parse_rules("tanh-x: (Tanh (Transpose :perm (1 0) ?x)) => (Transpose :perm (1 0) (Tanh ?x))\n"

@@ -18,13 +18,13 @@ from pathlib import Path
 import onnx
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver.outputs import egraph_problem
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.outputs import egraph_problem
 
 
 def start(*args, cwd: Path):
     env = dict(os.environ, RELSAT_COST_CACHE=str(cwd / "costs.duckdb"), COLUMNS="250")
-    return subprocess.Popen([sys.executable, "-c", "from relsat.driver.cli import main; main()", *map(str, args)],
+    return subprocess.Popen([sys.executable, "-c", "from relsat.driver.app.cli import main; main()", *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
 
 

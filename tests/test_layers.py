@@ -102,13 +102,38 @@ def test_no_import_circles():
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+# driver/ in rooms, each standing only on those before it: its ground (errors, options, version: what every
+# room reads), the ONNX boundary, the searches, the application.
+DRIVER_ROOMS = ("ground", "boundary", "search", "app")
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in DRIVER_ROOMS else "ground"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if layer(m) == "driver"))
+def test_driver_rooms_stand_on_lower_ones(module):
+    here = DRIVER_ROOMS.index(room(module))
+    bad = sorted(t for t in GRAPH[module] if layer(t) == "driver" and DRIVER_ROOMS.index(room(t)) > here)
+    assert not bad, f"{module} ({room(module)}) imports {bad}"
+
+
+def test_driver_is_three_rooms_on_a_small_ground():
+    top = {f.stem for f in (ROOT / "driver").glob("*.py")}
+    assert top == {"__init__", "errors", "options", "version"}, top
+    assert {f.name for f in (ROOT / "driver").iterdir() if f.is_dir() and not f.name.startswith(("_", "."))} \
+        == set(DRIVER_ROOMS[1:])
+    assert room("relsat.driver.app.cli") == "app" and room("relsat.driver.options") == "ground"
+
+
 def test_the_graph_is_read():
     """The reader sees the imports that exist and every module, the root's too (a guard against a test
     that checks nothing)."""
-    assert "relsat.relations.egraph" in GRAPH["relsat.driver.optimize"]
+    assert "relsat.relations.egraph" in GRAPH["relsat.driver.app.optimize"]
     assert "relsat.relations.catalog" in GRAPH["relsat.relations.egraph"]
-    assert {"relsat.driver.version", "relsat.driver.optimize", "relsat.driver.options"} <= GRAPH["relsat"]
-    assert "relsat.driver.zoo" in GRAPH["relsat.driver.cli"]
+    assert {"relsat.driver.version", "relsat.driver.app.optimize", "relsat.driver.options"} <= GRAPH["relsat"]
+    assert "relsat.driver.boundary.zoo" in GRAPH["relsat.driver.app.cli"]
     files = {f for folder in PACKAGES.values() for f in (ROOT / folder).rglob("*.py")}
     assert files == set(MODULES.values())  # nothing skipped
     assert len(GRAPH) > 30

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from relsat.driver.mcts import mcts
-from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.driver.search.mcts import mcts
+from relsat.driver.search.runner import Limits, Runner, StopReason
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.programs.parser import load_rules
@@ -92,9 +92,9 @@ def test_optimize_with_mcts_writes_a_verified_model_and_the_tree(tmp_path):
     import duckdb
     import onnx
 
-    from relsat.benchmarks import zoo
-    from relsat.driver.optimize import optimize
-    from relsat.driver.verify import verify
+    from relsat.driver.boundary import zoo
+    from relsat.driver.app.optimize import optimize
+    from relsat.driver.boundary.verify import verify
 
     model = zoo.build("inception_v3", small=True)
     db = tmp_path / "e.duckdb"

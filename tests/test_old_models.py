@@ -25,7 +25,7 @@ F = TensorProto.FLOAT
 
 def relsat(*args, cwd, cache):
     env = dict(os.environ, RELSAT_COST_CACHE=str(cache), COLUMNS="250")
-    return subprocess.run([sys.executable, "-c", "from relsat.driver.cli import main; main()", *map(str, args)],
+    return subprocess.run([sys.executable, "-c", "from relsat.driver.app.cli import main; main()", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
@@ -160,7 +160,7 @@ def test_a_string_tensor_model_is_optimized_and_its_strings_kept(tmp_path, extra
 
 
 def test_string_outputs_are_compared_exactly():
-    from relsat.driver.verify import verify
+    from relsat.driver.boundary.verify import verify
 
     # lower-casing and leaving the case alone agree on lower-case text only: the inputs must show the difference
     result = verify(string_model("LOWER"), string_model("NONE"))

@@ -12,17 +12,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from catalog_cases import IDS, OPERATORS, example_model
-from relsat.driver import bindings, onnx_import
+from relsat.driver.boundary import bindings, onnx_import
 from relsat.driver.errors import RelsatError
-from relsat.driver.onnx_export import export_model
-from relsat.driver.outputs import save_model_atomic
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.outputs import save_model_atomic
 from relsat.extract.original import original_choice
-from relsat.driver.onnx_import import import_model, load_model
-from relsat.driver.verify import verify
+from relsat.driver.boundary.onnx_import import import_model, load_model
+from relsat.driver.boundary.verify import verify
 from relsat.relations.runtime import session
 
 try:
-    from relsat.benchmarks import zoo
+    from relsat.driver.boundary import zoo
 except ImportError:  # being written: the zoo tests skip
     zoo = None
 
@@ -88,7 +88,7 @@ def opaque_count(imported) -> int:
 @pytest.mark.parametrize("name", zoo.NAMES if zoo else ["zoo"])
 def test_zoo_roundtrip(name):
     if zoo is None:
-        pytest.skip("relsat.benchmarks.zoo is not available")
+        pytest.skip("relsat.driver.boundary.zoo is not available")
     model = zoo.build(name, small=True)
     imported, out = roundtrip(model, rtol=1e-2 if name == "bert" else 1e-3)
     imported.egraph.check_invariants()

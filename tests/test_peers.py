@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.benchmarks import bench_corpus, compare
-from relsat.driver.verify import verify
+from relsat.driver.boundary.verify import verify
 
 BINDINGS = [{"x": [1, 3, 8, 8]}, {"x": [3, 3, 8, 8]}]
 

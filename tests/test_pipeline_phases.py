@@ -1,4 +1,4 @@
-"""The optimize pipeline as typed phases (relsat.driver.phases): each phase returns its result, and one step,
+"""The optimize pipeline as typed phases (relsat.driver.app.phases): each phase returns its result, and one step,
 ``decide``, says what is written: the extraction's fallbacks, a failed verification, the latency guard and
 the in-context measured choice all reach it as results."""
 
@@ -8,12 +8,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from relsat.driver import optimize as pipeline
-from relsat.driver import phases
+from relsat.driver.app import optimize as pipeline
+from relsat.driver.app import phases
 from relsat.driver.errors import RelsatError
-from relsat.driver.optimize import optimize
-from relsat.driver.phases import Chosen, Exported, Imported, Timed, Verified, decide
-from relsat.driver.verify import VerifyResult
+from relsat.driver.app.optimize import optimize
+from relsat.driver.app.phases import Chosen, Exported, Imported, Timed, Verified, decide
+from relsat.driver.boundary.verify import VerifyResult
 
 F = TensorProto.FLOAT
 

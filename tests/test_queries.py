@@ -18,9 +18,9 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from relsat.benchmarks import zoo
-from relsat.driver.cli import app
-from relsat.driver.optimize import optimize
+from relsat.driver.boundary import zoo
+from relsat.driver.app.cli import app
+from relsat.driver.app.optimize import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["rules_per_round", "egraph_size_per_round", "changed_eclasses", "most_expensive_chosen",

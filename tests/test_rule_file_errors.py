@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from relsat.benchmarks import zoo
+from relsat.driver.boundary import zoo
 from relsat.programs.ir import RuleError
 from relsat.programs.parser import MAX_NESTING, load_rules, parse_rules
 
 
 def relsat(*args, cwd):
     env = dict(os.environ, RELSAT_COST_CACHE=str(cwd / "costs.duckdb"), COLUMNS="250")
-    return subprocess.run([sys.executable, "-c", "from relsat.driver.cli import main; main()", *map(str, args)],
+    return subprocess.run([sys.executable, "-c", "from relsat.driver.app.cli import main; main()", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

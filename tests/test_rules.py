@@ -8,9 +8,9 @@ import pytest
 from onnx import helper
 
 import relsat.programs.rules
-from relsat.benchmarks import zoo
-from relsat.driver.onnx_import import import_model
-from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.search.runner import Limits, Runner, StopReason
 from relsat.programs.parser import load_rules, parse_rules
 from relsat.programs.verify import check_rule, check_ruleset
 

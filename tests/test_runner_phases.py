@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relsat.benchmarks import zoo
-from relsat.driver.onnx_import import import_model
-from relsat.driver.runner import (BackoffScheduler, Limits, Runner, Scheduler, SimpleScheduler,
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.search.runner import (BackoffScheduler, Limits, Runner, Scheduler, SimpleScheduler,
                                   StopReason)
 from relsat.programs.parser import load_rules
 from relsat.relations.egraph import EGraph
@@ -213,7 +213,7 @@ def test_memory_limit_and_temp_dir_reach_duckdb_and_saturation_stays_exact(tmp_p
 
 
 def test_optimize_runs_its_egraph_under_the_memory_limit(tmp_path):
-    from relsat.driver.optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     model = zoo.build("squeezenet", small=True)
     res = optimize(model, memory_limit="300MB", temp_dir=tmp_path / "spill", cost_model="analytic", measure=False,

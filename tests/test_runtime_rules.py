@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.onnx_export import export_model
-from relsat.driver.onnx_import import import_model
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.options import DEFAULTS
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.search.runner import Limits, Runner
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract
 from relsat.programs.rulesets import load_rule_list

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from relsat.driver.cli import app
+from relsat.driver.app.cli import app
 from relsat.driver.errors import RelsatError
-from relsat.driver.optimize import optimize
-from relsat.driver.verify import compare_output, verify
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary.verify import compare_output, verify
 from relsat.extract.cost_cache import CostCache
 
 runner = CliRunner()

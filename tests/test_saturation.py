@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from relsat.driver.runner import Limits, Runner, StopReason
+from relsat.driver.search.runner import Limits, Runner, StopReason
 from relsat.programs.parser import load_rules, parse_rules
 from relsat.relations.egraph import EGraph
 

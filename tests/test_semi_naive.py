@@ -1,6 +1,6 @@
 """Semi-naive matching sees rows that a rebuild rewrote (their children merged) as new."""
 
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.search.runner import Limits, Runner
 from relsat.programs.parser import parse_rules
 from relsat.relations.egraph import EGraph
 

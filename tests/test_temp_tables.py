@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relsat.driver.runner import Limits, Runner
+from relsat.driver.search.runner import Limits, Runner
 from relsat.programs.compiler import MATCHES, compile_rule
 from relsat.programs.parser import load_rules, parse_rules
 from relsat.programs.rulesets import load_rule_list
@@ -216,8 +216,8 @@ def test_no_temp_table_is_left_behind():
 def test_a_zoo_model_saturation_leaves_no_temp_table():
     """A small zoo model saturated with the default, merge and TASO rules: the run adds no temp table
     (the importer's own are left as they were)."""
-    from relsat.benchmarks import zoo
-    from relsat.driver.onnx_import import import_model
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
 
     g = import_model(zoo.build("squeezenet", small=True)).egraph
     before = temp_tables(g)

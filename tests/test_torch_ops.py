@@ -1,6 +1,6 @@
 """The PyTorch mapping of every catalog operator (``OpDef.torch``, evaluated by extract/torch_cuda.py):
 each operator's catalog example, a one-node model, run by the PyTorch runtime on PyTorch's CPU device
-and compared with ONNX Runtime element by element (driver/verify.py: several seeded input draws,
+and compared with ONNX Runtime element by element (driver/boundary/verify.py: several seeded input draws,
 wide-range and negative values), and the mapping's bookkeeping derived from the catalog."""
 
 from types import SimpleNamespace
@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 
 from catalog_cases import IDS, OPERATORS, example_model  # noqa: E402
 
-from relsat.driver.torch_runtime import TorchSession  # noqa: E402
-from relsat.driver.verify import verify  # noqa: E402
+from relsat.driver.boundary.torch_runtime import TorchSession  # noqa: E402
+from relsat.driver.boundary.verify import verify  # noqa: E402
 from relsat.extract import torch_cuda  # noqa: E402
 from relsat.relations.catalog import BY_ONNX, OPS  # noqa: E402
 from relsat.relations.runtime import session  # noqa: E402

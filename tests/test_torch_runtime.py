@@ -1,4 +1,4 @@
-"""The PyTorch whole-graph runtime (driver/torch_runtime.py): its outputs match ONNX Runtime's on
+"""The PyTorch whole-graph runtime (driver/boundary/torch_runtime.py): its outputs match ONNX Runtime's on
 every zoo model and on a model relsat wrote, element by element under verify's tolerance, on
 PyTorch's CPU device here and on CUDA where a GPU is; nodes it cannot run are refused by name."""
 
@@ -9,13 +9,13 @@ from onnx import TensorProto, helper
 
 torch = pytest.importorskip("torch")
 
-from relsat.benchmarks import zoo  # noqa: E402
-from relsat.driver import latency  # noqa: E402
+from relsat.driver.boundary import zoo  # noqa: E402
+from relsat.driver.boundary import latency  # noqa: E402
 from relsat.driver.errors import RelsatError  # noqa: E402
-from relsat.driver.optimize import optimize  # noqa: E402
-from relsat.driver.torch_runtime import TorchSession  # noqa: E402
+from relsat.driver.app.optimize import optimize  # noqa: E402
+from relsat.driver.boundary.torch_runtime import TorchSession  # noqa: E402
 from relsat.relations.backend import CPU, resolve  # noqa: E402
-from relsat.driver.verify import verify  # noqa: E402
+from relsat.driver.boundary.verify import verify  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""Tests for relsat.benchmarks.zoo: every benchmark model is a valid, runnable ONNX model."""
+"""Tests for relsat.driver.boundary.zoo: every benchmark model is a valid, runnable ONNX model."""
 
 import time
 from collections import Counter
@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from relsat.benchmarks import zoo
+from relsat.driver.boundary import zoo
 
 ALLOWED_OPS = set(
     "Conv MatMul Gemm Add Sub Mul Div Relu Sigmoid Tanh LeakyRelu Clip Erf Softmax LayerNormalization "

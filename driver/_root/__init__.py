@@ -18,7 +18,7 @@ def __getattr__(name: str):
     """``from relsat import optimize`` (and ``Options``, ``OptimizeResult``), imported on first use so
     that ``import relsat`` stays light."""
     if name in ("optimize", "OptimizeResult"):
-        from relsat.driver import optimize as pipeline
+        from relsat.driver.app import optimize as pipeline
 
         return getattr(pipeline, name)
     if name == "Options":

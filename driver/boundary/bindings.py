@@ -27,9 +27,9 @@ import onnx
 from relsat.relations import runtime
 from relsat.relations.dims import BATCH_SECOND, BATCH_VALUE, OTHER_VALUES, Symbols, is_sym
 
-from . import feeds
-from .errors import RelsatError, error_line
-from .onnx_import import infer_concrete
+from relsat.driver.boundary import feeds
+from relsat.driver.errors import RelsatError, error_line
+from relsat.driver.boundary.onnx_import import infer_concrete
 
 
 @dataclass

@@ -21,7 +21,7 @@ calling thread, so the guard compares that thread's CPU time, which other proces
 a shared machine do not inflate (wall-clock medians were seen to double under load);
 otherwise it compares wall-clock medians. Both are reported.
 
-``python -m relsat.driver.latency A.onnx B.onnx ...`` times model files in a fresh
+``python -m relsat.driver.boundary.latency A.onnx B.onnx ...`` times model files in a fresh
 process and prints JSON (used by benchmarks/bench_e2e.py).
 """
 
@@ -41,10 +41,10 @@ import onnxruntime as ort
 from relsat.relations import runtime
 from relsat.relations.backend import CPU, PROVIDERS, Backend, ProviderMissing, resolve
 
-from . import torch_runtime
-from .errors import RelsatError, error_line
-from .options import GUARD_THRESHOLD
-from .verify import random_inputs
+from relsat.driver.boundary import torch_runtime
+from relsat.driver.errors import RelsatError, error_line
+from relsat.driver.options import GUARD_THRESHOLD
+from relsat.driver.boundary.verify import random_inputs
 
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
 MIN_RUNS = 15  # ... and at least this many runs for slow ones
@@ -90,7 +90,7 @@ class GuardResult:
 def session(model_or_path, *, threads: int = 1, backend: Backend = CPU) -> ort.InferenceSession:
     """A timing session (``Backend.session``): level ALL, ``threads`` intra-op threads, sequential
     execution; RelsatError when nothing runs the backend's whole models here. CUDA without
-    onnxruntime-gpu but with PyTorch CUDA: a ``TorchSession`` on the GPU (``relsat.driver.torch_runtime``),
+    onnxruntime-gpu but with PyTorch CUDA: a ``TorchSession`` on the GPU (``relsat.driver.boundary.torch_runtime``),
     timed the same way."""
     if backend.whole_graph == "torch":
         return torch_runtime.session(model_or_path, "cuda")
@@ -167,7 +167,7 @@ def guard(original, optimized, *, threads: int = 1, backend: Backend = CPU, inpu
           threshold: float = GUARD_THRESHOLD, budget_s: float = BUDGET_S, roles: dict | None = None) -> GuardResult:
     """Time both models interleaved; keep the optimized one only if it is faster beyond ``threshold``
     (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring).
-    ``roles``: what the integer inputs must hold (``relsat.driver.feeds.input_roles``)."""
+    ``roles``: what the integer inputs must hold (``relsat.driver.boundary.feeds.input_roles``)."""
     orig, opt = time_models([original, optimized], threads=threads, backend=backend,
                             input_shapes=input_shapes, budget_s=budget_s, roles=roles)
     return judge(orig, opt, threads=threads, backend=backend, threshold=threshold)

@@ -4,11 +4,11 @@
 (``from relsat import optimize``).  ``options`` is an ``Options`` (``relsat.driver.options``);
 keyword overrides change single fields (``optimize(model, node_limit=500)``).
 
-The phases, in the order they run.  Each is a function of ``relsat.driver.phases`` that takes the
+The phases, in the order they run.  Each is a function of ``relsat.driver.app.phases`` that takes the
 results it needs and returns its own typed result (named after the arrow); the timed ones are timed
 into ``Report.phases_s`` under their name:
 
-1. **prepare** (not timed) -> ``Prepared``: every output path checked (``relsat.driver.outputs``), the
+1. **prepare** (not timed) -> ``Prepared``: every output path checked (``relsat.driver.boundary.outputs``), the
    rule files resolved and, for a user's file, verified on random tensors; the cost cache opened;
 2. **import** -> ``Loaded``, then ``Imported``: the model loaded and checked, then read into the e-graph
    (built beside ``db``), with the sizes its dynamic dims are costed, timed and verified at;
@@ -22,7 +22,7 @@ into ``Report.phases_s`` under their name:
    the e-graph;
 
 then, when the final choice is measured in context (measured costs, ``measure``, ``candidates`` > 0, a
-backend whose whole graphs ONNX Runtime profiles here; ``relsat.driver.candidates``):
+backend whose whole graphs ONNX Runtime profiles here; ``relsat.driver.search.candidates``):
 
 7. **context** -> ``Candidates``: costs refined in whole-graph profiles, and the candidate graphs;
 8. **choose** -> ``Chosen``: the input model and the candidates timed, the fastest that verifies
@@ -33,7 +33,7 @@ or else:
 7. **export** -> ``Exported``: the first usable extraction written as ONNX (ILP, then greedy, then the
    input model itself, with a notice: a valid model never makes ``optimize`` fail);
 8. **verify** -> ``Verified``: the exported graph against the input, element by element
-   (``relsat.driver.verify``);
+   (``relsat.driver.boundary.verify``);
 9. **latency** -> ``Timed``: the latency guard (with ``measure``, once an optimized model verified; a
    notice instead where nothing here times whole models);
 
@@ -64,11 +64,11 @@ import onnx
 
 from relsat.relations.egraph import EGraph
 
-from . import phases
-from .errors import RelsatError
-from .options import DEFAULTS, Options
-from .outputs import EGraphFile, save_model_atomic
-from .version import __version__
+from relsat.driver.app import phases
+from relsat.driver.errors import RelsatError
+from relsat.driver.options import DEFAULTS, Options
+from relsat.driver.boundary.outputs import EGraphFile, save_model_atomic
+from relsat.driver.version import __version__
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Report(Mapping):
     phases_s: dict
     search: dict  # how the e-graph was built: the strategy and, for a search, its budget, counts and best cost
     # the in-context prediction of the original against its fresh timing, the cached profiles found stale and
-    # re-taken, and the call overhead's check (relsat.driver.candidates, step 4); None without the in-context search
+    # re-taken, and the call overhead's check (relsat.driver.search.candidates, step 4); None without the in-context search
     fidelity: dict | None = None
     extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
 

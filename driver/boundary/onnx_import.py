@@ -52,7 +52,7 @@ from relsat.relations.rules import evaluate
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
 
-from .errors import RelsatError, error_line
+from relsat.driver.errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
@@ -282,7 +282,7 @@ def upgrade_opset(model: onnx.ModelProto, *, ort_error: str | None = None,
     ONNX's version converter (to ``UPGRADE_OPSET``, else the first of ``UPGRADE_TARGETS`` it reaches), valid
     under ONNX's checker and loadable by ONNX Runtime, and the notice saying so; other models unchanged (notice
     None).  ``verify_against``: the upgraded model is also compared with the original on random inputs
-    (``relsat.driver.verify``; the original under ONNX's reference evaluator where ONNX Runtime cannot run it,
+    (``relsat.driver.boundary.verify``; the original under ONNX's reference evaluator where ONNX Runtime cannot run it,
     ``ort_error`` saying why). RelsatError, naming the op where an error names one, when no target works."""
     opset = _default_opset(model)
     if opset is None or opset >= MIN_OPSET:
@@ -302,7 +302,7 @@ def upgrade_opset(model: onnx.ModelProto, *, ort_error: str | None = None,
             why.append(f"to {target}: ONNX Runtime cannot load the upgraded model: {loads}")
             continue
         if verify_against:
-            from .verify import verify
+            from relsat.driver.boundary.verify import verify
 
             try:
                 check = verify(normal, up)  # the reference evaluator reads legacy broadcasts as NumPy's

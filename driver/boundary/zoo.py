@@ -1,7 +1,7 @@
 """The built-in model zoo: seeded ONNX builders for the TASO/TENSAT benchmark networks.
 
 The zoo is part of the command line (``relsat optimize zoo:NAME``, ``relsat zoo build``), so it
-lives in the driver layer; ``relsat.benchmarks.zoo`` re-exports it for the benchmarks.
+lives in the driver layer, at its ONNX boundary; the benchmarks import it from here.
 This module owns the construction of the benchmark models as ``onnx.ModelProto``:
 ir_version 10, one default-domain opset import (17), batch 1, static shapes, float32
 weights drawn from ``numpy.random.default_rng(seed)`` with fan-in scaling. Graph inputs
@@ -237,7 +237,7 @@ class _Builder:
             node.output[:] = ["output" if t == out else t for t in node.output]
             node.input[:] = ["output" if t == out else t for t in node.input]
         # the producer name of the models as first shipped (kept so that a zoo model's bytes do not change)
-        model = onnx.ModelProto(ir_version=10, producer_name="relsat.benchmarks.zoo")
+        model = onnx.ModelProto(ir_version=10, producer_name="relsat.driver.boundary.zoo")
         model.opset_import.append(helper.make_opsetid("", 17))
         graph = model.graph  # filled in place: helper.make_graph/make_model would copy the weights twice
         graph.name = graph_name

@@ -1,9 +1,9 @@
 """``relsat batch --executor ray``: each model a Ray task, on this machine or a Ray cluster.
 
-Owns the Ray executor of :func:`relsat.driver.batch.run_batch`; everything else of a batch is the
+Owns the Ray executor of :func:`relsat.driver.app.batch.run_batch`; everything else of a batch is the
 same for both executors: finding the models, resume, ``results.csv`` and ``summary.md``
-(:mod:`relsat.driver.batch`), running a model and committing its files and row
-(:mod:`relsat.driver.batch_model`).  Ray is imported
+(:mod:`relsat.driver.app.batch`), running a model and committing its files and row
+(:mod:`relsat.driver.app.batch_model`).  Ray is imported
 only here, and only when this executor is asked for (``pip install 'relsat[ray]'``).
 
 What runs where:
@@ -11,11 +11,11 @@ What runs where:
 - The driver (the process running ``relsat batch``) joins the Ray instance at ``address`` (None:
   the one ``ray start`` left on this machine, else a new local one, shut down at the end), submits
   at most ``jobs`` tasks at once and records each model as its task reports it
-  (:class:`relsat.driver.batch_model.Recorder`).  An address given is probed first: a server that
+  (:class:`relsat.driver.app.batch_model.Recorder`).  An address given is probed first: a server that
   does not answer as a gRPC server within ``connect_timeout`` (``--connect-timeout``, 15 s) is a
   one-line error at once, where ``ray.init`` would retry it for minutes, deaf to Ctrl-C.
 - A task (:func:`_optimize_task`) reserves ``num_cpus`` = the options' thread count and runs
-  :func:`relsat.driver.batch_model.model_fields` on whatever node Ray places it: it writes the model's
+  :func:`relsat.driver.app.batch_model.model_fields` on whatever node Ray places it: it writes the model's
   files into its stage folder ``OUTDIR/.<name>.stage-ray<N>/`` and the driver moves them into
   place.  So the models, OUTDIR, rule files and ``--costs`` must be at the same paths on every node
   (a shared filesystem), with relsat installed on each.
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from .batch_model import ModelTask, Recorder, model_fields, one_line, remove_temps, stage_dir, timeout_reason
-from .errors import RelsatError, error_line
+from relsat.driver.app.batch_model import ModelTask, Recorder, model_fields, one_line, remove_temps, stage_dir, timeout_reason
+from relsat.driver.errors import RelsatError, error_line
 
 INSTALL = "pip install 'relsat[ray]'"
 
@@ -200,7 +200,7 @@ class _Costs:
     """The driver's side of the cost cache: the seed the tasks start from, and merging what they add."""
 
     def __init__(self, ray, tmp: Path):
-        from .outputs import open_cost_cache
+        from relsat.driver.boundary.outputs import open_cost_cache
 
         self.ray, self.tmp, self.cache = ray, tmp, open_cost_cache()
         self._seed, self._stale, self._n = None, True, 0

@@ -1,7 +1,7 @@
-"""The phases of the optimize pipeline (``relsat.driver.optimize``), each a function from what it needs to
+"""The phases of the optimize pipeline (``relsat.driver.app.optimize``), each a function from what it needs to
 a typed result.
 
-``relsat.driver.optimize`` runs them in this order, times them and builds the ``Report`` from their
+``relsat.driver.app.optimize`` runs them in this order, times them and builds the ``Report`` from their
 results; its module docstring says what each does.  A phase reads the run's settings (:class:`Run`) and
 the results of the phases before it, and returns its own result: nothing is shared through attributes.
 Every notice a phase gives travels in its result (``notices``), in the order the phases ran.
@@ -50,19 +50,19 @@ from relsat.relations import runtime
 from relsat.relations.backend import Backend
 from relsat.relations.egraph import EGraph
 
-from . import bindings, feeds, latency, torch_runtime
-from .bindings import Binding
-from .candidates import Candidate, Search
-from .errors import RelsatError, error_line
-from .onnx_export import export_model
-from .onnx_import import ImportResult, check_ort_loadable, import_model, load_model
-from .options import Options
-from .outputs import check_outputs, open_cost_cache, protected_paths
-from .outputs import _same as same_file
-from .runner import Limits, Runner
-from .runner import Report as RunnerReport
-from .search import SearchResult
-from .verify import VerifyResult, verify
+from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
+from relsat.driver.boundary.bindings import Binding
+from relsat.driver.search.candidates import Candidate, Search
+from relsat.driver.errors import RelsatError, error_line
+from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, load_model
+from relsat.driver.options import Options
+from relsat.driver.boundary.outputs import check_outputs, open_cost_cache, protected_paths
+from relsat.driver.boundary.outputs import _same as same_file
+from relsat.driver.search.runner import Limits, Runner
+from relsat.driver.search.runner import Report as RunnerReport
+from relsat.driver.search.result import SearchResult
+from relsat.driver.boundary.verify import VerifyResult, verify
 
 UNCHANGED = "the input model is written unchanged"
 
@@ -172,7 +172,7 @@ class Imported:
 
 def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
     """The model read into ``g``, and the sizes its dynamic dims are costed, timed and verified at
-    (``relsat.driver.bindings``), with the user's verification input sets."""
+    (``relsat.driver.boundary.bindings``), with the user's verification input sets."""
     o, model = run.opts, loaded.model
     graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
     binding = bindings.choose(model, graph)
@@ -181,7 +181,7 @@ def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
 
 
 def in_context(run: Run, prepared: Prepared) -> bool:
-    """Whether costs are refined in context and the final choice measured (``relsat.driver.candidates``):
+    """Whether costs are refined in context and the final choice measured (``relsat.driver.search.candidates``):
     with measured costs, timing allowed, candidates asked for, and ONNX Runtime able to run the backend."""
     o = run.opts
     return (o.cost_model == "measured" and o.measure and o.candidates > 0 and not prepared.cache_only
@@ -234,12 +234,12 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
     step = lambda i, best: run.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
     try:
         if o.search == "mcts":
-            from .mcts import ITERATIONS, mcts
+            from relsat.driver.search.mcts import ITERATIONS, mcts
             searched = mcts(g, prepared.rules, imported.roots, price, limits=limits, seed=o.seed,
                             scheduler=o.scheduler, iterations=o.budget or ITERATIONS, extractor=o.extractor,
                             on_step=step)
         else:
-            from .backtrack import BUDGET, backtrack
+            from relsat.driver.search.backtrack import BUDGET, backtrack
             searched = backtrack(g, prepared.rules, imported.roots, price, alpha=o.alpha,
                                  budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
     except ProviderUnavailable as e:
@@ -312,7 +312,7 @@ def _fallbacks(search: Search) -> list:
 
 def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: Priced,
                       extracted: Extracted) -> Candidates:
-    """Costs refined in context and the candidate graphs found with them (``relsat.driver.candidates``,
+    """Costs refined in context and the candidate graphs found with them (``relsat.driver.search.candidates``,
     steps 1 to 3); the refined costs stored in ``costs``."""
     o, model = run.opts, imported.model
     run.status("profiling whole graphs in context ...")
@@ -349,7 +349,7 @@ class Chosen:
 
 def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, extracted: Extracted,
            candidates: Candidates) -> Chosen:
-    """Steps 4 and 5 of ``relsat.driver.candidates``: the candidates timed against the input model (stale
+    """Steps 4 and 5 of ``relsat.driver.search.candidates``: the candidates timed against the input model (stale
     profiles re-taken), the fastest that verifies picked when it beats the input model beyond noise."""
     o, s, model, notices = run.opts, candidates.search, imported.model, []
     picked, check, latency_report = s.choose(model, bindings=imported.binding.all, input_sets=imported.input_sets,
@@ -430,7 +430,7 @@ class Verified:
 
 
 def verify_export(run: Run, imported: Imported, exported: Exported) -> Verified:
-    """The exported model against the input, element by element at every binding (``relsat.driver.verify``),
+    """The exported model against the input, element by element at every binding (``relsat.driver.boundary.verify``),
     under ONNX Runtime and, where the backend runs whole graphs with PyTorch, on the GPU too."""
     if exported.model is None:
         return Verified(VerifyResult(True, 0.0, 0.0, {}, UNCHANGED))
@@ -447,7 +447,7 @@ def verify_export(run: Run, imported: Imported, exported: Exported) -> Verified:
 class Timed:
     """The latency guard: the input model and the optimized one timed as whole models."""
 
-    latency: dict | None  # ``relsat.driver.latency.guard``'s report (None: not timed)
+    latency: dict | None  # ``relsat.driver.boundary.latency.guard``'s report (None: not timed)
     faster: bool  # the optimized model is faster beyond noise (or could not be timed)
     notices: tuple[str, ...] = ()
 
@@ -458,7 +458,7 @@ def guard_skipped() -> Timed:
 
 
 def guard(run: Run, imported: Imported, optimized: onnx.ModelProto) -> Timed:
-    """Time the input and the optimized model (``relsat.driver.latency.guard``); ``faster`` when the optimized
+    """Time the input and the optimized model (``relsat.driver.boundary.latency.guard``); ``faster`` when the optimized
     one beats the input model beyond noise."""
     o, model, shapes = run.opts, imported.model, imported.binding.costed
     run.status("timing the original and the optimized model ...")

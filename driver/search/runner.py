@@ -72,7 +72,7 @@ from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
 from relsat.relations.reach import cyclic_matches
 
-from .options import DEFAULTS
+from relsat.driver.options import DEFAULTS
 
 
 class StopReason(str, Enum):

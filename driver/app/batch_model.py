@@ -4,9 +4,9 @@ Owns the results table (its columns and ``OUTDIR/results.duckdb``, with the ``ba
 of the files of OUTDIR the batch wrote: :func:`read_results`, :class:`Results`), a model's files in
 OUTDIR and its stage folder, the worker side (:func:`model_fields`: optimize one model into its stage folder
 and return the fields of its row) and the parent side (:class:`Recorder`: commit the staged files,
-hash them and write the row).  :mod:`relsat.driver.batch` (the batch, resume and the local executor)
-and :mod:`relsat.driver.batch_ray` (the Ray executor) both build on it; see
-:mod:`relsat.driver.batch` for what goes into OUTDIR and why.
+hash them and write the row).  :mod:`relsat.driver.app.batch` (the batch, resume and the local executor)
+and :mod:`relsat.driver.app.batch_ray` (the Ray executor) both build on it; see
+:mod:`relsat.driver.app.batch` for what goes into OUTDIR and why.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from relsat.extract.cost_cache import table_columns
 
-from .errors import RelsatError, resource_error
-from .options import Options
+from relsat.driver.errors import RelsatError, resource_error
+from relsat.driver.options import Options
 
 
 # the results table: (column, DuckDB type); the order is the CSV's
@@ -260,7 +260,7 @@ def _optimize_one(task: ModelTask, stage: Path, outdir: Path, options: dict, kee
                   on_status, cost_cache) -> dict:
     """Optimize one model, writing its files under their final names into ``stage`` only (the
     parent moves them into ``outdir``); return the row fields of its report."""
-    from .optimize import optimize
+    from relsat.driver.app.optimize import optimize
 
     shutil.rmtree(stage, ignore_errors=True)  # a stale one of an earlier process with this pid
     stage.mkdir()
@@ -282,7 +282,7 @@ def model_fields(task: ModelTask, outdir: Path, options: dict, keep_db: bool, st
     """Worker side, whatever the executor: optimize one model into ``stage`` and return the fields
     of its row: ``status`` ok (with the report's fields) or failed (with a one-line ``reason``, and
     the traceback as ``detail`` for an unexpected error; the stage folder removed), and ``wall_s``.
-    ``cost_cache`` goes to :func:`relsat.driver.optimize.optimize` (None: the default cache)."""
+    ``cost_cache`` goes to :func:`relsat.driver.app.optimize.optimize` (None: the default cache)."""
     started = time.perf_counter()
     try:
         fields = _optimize_one(task, stage, outdir, options, keep_db, on_round, on_status, cost_cache)

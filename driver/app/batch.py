@@ -1,17 +1,17 @@
 """``relsat batch``: optimize every model of a folder or glob, in parallel, resumably.
 
 ``run_batch(spec, outdir, ...)`` is the Python API; the ``batch`` command of
-:mod:`relsat.driver.cli` calls it.  This module owns what a batch is whatever runs the models:
+:mod:`relsat.driver.app.cli` calls it.  This module owns what a batch is whatever runs the models:
 finding and naming them, resume, the CSV and the summary; and the *local* executor (the default).
-One model's way from its run to its row is :mod:`relsat.driver.batch_model`'s, for both executors:
-the worker-side :func:`~relsat.driver.batch_model.model_fields` turns a model into the fields of
-its row, the parent-side :class:`~relsat.driver.batch_model.Recorder` commits its files and writes
+One model's way from its run to its row is :mod:`relsat.driver.app.batch_model`'s, for both executors:
+the worker-side :func:`~relsat.driver.app.batch_model.model_fields` turns a model into the fields of
+its row, the parent-side :class:`~relsat.driver.app.batch_model.Recorder` commits its files and writes
 the row to the results table.  The *ray* executor (``executor="ray"``,
-:mod:`relsat.driver.batch_ray`) runs each model as a Ray task instead, on this machine or a
+:mod:`relsat.driver.app.batch_ray`) runs each model as a Ray task instead, on this machine or a
 cluster, through the same two.
 
 Local executor: each model runs the ``optimize`` pipeline
-(:func:`relsat.driver.optimize.optimize`) in its own worker process, started with the *spawn*
+(:func:`relsat.driver.app.optimize.optimize`) in its own worker process, started with the *spawn*
 method (DuckDB and ONNX Runtime are not fork-safe once used, and ``import onnxruntime`` already
 starts a thread).  At most ``jobs`` workers run at once.  A worker gets one model and then
 exits, so a model that runs past ``model_timeout`` is stopped by killing exactly its process
@@ -50,7 +50,7 @@ refused either way.  A refused run leaves OUTDIR as it was.  With measured costs
 checked first too: it may not be a model or a file the batch writes, and must be a cost cache
 (:mod:`relsat.extract.cost_cache`).
 
-Killing the batch (local executor; for Ray see :mod:`relsat.driver.batch_ray`): the workers die
+Killing the batch (local executor; for Ray see :mod:`relsat.driver.app.batch_ray`): the workers die
 with it, however it ends (SIGKILL included).  On Linux each worker asks the kernel for SIGKILL when
 its parent exits (``prctl(PR_SET_PDEATHSIG)``, then a ``getppid`` check for a parent that died
 before the call); elsewhere, or should that fail, a watchdog thread in the worker exits it within
@@ -107,13 +107,11 @@ from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
 from typing import Callable
 
-from .batch_ray import DEFAULT_CONNECT_TIMEOUT_S
-from .batch_model import (BATCH_FILES, COLUMN_NAMES, RESULTS_DB, BatchResult, ModelTask, NotOurs, Recorder, Results,
-                          model_fields, model_files, output_hashes, read_results, remove_temps, sha256_file,
-                          stage_dir, timeout_reason)
-from .errors import RelsatError
-from .options import DEFAULTS, Options, all_cores
-from .outputs import write_text_atomic
+from relsat.driver.app.batch_ray import DEFAULT_CONNECT_TIMEOUT_S
+from relsat.driver.app.batch_model import BATCH_FILES, COLUMN_NAMES, RESULTS_DB, BatchResult, ModelTask, NotOurs, Recorder, Results, model_fields, model_files, output_hashes, read_results, remove_temps, sha256_file, stage_dir, timeout_reason
+from relsat.driver.errors import RelsatError
+from relsat.driver.options import DEFAULTS, Options, all_cores
+from relsat.driver.boundary.outputs import write_text_atomic
 
 RESERVED = {"results", "summary"}
 DEFAULT_MODEL_TIMEOUT_S = 900.0
@@ -221,8 +219,8 @@ def resolve_options(opts: Options) -> tuple[dict, dict, str]:
     model runs), and the workers do not verify them again."""
     from relsat.programs.rulesets import rule_sources
 
-    from .phases import resolve_rules
-    from .version import __version__
+    from relsat.driver.app.phases import resolve_rules
+    from relsat.driver.version import __version__
 
     opts.check()
     if opts.costs is not None:
@@ -309,7 +307,7 @@ def _watch_parent(parent_pid: int, fd: int | None) -> None:
 def _worker(conn, task: ModelTask, outdir: Path, options: dict, keep_db: bool, parent_pid: int) -> None:
     """Local executor, child process: optimize one model into a stage folder, send ("status", text)
     messages while it runs and one ("done", fields, stage folder) message at the end
-    (:func:`~relsat.driver.batch_model.model_fields`).  A worker never writes a file of OUTDIR under its final name."""
+    (:func:`~relsat.driver.app.batch_model.model_fields`).  A worker never writes a file of OUTDIR under its final name."""
     _die_with_parent(parent_pid, conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stage = stage_dir(outdir, task.name, os.getpid())
@@ -399,12 +397,12 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     """Optimize every model ``spec`` names into ``outdir``; see the module docstring.
 
     ``options`` (an ``Options``; default ``DEFAULTS``) with keyword ``overrides`` of its fields
-    (``node_limit=500``) go to every model's :func:`relsat.driver.optimize.optimize`.  A thread
+    (``node_limit=500``) go to every model's :func:`relsat.driver.app.optimize.optimize`.  A thread
     count given (in ``options`` or as ``threads=``) is each worker's; without ``options`` and a
     ``threads`` override the workers share the cores (:func:`worker_threads`).  A rich
     progress bar is drawn on ``console`` when one is given.  ``model_timeout`` (seconds, None
     or 0 for none) is a wall-clock limit per model, process start included.  ``executor`` is
-    ``local`` (worker processes here) or ``ray`` (a Ray task per model, :mod:`relsat.driver.batch_ray`,
+    ``local`` (worker processes here) or ``ray`` (a Ray task per model, :mod:`relsat.driver.app.batch_ray`,
     on the Ray instance at ``address``; None starts or joins a local one; an address that does not
     answer within ``connect_timeout`` seconds is an error).
     Raises RelsatError for problems with the batch itself (no models, bad options, OUTDIR in
@@ -421,7 +419,7 @@ def run_batch(spec, outdir, options: Options | None = None, *, jobs: int = 1,
     if not connect_timeout > 0:
         raise RelsatError(f"--connect-timeout {connect_timeout}: expected seconds > 0")
     if executor == "ray":
-        from .batch_ray import check_address, require_ray
+        from relsat.driver.app.batch_ray import check_address, require_ray
 
         require_ray()  # before any work: a missing extra is a one-line error
         check_address(address, connect_timeout)  # and so is an address that does not answer
@@ -539,7 +537,7 @@ def check_cost_cache(opts: Options, tasks: list[ModelTask], outdir: Path) -> Non
         return
     from relsat.extract.cost_cache import default_path
 
-    from .outputs import _same, open_cost_cache
+    from relsat.driver.boundary.outputs import _same, open_cost_cache
 
     where = default_path()
     for task in tasks:
@@ -558,7 +556,7 @@ def _executor(executor: str, address: str | None, connect_timeout: float, todo):
     """The function that runs ``todo``: the local executor's, or, when there is something to run,
     the Ray executor's, connected to Ray before any progress is drawn and disconnected after."""
     if executor == "ray" and todo:
-        from .batch_ray import ray_executor
+        from relsat.driver.app.batch_ray import ray_executor
 
         with ray_executor(address, connect_timeout) as schedule:
             yield schedule

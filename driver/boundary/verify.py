@@ -34,8 +34,8 @@ import onnx
 
 from relsat.relations import runtime
 
-from . import feeds
-from .errors import RelsatError, error_line  # noqa: F401  (error_line re-exported)
+from relsat.driver.boundary import feeds
+from relsat.driver.errors import RelsatError, error_line  # noqa: F401  (error_line re-exported)
 
 INPUT_DRAWS = ((0, 1.0), (1, 1.0), (2, 10.0))  # (seed, scale of floating-point inputs)
 RTOL, ATOL = 1e-3, 1e-4
@@ -66,7 +66,7 @@ class VerifyResult:
 
 def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
                   scale: float = 1.0, roles: dict | None = None) -> dict[str, np.ndarray]:
-    """Seeded random feeds for the first session's inputs (``relsat.driver.feeds.draw``: floats
+    """Seeded random feeds for the first session's inputs (``relsat.driver.boundary.feeds.draw``: floats
     ~ N(0, scale^2), integers in the range ``roles`` gives them (valid indices, shapes, split sizes;
     ``feeds.input_roles``), else small non-negative ones, attention masks all ones); a dynamic dim
     takes ``input_shapes``, else a concrete dim any other session declares, else 1."""

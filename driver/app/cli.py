@@ -28,10 +28,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .batch import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MODEL_TIMEOUT_S, worker_threads
-from .errors import RelsatError, error_line
-from .options import Options, command_flags
-from .outputs import write_text_atomic
+from relsat.driver.app.batch import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MODEL_TIMEOUT_S, worker_threads
+from relsat.driver.errors import RelsatError, error_line
+from relsat.driver.options import Options, command_flags
+from relsat.driver.boundary.outputs import write_text_atomic
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relsat: a tensor-graph superoptimizer.")
 zoo_app = typer.Typer(no_args_is_help=True, help="The benchmark model zoo.")
@@ -79,7 +79,7 @@ def _fail(e: Exception) -> None:
 
 def _load_input(spec: str):
     if spec.startswith("zoo:"):
-        from . import zoo
+        from relsat.driver.boundary import zoo
 
         name = spec[4:]
         if name not in zoo.NAMES:
@@ -98,8 +98,8 @@ def optimize(
     **flags,
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
-    from .optimize import optimize as run
-    from .outputs import check_outputs, protected_paths
+    from relsat.driver.app.optimize import optimize as run
+    from relsat.driver.boundary.outputs import check_outputs, protected_paths
 
     outputs = [("-o", output), ("--db", db), ("--report", report)]
     with _Signals() as sig, _stops(sig, outputs, memory_limit=flags["memory_limit"], temp_dir=flags["temp_dir"],
@@ -184,8 +184,8 @@ def _stops(sig: _Signals, outputs, *, memory_limit, temp_dir, what: str):
     and exit status 130 (SIGINT) or 143 (SIGTERM); running out of memory or disk ends it with one line
     naming the limit and what to raise (``errors.resource_error``); a RelsatError or an OSError with one
     line and status 1. Every temporary file of an e-graph not committed is removed in each case."""
-    from .errors import resource_error
-    from .outputs import discard_uncommitted
+    from relsat.driver.errors import resource_error
+    from relsat.driver.boundary.outputs import discard_uncommitted
 
     before = {flag: _stamp(p) for flag, p in outputs if p is not None}
     try:
@@ -260,7 +260,7 @@ def _summary(rep: dict) -> None:
 
 
 def _cache(path: Optional[Path]):
-    from .outputs import open_cost_cache
+    from relsat.driver.boundary.outputs import open_cost_cache
 
     return open_cost_cache(path)
 
@@ -276,7 +276,7 @@ def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parq
         where = cache or default_path()
         if not Path(where).exists():
             raise RelsatError(f"{where}: no cost cache yet (run relsat optimize first)")
-        from .outputs import check_outputs
+        from relsat.driver.boundary.outputs import check_outputs
 
         check_outputs(cost_table=file, protected=[("the cost cache", Path(where))])
         c = _cache(where)
@@ -334,7 +334,7 @@ def zoo_build(name: str = typer.Argument(..., help="a zoo model name, or all"),
               output: Path = typer.Option(..., "-o", "--output", help="output folder"),
               small: bool = typer.Option(False, "--small", help="the reduced-size variants")) -> None:
     """Write benchmark models and print their node counts by op type."""
-    from . import zoo
+    from relsat.driver.boundary import zoo
 
     names = zoo.NAMES if name == "all" else (name,)
     try:
@@ -528,7 +528,7 @@ def batch(
     **flags,
 ) -> None:
     """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
-    from .batch import run_batch
+    from relsat.driver.app.batch import run_batch
 
     try:
         # without --threads the workers share the cores

@@ -1,9 +1,9 @@
 """What the search strategies share: their result, the ``search_nodes`` table, the price callback.
 
 ``relsat optimize --search eqsat|mcts|backtrack`` picks how the e-graph is built before extraction:
-equality saturation (``relsat.driver.runner``), Monte Carlo tree search over rule applications
-(``relsat.driver.mcts``), or TASO's sequential backtracking over single rewrites
-(``relsat.driver.backtrack``).  The two searches price e-graphs with a ``Price``: a callable that
+equality saturation (``relsat.driver.search.runner``), Monte Carlo tree search over rule applications
+(``relsat.driver.search.mcts``), or TASO's sequential backtracking over single rewrites
+(``relsat.driver.search.backtrack``).  The two searches price e-graphs with a ``Price``: a callable that
 fills the ``costs`` table (``node, op, ms, source``) of the e-graph's current tables, measured through
 the cost cache or analytic, the same costs extraction uses afterwards.  Each stores its search
 tree in ``search_nodes`` (one row per tree node or graph: ``node, parent, action, visits, value``
@@ -19,7 +19,7 @@ import numpy as np
 
 from relsat.relations.egraph import EGraph
 
-from .runner import Report
+from relsat.driver.search.runner import Report
 
 Price = Callable[[EGraph], None]  # fills ``costs`` for every e-node of the e-graph's current tables
 

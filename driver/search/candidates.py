@@ -19,7 +19,7 @@ here):
    earlier one, and one of the original's). These are exported, not profiled: their predicted cost
    is what the refined costs say.
 4. **Check** (:meth:`Search.choose`): the input model and every candidate are timed as whole models,
-   interleaved (:func:`relsat.driver.latency.time_models`); the input model is timed alone when there
+   interleaved (:func:`relsat.driver.boundary.latency.time_models`); the input model is timed alone when there
    is no candidate. Every whole-graph profile used so far, from the cost cache or taken in this run, is
    checked against the fresh timing of its graph (the original's against the input model's): one whose
    latency disagrees with it by more than the noise, ``max(FIDELITY_FLOOR, (q3 - q1) / median)`` of
@@ -56,11 +56,11 @@ from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 from relsat.relations.backend import Backend
 
-from . import feeds
-from .errors import error_line
-from .latency import Latency, judge, judged_ms, time_models
-from .onnx_export import export_graph
-from .verify import VerifyResult, verify
+from relsat.driver.boundary import feeds
+from relsat.driver.errors import error_line
+from relsat.driver.boundary.latency import Latency, judge, judged_ms, time_models
+from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.verify import VerifyResult, verify
 
 
 FIDELITY_FLOOR = 0.10  # a profile is stale when its latency and the fresh timing differ by more than this

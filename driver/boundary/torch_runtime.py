@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import RelsatError
+from relsat.driver.errors import RelsatError
 
 _TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
           onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.INT64: "tensor(int64)",

@@ -34,7 +34,7 @@ import onnx
 
 from relsat.relations.runtime import tensor_bytes
 
-from .errors import RelsatError
+from relsat.driver.errors import RelsatError
 
 EGRAPH_TABLES = {"meta", "eclass", "uf"}  # every relsat e-graph has these tables
 EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size

@@ -28,8 +28,8 @@ from relsat.relations.onnx_form import (FormError, catalog_nodes, opaque_node, o
                                         subgraphs, walk_graphs)
 from relsat.relations.runtime import session
 
-from .errors import RelsatError, error_line
-from .onnx_import import ImportResult
+from relsat.driver.errors import RelsatError, error_line
+from relsat.driver.boundary.onnx_import import ImportResult
 
 MAX_IR_VERSION = 10  # ONNX Runtime 1.31 refuses newer IR versions
 _FOLD_MIN = 1 << 16  # a constant subgraph is folded when its result has at most max(this, its inputs') elements

@@ -48,8 +48,8 @@ from relsat.programs.ir import Rule
 from relsat.relations.egraph import EGraph
 from relsat.relations.states import State, States
 
-from .runner import Limits, Report, Runner, StopReason
-from .search import Price, SearchResult, store_search_nodes
+from relsat.driver.search.runner import Limits, Report, Runner, StopReason
+from relsat.driver.search.result import Price, SearchResult, store_search_nodes
 
 SATURATE = -1  # the action "equality saturation from here"
 ITERATIONS = 32  # default budget

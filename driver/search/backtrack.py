@@ -44,8 +44,8 @@ from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
 from relsat.relations.states import State, States
 
-from .runner import Report, StopReason
-from .search import Price, SearchResult, store_search_nodes
+from relsat.driver.search.runner import Report, StopReason
+from relsat.driver.search.result import Price, SearchResult, store_search_nodes
 
 BUDGET = 100  # graphs expanded
 ALPHA = 1.05  # TASO's default
