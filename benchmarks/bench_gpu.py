@@ -50,7 +50,8 @@ from pathlib import Path
 
 import onnx
 
-from relsat.benchmarks import corpus, zoo
+from relsat.benchmarks import corpus
+from relsat.driver.boundary import zoo
 from relsat.driver.boundary import feeds, latency, torch_runtime
 from relsat.driver.boundary.verify import random_inputs, verify
 from relsat.relations.backend import resolve
