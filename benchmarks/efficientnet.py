@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import onnx
 
-from .zoo import _Builder
+from relsat.driver.boundary.zoo import _Builder
 
 # (expansion, output channels, repeats, stride, kernel) of each stage: EfficientNet-B0
 B0_STAGES = ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3), (6, 112, 3, 1, 5),
