@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.schema import literal, q
 
-from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf,
+from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf,
                  Term, Var)
 
 
@@ -188,6 +188,10 @@ def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
 def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
     if isinstance(c, Pred):
         alias = lhs.eclass(c.var.name)
+        if c.kind in FILLS:
+            v = FILLS[c.kind]
+            return (f"{alias}.id IN (SELECT w.id FROM op_weight w JOIN weights x ON x.ref = w.ref WHERE x.fill = {v} "
+                    f"UNION ALL SELECT k.id FROM op_constant k WHERE k.value_float = {v})")
         return {"const": f"{alias}.is_const", "not-const": f"NOT {alias}.is_const",
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]
     op = "<>" if c.op == "!=" else c.op

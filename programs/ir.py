@@ -207,9 +207,14 @@ DTYPES: dict[str, int] = {
 }  # fmt: skip
 
 
+FILLS = {"zeros": 0.0, "ones": 1.0}  # the value predicates: the one value of every element of the constant
+
+
 @dataclass(frozen=True)
 class Pred:
-    """A predicate on an e-class: kind ``const`` | ``not-const`` | ``dtype`` (then ``dtype`` is the ONNX code)."""
+    """A predicate on an e-class: kind ``const`` | ``not-const`` | ``dtype`` (then ``dtype`` is the ONNX code)
+    | ``zeros`` | ``ones`` (a constant whose every element is 0, resp. 1: a weight whose elements are all that
+    value, or a scalar Constant of it)."""
 
     kind: str
     var: Var

@@ -139,6 +139,8 @@ _CONDITIONS = {
     "const": (("var",), functools.partial(Pred, "const")),
     "not-const": (("var",), functools.partial(Pred, "not-const")),
     "dtype": (("var", "dtype"), functools.partial(Pred, "dtype")),
+    "zeros": (("var",), functools.partial(Pred, "zeros")),
+    "ones": (("var",), functools.partial(Pred, "ones")),
     "rank": (("var", "expr"), lambda v, n, loc: Cmp("=", Rank(v, loc=loc), n, loc=loc)),
     "same-shape": (("var", "var"), lambda a, b, loc: Cmp("=", ShapeOf(a, loc=a.loc), ShapeOf(b, loc=b.loc), loc=loc)),
     "let": (("var", "expr"), Let),

@@ -33,8 +33,8 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from relsat.programs.ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Rank, Rule, ShapeOf,
-                                Term, Var)
+from relsat.programs.ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule,
+                                ShapeOf, Term, Var)
 from relsat.relations.catalog import lookup
 
 FRAGMENT = ("Add", "Mul", "MatMul", "Relu", "Identity", "Transpose", "Concat", "Split", "getitem", "Conv",
@@ -425,6 +425,9 @@ def prove_rule(rule: Rule, *, timeout_ms: int = 2000) -> Proof:
         _ops(node, ops)
     if ops - set(FRAGMENT):
         return Proof("tested", "outside the fragment: " + ", ".join(sorted(ops - set(FRAGMENT))))
+    fills = sorted({c.kind for c in rule.conditions if isinstance(c, Pred) and c.kind in FILLS})
+    if fills:  # the axioms know tensors as opaque terms, not their values
+        return Proof("tested", "outside the fragment: the value predicate(s) " + ", ".join(fills))
     cases = _perm_cases(rule)
     deadline = time.monotonic() + timeout_ms / 1000
     used: set = set()

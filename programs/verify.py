@@ -31,7 +31,7 @@ from relsat.relations.catalog import BY_TYPE, REQUIRED, OpDef
 from relsat.relations.onnx_form import catalog_nodes
 from relsat.relations.rules import shape_rule as _shape_rule  # the catalog's shape rules without an e-graph
 
-from .ir import (Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleSet, ShapeOf,
+from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleSet, ShapeOf,
                  Term, Var)
 from .parser import _fmt
 
@@ -149,7 +149,8 @@ class _Draw:
         self.trial, self.offsets = trial, offsets  # the instances found so far; choice() rotates through options
         self.shapes: dict[str, tuple] = {}
         self.values: dict[str, object] = {}
-        self.const = {c.var.name for c in rule.conditions if isinstance(c, Pred) and c.kind == "const"}
+        self.fills = {c.var.name: FILLS[c.kind] for c in rule.conditions if isinstance(c, Pred) and c.kind in FILLS}
+        self.const = {c.var.name for c in rule.conditions if isinstance(c, Pred) and c.kind == "const"} | set(self.fills)
         self.spatial = int(rng.choice((4, 5, 6)))
         self.lhs: dict[Term, tuple] = {}  # term -> (shape, attrs)
         self.rhs: dict[Term, tuple] = {}
@@ -213,6 +214,8 @@ class _Draw:
 
     def holds(self, c) -> bool:
         if isinstance(c, Pred):
+            if c.kind in FILLS:
+                return self.fills.get(c.var.name) == FILLS[c.kind]
             return {"const": c.var.name in self.const, "not-const": c.var.name not in self.const,
                     "dtype": c.dtype == TensorProto.FLOAT}[c.kind]
         a, b = self.eval(c.left), self.eval(c.right)
@@ -674,7 +677,8 @@ def _compare(draw: _Draw) -> float:
     """Run both sides on the same random data; the largest difference (raises _Unsound beyond tolerance)."""
     rule, rng = draw.rule, draw.rng
     positive, nonzero = _data_roles(rule)
-    data = {v: runtime.random_array(rng, shape, np.float32, positive=v in positive, nonzero=v in nonzero)
+    data = {v: np.full(shape, draw.fills[v], np.float32) if v in draw.fills
+            else runtime.random_array(rng, shape, np.float32, positive=v in positive, nonzero=v in nonzero)
             for v, shape in draw.shapes.items()}
     try:
         left = _run(draw, rule.patterns, draw.lhs, data)

@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS op_opaque (id BIGINT NOT NULL, proto BIGINT NOT NULL,
 CREATE TABLE IF NOT EXISTS opaque_nodes (proto BIGINT PRIMARY KEY, op_type VARCHAR, domain VARCHAR,
     node BLOB, n_outputs INTEGER, output_shapes BIGINT[][], output_dtypes INTEGER[]);
 CREATE TABLE IF NOT EXISTS weights (ref BIGINT PRIMARY KEY, name VARCHAR, dtype INTEGER, shape BIGINT[],
-    digest VARCHAR);
+    digest VARCHAR, fill DOUBLE);
+ALTER TABLE weights ADD COLUMN IF NOT EXISTS fill DOUBLE;
 CREATE TABLE IF NOT EXISTS eclass (id BIGINT NOT NULL, shape BIGINT[], dtype INTEGER, is_const BOOLEAN,
     tuple_shapes BIGINT[][], tuple_dtypes INTEGER[], ts INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS uf (id BIGINT NOT NULL, root BIGINT NOT NULL);

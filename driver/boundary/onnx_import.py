@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.version_converter
-from onnx import AttributeProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, is_batch_like, is_sym, window_dim
@@ -61,6 +61,7 @@ SYMBOLIC_S = 15.0  # CPU-time limit of ONNX Runtime's symbolic shape inference a
 # wall-clock limit of 5 s, and imported with its whole encoder opaque)
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
+_INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 _SMALL_TENSOR = 1024  # initializers up to this many elements are kept for shape inference's data propagation
 _SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Squeeze", "Unsqueeze", "Cast", "Add", "Sub", "Mul",
               "Div", "Neg", "Abs", "Floor", "Ceil", "Min", "Max", "Equal", "Less", "Greater", "Not", "Where",
@@ -506,6 +507,107 @@ def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
     return np.array(shape[a.get("start", 0):a.get("end", len(shape))], dtype=np.int64)
 
 
+_PARTIAL_MOST = 64  # shape vectors up to this long are followed element by element
+
+
+def _elementwise(op: str, a, b, attrs: dict):
+    """One element of an integer Add/Sub/Mul/Div/Mod over known, non-negative numbers (where ONNX's
+    truncating and numpy's flooring division agree); None when unknown."""
+    if a is None or b is None or is_sym(a) or is_sym(b):
+        return None
+    if op == "Add":
+        return a + b
+    if op == "Sub":
+        return a - b
+    if op == "Mul":
+        return a * b
+    if a < 0 or b <= 0:
+        return None
+    return a // b if op == "Div" else a % b
+
+
+def _partial_values(nodes, types: dict, consts: dict) -> dict[str, tuple[list, bool]]:
+    """The shape computations over dynamic dims, element by element: ``name -> (elements, scalar)`` for
+    the integer scalars and vectors that ``Shape`` of a partly static value starts, followed through
+    ``Gather``, ``Slice``, ``Concat``, ``Unsqueeze``, ``Squeeze``, ``Cast``, ``Identity`` and integer
+    ``Add``/``Sub``/``Mul``/``Div``/``Mod``; an element is a number, a dynamic dim's symbol, or None
+    (unknown). Every rule is exact: a number here is what the node computes for every size of the
+    dynamic dims (Swin's window padding ``(7 - W % 7) % 7`` over a static W beside a dynamic batch)."""
+    vals: dict[str, tuple[list, bool]] = {}
+
+    def get(name):
+        if name in vals:
+            return vals[name]
+        t = consts.get(name)
+        if t is None or t.data_type not in _INT_TYPES or len(t.dims) > 1 or np.prod(t.dims) > _PARTIAL_MOST:
+            return None
+        a = numpy_helper.to_array(t)
+        return [int(x) for x in a.reshape(-1)], a.ndim == 0
+
+    def ints(name):
+        v = get(name) if name else None
+        return None if v is None or any(e is None or is_sym(e) for e in v[0]) else v[0]
+
+    for n in nodes:
+        if n.domain not in ("", "ai.onnx") or len(n.output) != 1:
+            continue
+        a = {x.name: _attr_value(x) for x in n.attribute}
+        op, out = n.op_type, None
+        if op == "Shape":
+            shape = (types.get(n.input[0]) or (None, None))[1]
+            if shape is not None and len(shape) <= _PARTIAL_MOST:
+                start, end = a.get("start", 0), a.get("end", len(shape))
+                out = list(shape[start:end]), False
+        elif op in ("Identity", "Cast") and get(n.input[0]) is not None and (
+                op == "Identity" or a.get("to") in _INT_TYPES):
+            out = get(n.input[0])
+        elif op == "Gather" and get(n.input[0]) is not None and ints(n.input[1]) is not None \
+                and a.get("axis", 0) == 0 and not get(n.input[0])[1]:
+            data, idx, scalar = get(n.input[0])[0], ints(n.input[1]), get(n.input[1])[1]
+            if all(-len(data) <= i < len(data) for i in idx):
+                out = [data[i] for i in idx], scalar
+        elif op == "Slice" and get(n.input[0]) is not None and not get(n.input[0])[1]:
+            data = get(n.input[0])[0]
+            starts, ends = ints(n.input[1]), ints(n.input[2]) if len(n.input) > 2 else None
+            axes = ints(n.input[3]) if len(n.input) > 3 and n.input[3] else [0]
+            steps = ints(n.input[4]) if len(n.input) > 4 and n.input[4] else [1]
+            if starts and ends and len(starts) == len(ends) == 1 and axes in ([0], [-1]) and steps == [1]:
+                out = data[slice(max(-len(data) - 1, starts[0]), ends[0])], False
+        elif op == "Concat" and all(get(i) is not None and not get(i)[1] for i in n.input):
+            out = [e for i in n.input for e in get(i)[0]], False
+        elif op == "Unsqueeze" and get(n.input[0]) is not None and get(n.input[0])[1]:
+            axes = a.get("axes") if "axes" in a else ints(n.input[1]) if len(n.input) > 1 else None
+            if axes in ([0], [-1]):
+                out = get(n.input[0])[0], False
+        elif op == "Squeeze" and get(n.input[0]) is not None and len(get(n.input[0])[0]) == 1:
+            axes = a.get("axes") if "axes" in a else ints(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+            if axes in (None, [0], [-1]):
+                out = get(n.input[0])[0], True
+        elif op in ("Add", "Sub", "Mul", "Div", "Mod") and len(n.input) == 2 and a.get("fmod", 0) == 0:
+            x, y = get(n.input[0]), get(n.input[1])
+            if x is not None and y is not None and (len(x[0]) == len(y[0]) or 1 in (len(x[0]), len(y[0]))):
+                size = max(len(x[0]), len(y[0]))
+                xs, ys = (x[0] * size if len(x[0]) == 1 else x[0]), (y[0] * size if len(y[0]) == 1 else y[0])
+                out = [_elementwise(op, p, q, a) for p, q in zip(xs, ys)], x[1] and y[1]
+        if out is not None:
+            vals[n.output[0]] = out
+    return vals
+
+
+def _static_parts(nodes, types: dict, consts: dict, failed: set) -> dict[str, np.ndarray]:
+    """The outputs of shape computations over dynamic dims that are numbers whatever those dims are
+    (``_partial_values``), as arrays of their inferred dtype: constants for the import."""
+    out = {}
+    for name, (elements, scalar) in _partial_values(nodes, types, consts).items():
+        dtype = (types.get(name) or (None, None))[0]
+        if (name in consts or name in failed or dtype not in _INT_TYPES or not elements
+                or any(e is None or is_sym(e) for e in elements)):
+            continue
+        arr = np.array(elements, dtype=helper.tensor_dtype_to_np_dtype(dtype))
+        out[name] = arr.reshape(()) if scalar else arr
+    return out
+
+
 def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symbolic: bool = True):
     """ONNX dtype and shape (dynamic dims as symbols; None when the rank is unknown) of every value,
     and the values that the static dims make constant (``Shape`` and small shape arithmetic on it).
@@ -561,9 +663,10 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
                 continue
             ready.append(n)
             known.add(n.output[0])
+        shape_values.update(_static_parts(nodes, types, consts, failed))
         if not ready and grown:
             continue  # inference again, from the outputs the catalog typed
-        if not ready:
+        if not ready and not shape_values:
             return (_fill_gaps(light, types, symbols) if symbolic else types), folded
         consts.update((k, numpy_helper.from_array(v, k)) for k, v in shape_values.items())
         folded.update(shape_values)
@@ -666,6 +769,16 @@ def _constant_value(node: onnx.NodeProto):
         dt, onnx_dt = forms[a.name]
         return np.array(_attr_value(a), dtype=dt), onnx_dt
     return None
+
+
+def _fill(arr: np.ndarray) -> float:
+    """The one value of a numeric tensor whose elements are all equal (what the rules' ``(zeros ?c)`` and
+    ``(ones ?c)`` read in ``weights.fill``), else NaN (stored as NULL)."""
+    a = np.asarray(arr)
+    if a.size == 0 or a.dtype.kind not in "fiub":
+        return math.nan
+    first = a.reshape(-1)[0]
+    return float(first) if np.all(a == first) else math.nan
 
 
 def _digest(arr: np.ndarray, dtype: int) -> str:
@@ -787,19 +900,21 @@ class _Importer:
                     by_digest[d] = next_ref
                 ref_of[name] = next_ref
                 g.tensors[next_ref] = arr
-                rows.append((next_ref, name, dtype, json.dumps(list(arr.shape)), d))
+                rows.append((next_ref, name, dtype, json.dumps(list(arr.shape)), d, _fill(arr)))
                 next_ref += 1
             else:
                 ref_of[name] = by_digest[d]
             self.consts[name] = arr
         if rows:
-            refs, names, dtypes, shapes, digests = zip(*rows)
+            refs, names, dtypes, shapes, digests, fills = zip(*rows)
             g.con.register("_wbatch", {"ref": np.array(refs, dtype=np.int64), "name": np.array(names, dtype=object),
                                        "dtype": np.array(dtypes, dtype=np.int32),
                                        "shape": np.array(shapes, dtype=object),
-                                       "digest": np.array(digests, dtype=object)})
+                                       "digest": np.array(digests, dtype=object),
+                                       "fill": np.array(fills, dtype=np.float64)})
             try:
-                g.con.execute("INSERT INTO weights SELECT ref, name, dtype, shape::VARCHAR::BIGINT[], digest "
+                g.con.execute("INSERT INTO weights (ref, name, dtype, shape, digest, fill) SELECT ref, name, dtype, "
+                              "shape::VARCHAR::BIGINT[], digest, CASE WHEN isnan(fill) THEN NULL ELSE fill END "
                               "FROM _wbatch")
             finally:
                 g.con.unregister("_wbatch")

@@ -1,0 +1,88 @@
+"""The value predicates ``(zeros ?c)`` and ``(ones ?c)`` (a constant every element of which is 0, resp. 1)
+and fold.rules' identities over them (x + 0 = x, x * 1 = x): parsed, compiled to SQL over ``weights.fill``,
+checked on random tensors with the constant drawn as that value (a wrong rule is caught), out of the
+prover's fragment, and applied to a model whose bias is zero and whose scale is one (an untrained export's),
+written and compared under ONNX Runtime; the same model with a bias that is not zero keeps its Add."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary.onnx_import import _fill, import_model
+from relsat.programs.ir import Pred
+from relsat.programs.parser import parse_rules
+from relsat.programs.prove import prove_rule
+from relsat.programs.verify import check_rule
+from relsat.relations.runtime import session
+
+F = TensorProto.FLOAT
+
+
+def linear(bias: np.ndarray, scale: np.ndarray, dims=("batch", 5, 8)):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(bias.astype(np.float32), "b"),
+             numpy_helper.from_array(scale.astype(np.float32), "s")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["b", "m"], ["a"]),
+             helper.make_node("Mul", ["a", "s"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", F, list(dims))],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def rule(text):
+    return parse_rules(text).rules[0]
+
+
+def test_fill_is_the_one_value_of_a_tensor_or_nothing():
+    assert _fill(np.zeros((3, 4), np.float32)) == 0.0 and _fill(np.ones(5, np.int64)) == 1.0
+    assert np.isnan(_fill(np.array([0.0, 1.0]))) and np.isnan(_fill(np.zeros(0)))
+    assert np.isnan(_fill(np.array(["a", "a"])))
+
+
+def test_the_predicates_parse_and_are_outside_the_prover():
+    r = rule("add-zero: (Add ?x ?c) => ?x if (zeros ?c) (same-shape ?x ?c)")
+    assert Pred("zeros", r.conditions[0].var) == r.conditions[0]
+    proof = prove_rule(r)
+    assert proof.status == "tested" and "zeros" in proof.reason
+
+
+def test_a_wrong_rule_over_a_value_predicate_is_caught():
+    good = check_rule(rule("m: (Mul ?x ?c) => ?x if (ones ?c) (same-shape ?x ?c)"))
+    bad = check_rule(rule("m: (Mul ?x ?c) => ?x if (zeros ?c) (same-shape ?x ?c)"))  # x * 0 is not x
+    assert good.ok and not bad.ok and bad.skipped is None and "differ" in bad.message, (good, bad)
+
+
+def test_weights_record_their_fill():
+    imported = import_model(linear(np.zeros(8), np.ones(8)))
+    fills = dict(imported.egraph.sql("SELECT name, fill FROM weights"))
+    assert fills["b"] == 0.0 and fills["s"] == 1.0 and fills["w"] is None
+
+
+@pytest.mark.parametrize("bias_shape, dims", [((8,), ("batch", 5, 8)), ((1,), ("batch", 5, 8)), ((1, 5, 8), (1, 5, 8))])
+def test_a_zero_bias_and_a_unit_scale_go(bias_shape, dims):
+    m = linear(np.zeros(bias_shape), np.ones(8), dims)
+    r = optimize(m, cost_model="analytic", measure=False)
+    assert r.report["written"] == "optimized"
+    assert set(r.report["extracted"]["ops"]) == {"MatMul", "Relu"}, r.report["extracted"]["ops"]
+    applied = {k for k, v in r.report["rules_applied"].items() if v}
+    assert {"mul-one-vector"} <= applied and applied & {"add-zero-vector", "add-zero-one", "add-zero-same"}
+    ref, got = session(m), session(r.model)
+    for n in (1, 3) if dims[0] == "batch" else (1,):
+        x = np.random.default_rng(n).standard_normal((n, 5, 8)).astype(np.float32)
+        np.testing.assert_array_equal(got.run(None, {"x": x})[0], ref.run(None, {"x": x})[0])
+
+
+def test_a_bias_that_is_not_zero_stays():
+    bias = np.zeros(8)
+    bias[3] = 1e-3
+    r = optimize(linear(bias, np.ones(8)), cost_model="analytic", measure=False)
+    assert "Add" in r.report["extracted"]["ops"] and "Mul" not in r.report["extracted"]["ops"]
+    assert not r.report["rules_applied"].get("add-zero-vector")
+
+
+def test_a_bias_that_broadcasts_x_to_a_larger_shape_stays():
+    # x [batch, 5, 8] + zeros [2, 5, 8] is [2, 5, 8] at batch 1: not x
+    r = optimize(linear(np.zeros((2, 5, 8)), np.ones(8), dims=(1, 5, 8)), cost_model="analytic", measure=False)
+    assert "Add" in r.report["extracted"]["ops"]
