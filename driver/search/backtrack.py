@@ -28,6 +28,9 @@ At the end the best graph becomes the e-graph's home tables (``States.adopt``) a
 generated is a row of ``search_nodes`` (node, parent, action = ``rule#match``, visits = expanded or
 not, value = its cost as predicted, cost = as priced once built; ``status``: root, expanded,
 materialised (built when the budget ran out), duplicate, cyclic, pruned, queued).
+
+``_Graphs`` does the steps on saved states, ``_Tree`` keeps the search nodes and ``Backtrack.run`` the
+queue.
 """
 
 from __future__ import annotations
@@ -103,29 +106,16 @@ class _Batch:
     at: int = field(default=0, compare=False)
 
 
-class Backtrack:
-    """One search (module docstring); ``run()`` returns the ``SearchResult``."""
+class _Graphs:
+    """The graph operations on saved states (module docstring, steps 1, 2 and 4): the input reduced to a
+    graph, a graph's children priced on a scratch copy, a child materialised, a graph's cost and its
+    fingerprint.  Owns the saved states and the round counter the rewrites are stamped with."""
 
-    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, alpha: float = ALPHA,
-                 budget: int = BUDGET, seconds: float = 60.0, on_step=None) -> None:
-        self.g, self.roots, self.price = g, list(roots), price
-        self.compiled: list[Compiled] = [compile_rule(r) for r in rules]
-        self.alpha, self.budget, self.seconds, self.on_step = alpha, budget, seconds, on_step
+    def __init__(self, g: EGraph, compiled: list[Compiled], roots, price: Price) -> None:
+        self.g, self.compiled, self.roots, self.price = g, compiled, list(roots), price
         self.states = States(g)
         self.ts = 0
-        self.seen: set[int] = set()
-        # the search nodes: parallel lists, one entry per graph generated (children in batches)
-        self.parent: list[np.ndarray] = []
-        self.action: list[np.ndarray] = []
-        self.value: list[np.ndarray] = []
-        self.status: dict[int, str] = {}  # search node -> status other than 'queued'/'pruned'
-        self.queued: list[tuple[int, int]] = []  # search-node ranges still queued at the end
-        self.actual: dict[int, float] = {}  # search node -> its cost once materialised and priced
-        self.size = 0
-        self.counts = {"expanded": 0, "generated": 0, "materialised": 0, "duplicates": 0, "cyclic": 0,
-                       "pruned": 0}
 
-    # ------------------------------------------------------------------ graphs
     def _sql(self, query: str, params=None):
         return self.g.con.execute(query, params or []).fetchall()
 
@@ -134,6 +124,12 @@ class Backtrack:
         self.g.con.register("_bt_roots_np", {"c": np.unique(roots)})
         self.g.con.execute("CREATE OR REPLACE TEMP TABLE _bt_roots AS SELECT c FROM _bt_roots_np")
         self.g.con.unregister("_bt_roots_np")
+
+    def start(self) -> State:
+        """The input e-graph reduced to one graph, as a saved state (the root)."""
+        self.states.checkout(self.states.save())
+        self._reduce()
+        return self.states.freeze()
 
     def _reduce(self, old: str | None = None) -> None:
         """The current tables down to one graph: in each e-class the node a rewrite added (any node but
@@ -150,7 +146,7 @@ class Backtrack:
             con.execute(f"DELETE FROM {t} WHERE id NOT IN (SELECT node FROM _bt_keep)")
         con.execute("DELETE FROM eclass WHERE id NOT IN (SELECT c FROM _bt_keep)")
 
-    def _cost(self, graph: _Graph) -> float:
+    def cost(self, graph: _Graph) -> float:
         """The cost of a graph not expanded (expansion prices it otherwise)."""
         if graph.cost != graph.cost:  # nan: not priced yet
             self.states.checkout(graph.state)
@@ -159,7 +155,7 @@ class Backtrack:
                                          "JOIN costs k ON k.node = e.id")[0][0])
         return graph.cost
 
-    def _fingerprint(self) -> int | None:
+    def fingerprint(self) -> int | None:
         """A structural hash of the current graph from its outputs (ids do not enter it: two paths to
         the same graph agree), or None when the graph has a cycle.  Nodes are hashed level by level
         from the leaves (Python loops over levels, numpy over the nodes of a level)."""
@@ -189,14 +185,14 @@ class Backtrack:
             roots = node_of(np.unique(self.g.find(np.asarray(self.roots, dtype=np.int64))))
             return int(_splitmix(np.sort(h[roots]) * _MIX).sum())
 
-    # ------------------------------------------------------------------ steps
-    def _match_sql(self, c: Compiled) -> str:
+    @staticmethod
+    def _match_sql(c: Compiled) -> str:
         rows = c.match()
         return f"SELECT row_number() OVER () AS mid, * FROM (SELECT * FROM ({rows}) ORDER BY ALL)"
 
-    def _expand(self, graph: _Graph) -> _Batch | None:
-        """Every child of ``graph`` and its cost (module docstring, steps 1-3), as one sorted batch;
-        sets ``graph.cost``."""
+    def expand(self, graph: _Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every child of ``graph`` as ``(rule, mid, cost)``, cheapest first (module docstring, steps 1-2),
+        or None when it has none; sets ``graph.cost``."""
         g, con = self.g, self.g.con
         self.states.checkout(graph.state)
         self.ts += 1
@@ -222,15 +218,11 @@ class Backtrack:
         kids = con.execute(_CHILD_COSTS).fetchnumpy()
         own = kids["rule"] < 0
         graph.cost = float(kids["cost"][own][0]) if own.any() else 0.0  # no row: the outputs are all leaves
-        kids = {k: v[~own] for k, v in kids.items()}
-        if not len(kids["rule"]):
+        if own.all():
             return None
-        first = self._add_nodes(np.full(len(kids["rule"]), graph.id), kids["rule"], kids["mid"], kids["cost"])
-        self.counts["generated"] += len(kids["rule"])
-        return _Batch(float(kids["cost"][0]), first, graph, kids["rule"].astype(np.int64),
-                      kids["mid"].astype(np.int64), kids["cost"].astype(float), first)
+        return kids["rule"][~own], kids["mid"][~own], kids["cost"][~own]
 
-    def _materialise(self, parent: _Graph, rule: int, mid: int) -> None:
+    def materialise(self, parent: _Graph, rule: int, mid: int) -> None:
         """The child ``(rule, mid)`` of ``parent`` as the current tables (step 4)."""
         g, con, c = self.g, self.g.con, self.compiled[rule]
         self.states.checkout(parent.state)
@@ -249,35 +241,79 @@ class Backtrack:
         g.rebuild(ts=self.ts)
         self._reduce("_bt_old")
 
-    # ------------------------------------------------------------------ search nodes
-    def _add_nodes(self, parent, rule, mid, cost) -> int:
+
+class _Tree:
+    """The search tree as ``search_nodes`` stores it: one entry per graph generated (children added a batch
+    at a time), its parent, action (``rule#match``), predicted value, status and cost once built; the
+    search's counts."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names  # rule index -> rule name
+        self.parent: list[np.ndarray] = []
+        self.action: list[np.ndarray] = []
+        self.value: list[np.ndarray] = []
+        self.status: dict[int, str] = {}  # search node -> status other than 'queued'/'pruned'
+        self.actual: dict[int, float] = {}  # search node -> its cost once materialised and priced
+        self.size = 0
+        self.counts = {"expanded": 0, "generated": 0, "materialised": 0, "duplicates": 0, "cyclic": 0,
+                       "pruned": 0}
+
+    def add(self, parent, rule, mid, cost) -> int:
+        """Search nodes for ``(rule, mid)`` children of ``parent`` (rule -1: the root) valued ``cost``; the
+        id of the first."""
         first = self.size
-        names = np.array([self.compiled[int(r)].rule if r >= 0 else "root" for r in rule], dtype=object)
+        names = np.array([self.names[int(r)] if r >= 0 else "root" for r in rule], dtype=object)
         self.parent.append(np.asarray(parent, dtype=np.int64))
         self.action.append(np.where(np.asarray(rule) >= 0, names + "#" + np.asarray(mid).astype(str), names))
         self.value.append(np.asarray(cost, dtype=float))
         self.size += len(rule)
         return first
 
-    def _store(self) -> None:
+    def store(self, g: EGraph, root_cost: float, queued: list[tuple[int, int]]) -> None:
+        """``search_nodes`` in ``g``'s current tables; ``queued``: the search-node ranges still queued."""
+        self.value[0][0] = root_cost
         status = np.full(self.size, "pruned", dtype=object)
-        for a, b in self.queued:
+        for a, b in queued:
             status[a:b] = "queued"
         for i, s in self.status.items():
             status[i] = s
         cost = np.full(self.size, np.nan)
         cost[list(self.actual)] = list(self.actual.values())
-        store_search_nodes(self.g, {
+        store_search_nodes(g, {
             "node": np.arange(self.size, dtype=np.int64), "parent": np.concatenate(self.parent),
             "action": np.concatenate(self.action).astype(object),
             "visits": (status == "expanded").astype(np.int64) + (status == "root"),
             "value": np.concatenate(self.value), "status": status, "cost": cost})
 
-    # ------------------------------------------------------------------ the loop
+
+class Backtrack:
+    """One search (module docstring): the queue of batches and the relaxed choice, over the graph
+    operations of ``_Graphs`` and the tree of ``_Tree``; ``run()`` returns the ``SearchResult``."""
+
+    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, alpha: float = ALPHA,
+                 budget: int = BUDGET, seconds: float = 60.0, on_step=None) -> None:
+        compiled: list[Compiled] = [compile_rule(r) for r in rules]
+        self.graphs = _Graphs(g, compiled, roots, price)
+        self.tree = _Tree([c.rule for c in compiled])
+        self.alpha, self.budget, self.seconds, self.on_step = alpha, budget, seconds, on_step
+        self.seen: set[int] = set()  # the fingerprints of the graphs materialised
+
+    def _expand(self, graph: _Graph) -> _Batch | None:
+        """Every child of ``graph`` and its cost (module docstring, steps 1-3), as search nodes and one
+        sorted batch; sets ``graph.cost``."""
+        kids = self.graphs.expand(graph)
+        if kids is None:
+            return None
+        rule, mid, cost = kids
+        first = self.tree.add(np.full(len(rule), graph.id), rule, mid, cost)
+        self.tree.counts["generated"] += len(rule)
+        return _Batch(float(cost[0]), first, graph, rule.astype(np.int64), mid.astype(np.int64),
+                      cost.astype(float), first)
+
     def _improves(self, graph: _Graph, best: _Graph) -> _Graph:
         """The best graph once ``graph`` (just priced) is known; the old best's state is dropped when
         nothing waits on it."""
-        self.actual[graph.id] = graph.cost
+        self.tree.actual[graph.id] = graph.cost
         if best.cost == best.cost and not graph.cost < best.cost:  # best priced and no dearer
             return best
         if best is not graph:
@@ -286,35 +322,33 @@ class Backtrack:
 
     def _release(self, graph: _Graph, best: _Graph) -> None:
         if graph.pending == 0 and graph is not best:
-            self.states.drop(graph.state)
+            self.graphs.states.drop(graph.state)
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
+        graphs, tree, counts = self.graphs, self.tree, self.tree.counts
         try:
-            start = self.states.save()
-            self.states.checkout(start)
-            self._reduce()
-            root = _Graph(self._add_nodes([-1], [-1], [0], [np.nan]), self.states.freeze())
-            self.status[root.id] = "root"
-            self.seen.add(self._fingerprint())
+            root = _Graph(tree.add([-1], [-1], [0], [np.nan]), graphs.start())
+            tree.status[root.id] = "root"
+            self.seen.add(graphs.fingerprint())
             best, queue, stop = root, [], "exhausted"
             todo: _Graph | None = root
             while True:
                 if todo is not None:  # expand it
-                    if self.counts["expanded"] >= self.budget:
+                    if counts["expanded"] >= self.budget:
                         stop = "budget"
-                        self._cost(todo)  # taken and built, not expanded
+                        graphs.cost(todo)  # taken and built, not expanded
                         best = self._improves(todo, best)
                         if todo is not root:
-                            self.status[todo.id] = "materialised"
+                            tree.status[todo.id] = "materialised"
                         break
                     if todo is not root:
-                        self.status[todo.id] = "expanded"
+                        tree.status[todo.id] = "expanded"
                     batch = self._expand(todo)
-                    self.counts["expanded"] += 1
+                    counts["expanded"] += 1
                     best = self._improves(todo, best)
                     if self.on_step:
-                        self.on_step(self.counts["expanded"], best.cost)
+                        self.on_step(counts["expanded"], best.cost)
                     if batch is not None:
                         todo.pending = len(batch.cost)
                         heapq.heappush(queue, batch)
@@ -331,7 +365,7 @@ class Backtrack:
                 parent = batch.parent
                 if not cost < self.alpha * best.cost - 1e-12 * abs(best.cost):
                     # the rest of the batch is dearer still, and best only falls: drop it all
-                    self.counts["pruned"] += len(batch.cost) - k
+                    counts["pruned"] += len(batch.cost) - k
                     parent.pending = 0
                     self._release(parent, best)
                     continue
@@ -341,28 +375,25 @@ class Backtrack:
                     batch.head = float(batch.cost[batch.at])
                     heapq.heappush(queue, batch)
                 node = batch.first + k
-                self._materialise(parent, int(batch.rule[k]), int(batch.mid[k]))
+                graphs.materialise(parent, int(batch.rule[k]), int(batch.mid[k]))
                 self._release(parent, best)
-                self.counts["materialised"] += 1
-                fp = self._fingerprint()
+                counts["materialised"] += 1
+                fp = graphs.fingerprint()
                 if fp is None or fp in self.seen:
-                    self.status[node] = "cyclic" if fp is None else "duplicate"
-                    self.counts["cyclic" if fp is None else "duplicates"] += 1
+                    tree.status[node] = "cyclic" if fp is None else "duplicate"
+                    counts["cyclic" if fp is None else "duplicates"] += 1
                     continue
                 self.seen.add(fp)
-                todo = _Graph(node, self.states.freeze())
-            for b in queue:  # children still queued when the search stopped
-                self.queued.append((b.first + b.at, b.first + len(b.cost)))
-            self.value[0][0] = root.cost
-            self.states.adopt(best.state)
-            self._store()
+                todo = _Graph(node, graphs.states.freeze())
+            graphs.states.adopt(best.state)
+            tree.store(graphs.g, root.cost, [(b.first + b.at, b.first + len(b.cost)) for b in queue])
             return SearchResult(
                 strategy="backtrack", report=Report(stop_reason=StopReason.SATURATED), stop=stop,
                 best_cost=best.cost, start_cost=root.cost, seconds=time.perf_counter() - t0,
-                stats={**self.counts, "alpha": self.alpha, "budget": self.budget, "graphs": self.size,
+                stats={**counts, "alpha": self.alpha, "budget": self.budget, "graphs": tree.size,
                        "best_node": best.id})
         finally:
-            self.states.close()
+            graphs.states.close()
 
 
 def backtrack(g: EGraph, rules: list[Rule], roots, price: Price, **options) -> SearchResult:
