@@ -31,12 +31,16 @@ home tables (``States.adopt``).  The tree is stored in ``search_nodes`` (node, p
 visits, value = mean improvement, plus depth, cost, best, enodes, terminal).  Budgets:
 ``iterations`` and ``seconds`` (checked between iterations); ``seed`` fixes every
 random choice, so the same inputs and costs give the same search.
+
+``_Env`` acts (an action on a state, its cost, a path rebuilt, states released), ``_Tree`` keeps the tree
+and the candidates, ``Mcts.run`` the iterations.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,32 +87,32 @@ class _Candidate:
     path: tuple[int, ...]
 
 
-class Mcts:
-    """One search (module docstring); ``run()`` returns the ``SearchResult``."""
+class _Env:
+    """What the search acts on: the e-graph's saved states, an action (one rule's round under the node
+    limit, or saturation) applied to the current tables, the extracted cost of the result, a path rebuilt
+    from the root; the rules that changed some e-graph and the rounds run."""
 
-    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, limits: Limits,
-                 scheduler: str = "backoff", iterations: int = ITERATIONS, seed: int = 0,
-                 rollout_depth: int = ROLLOUT_DEPTH, exploration: float = EXPLORATION, extractor: str = "ilp",
-                 on_step=None) -> None:
+    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, limits: Limits, scheduler: str,
+                 extractor: str) -> None:
         self.g, self.rules, self.roots, self.price = g, list(rules), list(roots), price
-        self.limits, self.scheduler, self.iterations = limits, scheduler, iterations
-        self.rng = np.random.default_rng(seed)
-        self.rollout_depth, self.c, self.extractor, self.on_step = rollout_depth, exploration, extractor, on_step
+        self.limits, self.scheduler, self.extractor = limits, scheduler, extractor
         self.states = States(g)
-        self.nodes: list[_Node] = []
-        self.candidates: list[_Candidate] = []
-        self.useless: set[tuple[tuple[int, ...], int]] = set()
         self.productive: set[int] = set()  # rules that changed some e-graph of the search
         self.tables = [compile_rule(r).tables for r in self.rules]  # the op tables each rule joins
-        self.low = self.high = 0.0  # least and greatest cost seen
-        self.steps = self.noops = 0
-        self.deadline = math.inf  # set by run(): the time limit, also checked between the actions of one expansion
+        self.steps = 0
 
-    # ------------------------------------------------------------------ actions
-    def _label(self, a: int | None) -> str:
+    def label(self, a: int | None) -> str:
         return "root" if a is None else "saturate" if a == SATURATE else self.rules[a].name
 
-    def _act(self, a: int) -> tuple[bool, bool, Report]:
+    def enodes(self) -> int:
+        return self.g.counts()["enodes"]
+
+    def can_match(self, a: int, state: State) -> bool:
+        """Whether action ``a`` can match in ``state``: saturation always, a rule only where the e-graph
+        has every operator its left side joins."""
+        return a == SATURATE or set(self.tables[a]) <= state.live
+
+    def act(self, a: int) -> tuple[bool, bool, Report]:
         """Apply action ``a`` to the current tables: (changed, full, report)."""
         self.steps += 1
         lim = self.limits
@@ -120,10 +124,10 @@ class Mcts:
         changed = any(it.new_nodes or it.unions for it in rep.iterations)
         if changed and a != SATURATE:
             self.productive.add(a)
-        full = rep.stop_reason == StopReason.NODE_LIMIT or self.g.counts()["enodes"] >= lim.enodes
+        full = rep.stop_reason == StopReason.NODE_LIMIT or self.enodes() >= lim.enodes
         return changed, full, rep
 
-    def _cost(self) -> float:
+    def cost(self) -> float:
         """The extracted DAG cost of the current tables under the run's prices: the ILP the pipeline
         extracts with (warm-started by greedy, at most ``REWARD_ILP_S``), or greedy alone."""
         self.price(self.g)
@@ -134,108 +138,18 @@ class Mcts:
         ilp = ilp_extract(problem, time_limit=REWARD_ILP_S, warm_start=greedy)
         return ilp.cost if ilp is not None else greedy.cost
 
-    def _record(self, cost: float, path: tuple[int, ...]) -> None:
-        self.candidates.append(_Candidate(cost, self.g.counts()["enodes"], path))
-        self.low, self.high = min(self.low, cost), max(self.high, cost)
-
-    # ------------------------------------------------------------------ the tree
-    def _new_node(self, parent: _Node | None, action: int | None, state: State, cost: float,
-                  terminal: bool) -> _Node:
-        order = [int(i) for i in self.rng.permutation(len(self.rules))]
-        # saturate is tried first at the root (eqsat's e-graph is the first candidate), last elsewhere
-        untried = [] if terminal else [SATURATE] + order if parent is None else order + [SATURATE]
-        path = (parent.path + (action,)) if parent else ()
-        node = _Node(len(self.nodes), parent, action, path, state, cost, self.g.counts()["enodes"], untried,
-                     terminal)
-        self.nodes.append(node)
-        if parent is not None:
-            parent.children.append(node)
-        self._record(cost, path)
-        return node
-
-    def _score(self, parent: _Node, child: _Node) -> float:
-        span = max(self.high - self.low, 1e-12)
-        exploit = (self.high - child.best) / span
-        return exploit + self.c * math.sqrt(math.log(max(parent.visits, 1)) / max(child.visits, 1))
-
-    def _select(self, node: _Node) -> _Node:
-        """Down the tree by UCT, past subtrees with nothing left to try, to a node with an untried action."""
-        while not node.untried and not node.terminal:
-            open_ = [ch for ch in node.children if not ch.done]
-            if not open_:
-                break
-            node = max(open_, key=lambda ch: (self._score(node, ch), -ch.id))
-        return node
-
-    def _expand(self, node: _Node) -> _Node | None:
-        """The node's next untried action that changes its e-graph, as a new child (None: none left, or the
-        time limit passed while trying them: a node with hundreds of rules that change nothing, e.g. the
-        generated set's, took 220 s of no-op actions under a 10 s limit before the limit was checked here)."""
-        while node.untried:
-            if time.perf_counter() > self.deadline:
-                return None  # the rest stay untried; run() stops at its next check
-            a = node.untried.pop(0)
-            if (node.path, a) in self.useless or (a != SATURATE and not set(self.tables[a]) <= node.state.live):
-                continue  # known to change nothing, or joins an operator this e-graph does not have
-            self.states.checkout(node.state)
-            changed, full, _ = self._act(a)
-            if not changed:
-                self.noops += 1
-                self.useless.add((node.path, a))
-                continue
-            state = self.states.freeze()
-            child = self._new_node(node, a, state, self._cost(), terminal=full or a == SATURATE)
-            self._release(node)
-            return child
-        node.terminal = not node.children
-        self._release(node)
-        return None
-
-    def _release(self, node: _Node) -> None:
+    def release(self, node: _Node) -> None:
+        """Drop the state of a node other than the root once every action of it is tried."""
         if not node.untried and node.state is not None and node.parent is not None:
             self.states.drop(node.state)
             node.state = None
 
-    def _rollout(self, node: _Node) -> float:
-        """Up to ``rollout_depth`` random rule actions from ``node`` on a working copy, drawn from the
-        rules that have changed some e-graph of the search (all rules until one has): the outcome's
-        cost."""
-        if node.terminal or self.rollout_depth == 0:
-            return node.cost
-        self.states.checkout(node.state)
-        path = node.path
-        pool = sorted(self.productive) or list(range(len(self.rules)))
-        while len(path) - len(node.path) < self.rollout_depth and pool:
-            a = pool.pop(int(self.rng.integers(len(pool))))
-            changed, full, _ = self._act(a)
-            if not changed:
-                continue
-            path = path + (a,)
-            pool = sorted(self.productive)
-            if full:
-                break
-        if path == node.path:
-            return node.cost
-        cost = self._cost()
-        self._record(cost, path)
-        return cost
-
-    def _backup(self, node: _Node, cost: float, c0: float) -> None:
-        reward = (c0 - cost) / c0 if c0 > 0 else 0.0
-        while node is not None:
-            node.visits += 1
-            node.total += reward
-            node.best = min(node.best, cost)
-            node.done = node.terminal or not node.untried and all(ch.done for ch in node.children)
-            node = node.parent
-
-    # ------------------------------------------------------------------ the end
-    def _rebuild(self, path: tuple[int, ...]) -> tuple[State, Report]:
-        """The e-graph of ``path``, rebuilt from the root, and the rounds that built it."""
-        self.states.checkout(self.nodes[0].state)
+    def rebuild(self, root: State, path: tuple[int, ...]) -> tuple[State, Report]:
+        """The e-graph of ``path``, rebuilt from the root's state, and the rounds that built it."""
+        self.states.checkout(root)
         report = Report(stop_reason=StopReason.SATURATED)
         for a in path:
-            _, _, rep = self._act(a)
+            _, _, rep = self.act(a)
             report.iterations += rep.iterations
             report.statements += rep.statements
             report.seconds += rep.seconds
@@ -244,21 +158,79 @@ class Mcts:
                 report.applied_by_rule[rule] = report.applied_by_rule.get(rule, 0) + n
         return self.states.freeze(), report
 
-    def _choose(self) -> tuple[_Candidate, State, Report]:
-        """The cheapest candidate, rebuilt from the root: its state and the rounds that built it.  On a
-        cost tie eqsat's e-graph (the root's ``saturate``), else the smaller e-graph, then the shorter
-        path: a search that finds nothing cheaper hands on what saturation would have."""
-        best = min(self.candidates,
-                   key=lambda c: (round(c.cost, 9), c.path != (SATURATE,), c.enodes, len(c.path), c.path))
-        state, report = self._rebuild(best.path)
-        return best, state, report
 
-    def _store_tree(self) -> None:
+class _Tree:
+    """The search tree: its nodes (each with its untried actions in a seeded random order), the actions
+    known to change nothing, the candidates (every e-graph reached) and the range of their costs; selection
+    by UCT, backup, the cheapest candidate, and the tree as ``search_nodes``."""
+
+    def __init__(self, n_rules: int, rng: np.random.Generator, exploration: float) -> None:
+        self.n_rules, self.rng, self.c = n_rules, rng, exploration
+        self.nodes: list[_Node] = []
+        self.candidates: list[_Candidate] = []
+        self.useless: set[tuple[tuple[int, ...], int]] = set()  # (path, action) that changed nothing
+        self.low = self.high = 0.0  # least and greatest cost seen
+
+    def plant(self, state: State, cost: float, enodes: int) -> _Node:
+        """The root: the input e-graph, its cost the first seen."""
+        self.low = self.high = cost
+        return self.add(None, None, state, cost, enodes, terminal=False)
+
+    def add(self, parent: _Node | None, action: int | None, state: State, cost: float, enodes: int,
+            terminal: bool) -> _Node:
+        order = [int(i) for i in self.rng.permutation(self.n_rules)]
+        # saturate is tried first at the root (eqsat's e-graph is the first candidate), last elsewhere
+        untried = [] if terminal else [SATURATE] + order if parent is None else order + [SATURATE]
+        path = (parent.path + (action,)) if parent else ()
+        node = _Node(len(self.nodes), parent, action, path, state, cost, enodes, untried, terminal)
+        self.nodes.append(node)
+        if parent is not None:
+            parent.children.append(node)
+        self.record(cost, enodes, path)
+        return node
+
+    def record(self, cost: float, enodes: int, path: tuple[int, ...]) -> None:
+        self.candidates.append(_Candidate(cost, enodes, path))
+        self.low, self.high = min(self.low, cost), max(self.high, cost)
+
+    def _score(self, parent: _Node, child: _Node) -> float:
+        span = max(self.high - self.low, 1e-12)
+        exploit = (self.high - child.best) / span
+        return exploit + self.c * math.sqrt(math.log(max(parent.visits, 1)) / max(child.visits, 1))
+
+    def select(self, node: _Node) -> _Node:
+        """Down the tree by UCT, past subtrees with nothing left to try, to a node with an untried action."""
+        while not node.untried and not node.terminal:
+            open_ = [ch for ch in node.children if not ch.done]
+            if not open_:
+                break
+            node = max(open_, key=lambda ch: (self._score(node, ch), -ch.id))
+        return node
+
+    @staticmethod
+    def backup(node: _Node, cost: float, c0: float) -> None:
+        reward = (c0 - cost) / c0 if c0 > 0 else 0.0
+        while node is not None:
+            node.visits += 1
+            node.total += reward
+            node.best = min(node.best, cost)
+            node.done = node.terminal or not node.untried and all(ch.done for ch in node.children)
+            node = node.parent
+
+    def cheapest(self) -> _Candidate:
+        """The cheapest candidate.  On a cost tie eqsat's e-graph (the root's ``saturate``), else the smaller
+        e-graph, then the shorter path: a search that finds nothing cheaper hands on what saturation would
+        have."""
+        return min(self.candidates,
+                   key=lambda c: (round(c.cost, 9), c.path != (SATURATE,), c.enodes, len(c.path), c.path))
+
+    def store(self, g: EGraph, label: Callable[[int | None], str]) -> None:
+        """The tree as ``search_nodes`` in ``g``'s current tables; ``label(action)`` names an action."""
         n = self.nodes
-        store_search_nodes(self.g, {
+        store_search_nodes(g, {
             "node": np.array([x.id for x in n], dtype=np.int64),
             "parent": np.array([x.parent.id if x.parent else -1 for x in n], dtype=np.int64),
-            "action": np.array([self._label(x.action) for x in n], dtype=object),
+            "action": np.array([label(x.action) for x in n], dtype=object),
             "visits": np.array([x.visits for x in n], dtype=np.int64),
             "value": np.array([x.total / x.visits if x.visits else 0.0 for x in n], dtype=float),
             "depth": np.array([len(x.path) for x in n], dtype=np.int64),
@@ -267,43 +239,110 @@ class Mcts:
             "enodes": np.array([x.enodes for x in n], dtype=np.int64),
             "terminal": np.array([x.terminal for x in n], dtype=bool)})
 
+
+class Mcts:
+    """One search (module docstring): the iterations (select, expand, roll out, back up) over the tree of
+    ``_Tree`` and the actions of ``_Env``; ``run()`` returns the ``SearchResult``."""
+
+    def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, limits: Limits,
+                 scheduler: str = "backoff", iterations: int = ITERATIONS, seed: int = 0,
+                 rollout_depth: int = ROLLOUT_DEPTH, exploration: float = EXPLORATION, extractor: str = "ilp",
+                 on_step=None) -> None:
+        self.rng = np.random.default_rng(seed)  # the tree's action orders and the rollouts' draws
+        self.env = _Env(g, rules, roots, price, limits, scheduler, extractor)
+        self.tree = _Tree(len(self.env.rules), self.rng, exploration)
+        self.iterations, self.rollout_depth, self.on_step = iterations, rollout_depth, on_step
+        self.noops = 0
+        self.deadline = math.inf  # set by run(): the time limit, also checked between the actions of one expansion
+
+    def _expand(self, node: _Node) -> _Node | None:
+        """The node's next untried action that changes its e-graph, as a new child (None: none left, or the
+        time limit passed while trying them: a node with hundreds of rules that change nothing, e.g. the
+        generated set's, took 220 s of no-op actions under a 10 s limit before the limit was checked here)."""
+        env, tree = self.env, self.tree
+        while node.untried:
+            if time.perf_counter() > self.deadline:
+                return None  # the rest stay untried; run() stops at its next check
+            a = node.untried.pop(0)
+            if (node.path, a) in tree.useless or not env.can_match(a, node.state):
+                continue  # known to change nothing, or joins an operator this e-graph does not have
+            env.states.checkout(node.state)
+            changed, full, _ = env.act(a)
+            if not changed:
+                self.noops += 1
+                tree.useless.add((node.path, a))
+                continue
+            state = env.states.freeze()
+            child = tree.add(node, a, state, env.cost(), env.enodes(), terminal=full or a == SATURATE)
+            env.release(node)
+            return child
+        node.terminal = not node.children
+        env.release(node)
+        return None
+
+    def _rollout(self, node: _Node) -> float:
+        """Up to ``rollout_depth`` random rule actions from ``node`` on a working copy, drawn from the
+        rules that have changed some e-graph of the search (all rules until one has): the outcome's
+        cost."""
+        if node.terminal or self.rollout_depth == 0:
+            return node.cost
+        env = self.env
+        env.states.checkout(node.state)
+        path = node.path
+        pool = sorted(env.productive) or list(range(len(env.rules)))
+        while len(path) - len(node.path) < self.rollout_depth and pool:
+            a = pool.pop(int(self.rng.integers(len(pool))))
+            changed, full, _ = env.act(a)
+            if not changed:
+                continue
+            path = path + (a,)
+            pool = sorted(env.productive)
+            if full:
+                break
+        if path == node.path:
+            return node.cost
+        cost = env.cost()
+        self.tree.record(cost, env.enodes(), path)
+        return cost
+
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
-        self.deadline = t0 + self.limits.seconds
+        env, tree = self.env, self.tree
+        self.deadline = t0 + env.limits.seconds
         try:
-            root_state = self.states.save()
-            self.states.checkout(root_state)
-            c0 = self._cost()
-            self.low = self.high = c0
-            root = self._new_node(None, None, root_state, c0, terminal=False)
+            root_state = env.states.save()
+            env.states.checkout(root_state)
+            c0 = env.cost()
+            root = tree.plant(root_state, c0, env.enodes())
             stop, done = "budget", 0
             while done < self.iterations:
-                if time.perf_counter() - t0 > self.limits.seconds:
+                if time.perf_counter() - t0 > env.limits.seconds:
                     stop = "time limit"
                     break
                 if root.done:
                     stop = "exhausted"  # every action of every e-graph in the tree was tried
                     break
-                leaf = self._select(root)
+                leaf = tree.select(root)
                 child = None if leaf.terminal else self._expand(leaf)
                 if child is None:  # a terminal e-graph: its own cost is the outcome
-                    self._backup(leaf, leaf.cost, c0)
+                    tree.backup(leaf, leaf.cost, c0)
                 else:
-                    self._backup(child, min(child.cost, self._rollout(child)), c0)
+                    tree.backup(child, min(child.cost, self._rollout(child)), c0)
                 done += 1
                 if self.on_step:
-                    self.on_step(done, self.low)
-            chosen, state, report = self._choose()
-            self.states.adopt(state)
-            self._store_tree()
+                    self.on_step(done, tree.low)
+            chosen = tree.cheapest()
+            state, report = env.rebuild(root.state, chosen.path)  # its state and the rounds that built it
+            env.states.adopt(state)
+            tree.store(env.g, env.label)
             return SearchResult(
                 strategy="mcts", report=report, stop=stop, best_cost=chosen.cost, start_cost=c0,
                 seconds=time.perf_counter() - t0,
-                stats={"iterations": done, "tree_nodes": len(self.nodes), "rounds_run": self.steps,
-                       "noop_actions": self.noops, "candidates": len(self.candidates),
-                       "path": [self._label(a) for a in chosen.path]})
+                stats={"iterations": done, "tree_nodes": len(tree.nodes), "rounds_run": env.steps,
+                       "noop_actions": self.noops, "candidates": len(tree.candidates),
+                       "path": [env.label(a) for a in chosen.path]})
         finally:
-            self.states.close()
+            env.states.close()
 
 
 def mcts(g: EGraph, rules: list[Rule], roots, price: Price, **options) -> SearchResult:
