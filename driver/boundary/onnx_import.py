@@ -20,7 +20,7 @@ and inference carries on from them, so the catalog nodes that read them are not 
 The nodes of a model are planned as one batch (``relations.bulk.Plan``: e-class ids
 assigned while the graph is walked, identical nodes hash-consed) and written by
 ``relations.bulk.write``, so the number of SQL statements does not grow with the depth
-of the graph.
+of the graph.  ``_Leaves`` writes the leaves, ``_Planner`` plans the nodes and ``_Importer`` writes them.
 """
 
 from __future__ import annotations
@@ -848,33 +848,22 @@ def _frozen(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-class _Importer:
-    def __init__(self, g: EGraph, model: onnx.ModelProto, opset: int, types: dict):
-        self.g, self.opset, self.types = g, opset, types
-        self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
+def _class_of(cls: dict[str, int], name: str, reader: str) -> int:
+    """The e-class of value ``name`` in ``cls``, which ``reader`` reads (an error when nothing defines it)."""
+    if name not in cls:
+        raise RelsatError(f"{reader} reads '{name}', which no node, input or initializer defines")
+    return cls[name]
+
+
+class _Leaves:
+    """A graph's leaves as e-classes: initializers and Constant values (``add_weights``) and graph inputs
+    (``add_inputs``); ``cls`` maps their names to their e-classes, ``consts`` to their values."""
+
+    def __init__(self, g: EGraph):
+        self.g = g
         self.cls: dict[str, int] = {}  # ONNX value name -> e-class
         self.consts: dict[str, np.ndarray] = {}
-        self.notices: list[str] = []
-        self.opaque_ops: Counter = Counter()
-        self.opaque_all = False  # a model passed through at an opset relsat does not support: no catalog nodes
-        self.merge = any(not t.startswith(("op_input", "op_weight", "op_constant")) for t in g.live)
-        graph = model.graph
-        self.used = {o.name for o in graph.output} | {
-            i for n in graph.node for i in [*n.input, *outer_names(n)] if i}
 
-    def shape(self, name: str):
-        return (self.types.get(name) or (None, None))[1]
-
-    def const_ints(self, name: str):
-        v = self.consts.get(name)
-        return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
-
-    def klass(self, name: str, reader: str) -> int:
-        if name not in self.cls:
-            raise RelsatError(f"{reader} reads '{name}', which no node, input or initializer defines")
-        return self.cls[name]
-
-    # leaves
     def add_weights(self, items: list[tuple[str, np.ndarray, int]]) -> None:
         """Initializers and Constant values: a float32 scalar becomes a Constant leaf (value_float, as
         rules match it), any other tensor a Weight leaf (identical tensors share one)."""
@@ -958,7 +947,31 @@ class _Importer:
                                              "dtype": np.array(dtypes, dtype=np.int64)})
             self.cls.update(zip(names, ids.tolist()))
 
-    # nodes
+
+class _Planner:
+    """A graph's nodes as one batch (``relations.bulk.Plan``): each node in its catalog form (``spec``) or
+    opaque, catalog nodes hash-consed (``plan``); ``cls`` maps the values planned to their e-classes,
+    ``opaque_ops`` counts the opaque nodes by op type.  It is also what the import hooks read (``opset``,
+    ``const_ints``)."""
+
+    def __init__(self, model: onnx.ModelProto, opset: int, types: dict, consts: dict[str, np.ndarray], *,
+                 opaque_all: bool):
+        self.opset, self.types, self.consts = opset, types, consts
+        self.opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
+        self.opaque_all = opaque_all  # a model passed through at an opset relsat does not support: no catalog nodes
+        self.cls: dict[str, int] = {}  # ONNX value name -> e-class
+        self.opaque_ops: Counter = Counter()
+        graph = model.graph
+        self.used = {o.name for o in graph.output} | {
+            i for n in graph.node for i in [*n.input, *outer_names(n)] if i}
+
+    def shape(self, name: str):
+        return (self.types.get(name) or (None, None))[1]
+
+    def const_ints(self, name: str):
+        v = self.consts.get(name)
+        return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+
     def spec(self, node: onnx.NodeProto) -> _Item | None:
         """The catalog form of a node, or None when it must stay opaque."""
         op = for_node(node.domain, node.op_type)
@@ -985,11 +998,13 @@ class _Importer:
                 children[inp.column] = self.cls[name] if name else -1
         return _Item(node, op, children, attrs)
 
-    def plan(self, nodes: list[onnx.NodeProto], forced: set[int], const: dict[int, bool]) -> Plan:
-        """Every node as a row of one batch, in order (``nodes`` is topologically sorted): catalog
-        nodes hash-consed on (op, children, attributes), typed by ONNX shape inference; the nodes at
-        positions ``forced``, and those the catalog cannot represent, opaque."""
+    def plan(self, nodes: list[onnx.NodeProto], leaves: dict[str, int], forced: set[int],
+             const: dict[int, bool]) -> Plan:
+        """Every node as a row of one batch, in order (``nodes`` is topologically sorted), reading the
+        leaves' e-classes ``leaves``: catalog nodes hash-consed on (op, children, attributes), typed by ONNX
+        shape inference; the nodes at positions ``forced``, and those the catalog cannot represent, opaque."""
         plan, seen, proj = Plan(), {}, {}
+        self.cls = dict(leaves)
         self.opaque_ops = Counter()
 
         def getitem(t: int, index: int, name: str, src: list) -> int:
@@ -1004,7 +1019,7 @@ class _Importer:
             item = None if pos in forced else self.spec(node)
             if item is None:
                 self.opaque_ops[node.op_type] += 1
-                ins = [self.klass(n, f"node '{node.name}' ({node.op_type})")
+                ins = [_class_of(self.cls, n, f"node '{node.name}' ({node.op_type})")
                        for n in [*(i for i in node.input if i), *outer_names(node)]]
                 types = [self.types.get(o) or (None, None) for o in node.output]
                 k = bool(ins) and not (node.op_type in _RANDOM_OPS and node.domain == "") and all(const[c] for c in ins)
@@ -1040,6 +1055,24 @@ class _Importer:
                 self.cls[node.output[0]] = out
         return plan
 
+
+class _Importer:
+    """A graph's values into the e-graph: its leaves (``leaves``), then its nodes (``run``) planned
+    (``_Planner``) and written as one batch; ``cls`` maps every value to its e-class, ``notices`` names the
+    nodes kept opaque because relsat's shape rules disagreed."""
+
+    def __init__(self, g: EGraph, model: onnx.ModelProto, opset: int, types: dict, *, opaque_all: bool):
+        self.g = g
+        # whether the e-graph held nodes before (read before the leaves are written)
+        self.merge = any(not t.startswith(("op_input", "op_weight", "op_constant")) for t in g.live)
+        self.leaves = _Leaves(g)
+        self.planner = _Planner(model, opset, types, self.leaves.consts, opaque_all=opaque_all)
+        self.cls: dict[str, int] = {}  # ONNX value name -> e-class, once the nodes are written
+        self.notices: list[str] = []
+
+    def klass(self, name: str, reader: str) -> int:
+        return _class_of(self.cls, name, reader)
+
     def run(self, nodes: list[onnx.NodeProto]) -> None:
         """Insert the nodes in one set-oriented batch (``relations.bulk.write``), whatever the depth of the graph.
         A node whose catalog rule disagrees with ONNX shape inference is kept opaque (the batch is
@@ -1051,14 +1084,13 @@ class _Importer:
             level_of.update((o, lvl) for o in node.output)
             levels.append(lvl)
         nodes = [nodes[i] for i in sorted(range(len(nodes)), key=levels.__getitem__)]  # children first
-        leaves = dict(self.cls)
+        leaves = dict(self.leaves.cls)
         known = sorted(set(leaves.values()))
         const0 = dict(self.g.sql("SELECT id, is_const FROM eclass WHERE id IN (SELECT unnest(?::BIGINT[]))",
                                  [known])) if known else {}
         forced: set[int] = set()
         while True:
-            self.cls = dict(leaves)
-            plan = self.plan(nodes, forced, dict(const0))
+            plan = self.planner.plan(nodes, leaves, forced, dict(const0))
             bad, classes = write(self.g, plan)
             if not bad:
                 break
@@ -1067,11 +1099,12 @@ class _Importer:
                     if pos not in forced:
                         forced.add(pos)
                         node = nodes[pos]
-                        dynamic = any(is_sym(d) for n in [*node.input, *node.output] for d in (self.shape(n) or ()))
+                        dynamic = any(is_sym(d) for n in [*node.input, *node.output]
+                                      for d in (self.planner.shape(n) or ()))
                         why = ("relsat's shape rules cannot prove its output shape over dynamic dims" if dynamic
                                else "relsat's shape rule disagrees with ONNX shape inference")
                         self.notices.append(f"node '{node.name}' ({node.op_type}): {why}; kept opaque")
-        self.cls = {name: real_id(classes, c) for name, c in self.cls.items()}
+        self.cls = {name: real_id(classes, c) for name, c in self.planner.cls.items()}
         if self.merge:  # the e-graph held nodes before: hash-cons the new rows against them
             for op in OPS:
                 if op.table in self.g.live and not op.leaf:
@@ -1269,9 +1302,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
     types = _propagate_dims(graph, types, symbols, {v.name for v in real_inputs})
     g = egraph if egraph is not None else EGraph()
-    imp = _Importer(g, model, opset, types)
-    imp.symbols = symbols
-    imp.opaque_all = passthrough
+    imp = _Importer(g, model, opset, types, opaque_all=passthrough)
     if passthrough:
         folded = {}
     weights = [(t.name, numpy_helper.to_array(t), t.data_type) for t in graph.initializer]
@@ -1290,13 +1321,14 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     if computed:
         notices.append("computed at import from constants and static shapes: " + ", ".join(
             f"{op} x{n}" if n > 1 else op for op, n in computed.most_common()))
-    imp.add_weights(weights)
+    imp.leaves.add_weights(weights)
     inputs = [(v.name, v.type.tensor_type.elem_type, shapes[v.name]) for v in real_inputs]
-    imp.add_inputs(inputs)
+    imp.leaves.add_inputs(inputs)
     imp.run(nodes)
-    if imp.opaque_ops:
+    opaque = imp.planner.opaque_ops
+    if opaque:
         notices.append("kept opaque (not in relsat's catalog or not representable): "
-                       + ", ".join(f"{op} x{n}" if n > 1 else op for op, n in imp.opaque_ops.most_common()))
+                       + ", ".join(f"{op} x{n}" if n > 1 else op for op, n in opaque.most_common()))
     outputs = [(o.name, imp.klass(o.name, "the graph output")) for o in graph.output]
     return ImportResult(
         egraph=g, outputs=outputs, inputs=inputs, notices=notices + imp.notices, opset_imports=opsets,
