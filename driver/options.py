@@ -94,7 +94,18 @@ def _shapes(specs) -> dict | None:
 
 @dataclass(frozen=True)
 class Options:
-    """What ``optimize`` does with a model (paths to write and callbacks are not options)."""
+    """What ``optimize`` does with a model (paths to write and callbacks are not options): every knob,
+    with the default the command-line flag has (module docstring).  Frozen: ``replace(**changes)`` gives a
+    changed copy (an unknown name is a TypeError), ``check()`` validates the values (a one-line
+    ``RelsatError`` named after the flag), ``as_dict()`` lists them.
+
+    Example::
+
+        from relsat import Options, optimize
+        opts = Options(cost_model="analytic", measure=False, node_limit=500)
+        opts.replace(search="mcts", budget=16).check().as_dict()["search"]   # 'mcts'
+        result = optimize("model.onnx", opts, output="fast.onnx")
+    """
 
     rules: tuple[str, ...] = field(default=("default",), metadata=flag(
         "rule set name or .rules file (repeatable)", type=list[str]))  # shipped set names or rule files
@@ -160,12 +171,16 @@ class Options:
                                or None)
 
     def replace(self, **changes) -> Options:
+        """A copy with ``changes`` (field names; an unknown one is a TypeError), not checked:
+        ``Options().replace(node_limit=500).node_limit == 500``."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise TypeError(f"unknown optimize option(s): {', '.join(unknown)}")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
+        """Every field by name (what ``relsat batch`` records and hashes):
+        ``Options().as_dict()["node_limit"] == 2000``."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @property
@@ -175,7 +190,9 @@ class Options:
         return resolve(self.provider)
 
     def check(self) -> Options:
-        """RelsatError (one line, named after the flag: :func:`flag_name`) for a value ``optimize`` cannot use."""
+        """RelsatError (one line, named after the flag: :func:`flag_name`) for a value ``optimize`` cannot use,
+        else the options themselves: ``Options(threads=0).check()`` raises ``--threads 0: expected a whole
+        number >= 1``."""
         for f in command_flags("optimize"):
             if f.choices and getattr(self, f.attr) not in f.choices:
                 raise RelsatError(f"{f.name} {getattr(self, f.attr)}: expected {_alternatives(f.choices)}")

@@ -74,7 +74,14 @@ from relsat.driver.version import __version__
 @dataclass
 class Report(Mapping):
     """What one optimization did (module docstring); ``as_dict()`` is the JSON report, and the report
-    reads like that dict too (``report["nodes_out"]``)."""
+    reads like that dict too (``report["nodes_out"]``).
+
+    Example::
+
+        report = optimize("model.onnx", cost_model="analytic", measure=False).report
+        report.written, report["nodes_out"], report["verification"]["tolerance"]["rtol"]
+        json.dumps(report.as_dict(), default=str)
+    """
 
     producer: str
     input: str
@@ -101,7 +108,7 @@ class Report(Mapping):
     latency: dict | None
     extracted: dict  # the extracted graph, also when the input model was written instead
     written: str  # optimized | original
-    verification: dict
+    verification: dict  # VerifyResult.as_report(): ok, errors, message, draws, bindings, tolerance, inputs, worst
     notices: list
     phases_s: dict
     search: dict  # how the e-graph was built: the strategy and, for a search, its budget, counts and best cost
@@ -135,6 +142,21 @@ class Report(Mapping):
 
 @dataclass
 class OptimizeResult:
+    """What ``optimize`` returns: ``model``, the ONNX model written to ``output`` (or that would be: the
+    optimized model, or the input model unchanged when nothing beat it); ``report``, the typed ``Report``
+    (``report.as_dict()`` is the JSON report of ``--report``); ``egraph``, the open e-graph with
+    ``keep_egraph=True`` (else None; the caller closes it).
+
+    Example::
+
+        from relsat import optimize
+        result = optimize("model.onnx", cost_model="analytic", measure=False, keep_egraph=True)
+        result.report.written                      # "optimized" or "original"
+        len(result.model.graph.node), result.report["verification"]["worst"]
+        result.egraph.con.execute("SELECT count(*) FROM eclass").fetchone()
+        result.egraph.close()
+    """
+
     model: onnx.ModelProto
     report: Report
     egraph: EGraph | None = None
@@ -142,11 +164,23 @@ class OptimizeResult:
 
 def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
              on_round=None, on_status=None, cost_cache=None, **overrides) -> OptimizeResult:
-    """Optimize one model (module docstring). ``options``: an ``Options`` (default ``DEFAULTS``),
-    ``overrides``: fields of it by keyword; ``db``: keep the e-graph in this DuckDB file; ``output``:
-    write the model here; ``cost_cache``: the cache path or a ``CostCache`` (default
-    ``$RELSAT_COST_CACHE`` or the user cache); ``on_round(iteration)`` and ``on_status(text)``
-    receive progress."""
+    """Optimize one model (module docstring): ``model_or_path`` is a path or an ``onnx.ModelProto``.
+    ``options``: an ``Options`` (default ``DEFAULTS``), ``overrides``: fields of it by keyword; ``db``: keep
+    the e-graph in this DuckDB file; ``output``: write the model here; ``keep_egraph``: return the open
+    e-graph in the result; ``cost_cache``: the cache path or a ``CostCache`` (default
+    ``$RELSAT_COST_CACHE`` or the user cache); ``on_round(iteration)`` and ``on_status(text)`` receive
+    progress.  Returns an ``OptimizeResult``; a model or option it cannot use, or a failed verification
+    (nothing written), is a ``RelsatError`` with a one-line message.
+
+    Example::
+
+        from relsat import Options, optimize
+        result = optimize("model.onnx", output="fast.onnx", node_limit=5000)   # the CLI's defaults otherwise
+        from relsat.driver.boundary import zoo
+        result = optimize(zoo.build("squeezenet", small=True), Options(cost_model="analytic", measure=False),
+                          on_status=print)
+        result.report.written, result.report["nodes_in"], result.report["nodes_out"]
+    """
     try:
         opts = (options or DEFAULTS).replace(**overrides).check()
     except TypeError as e:
@@ -274,8 +308,7 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
                     "mip_gap": o.mip_gap, "time_limit": o.ilp_time_limit, "used": outcome.label,
                     "fallbacks": outcome.fallbacks},
         latency=outcome.latency, extracted=outcome.extracted, written=outcome.written,
-        verification={"ok": check.ok, "max_abs_err": check.max_abs_err, "message": check.message,
-                      "draws": check.draws},
+        verification=check.as_report(),
         notices=list(imported.graph.notices) + list(prepared.notices) + list(priced.notices) + list(outcome.notices),
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
         fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None)

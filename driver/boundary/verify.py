@@ -23,6 +23,12 @@ An original that ONNX Runtime cannot run (a model below opset 7, which relsat
 upgrades) is run under ONNX's reference evaluator instead
 (``runtime.ReferenceSession``), without the noise floor of the second run.  A failure names the output, the input draw, the worst
 element's index and both values.
+
+What was checked stays in the result (``VerifyResult.as_report()``, the report's ``verification``): the
+tolerance as used, the draws, bindings and input sets compared, each graph input's distribution as the
+feeds drew it (``describe_inputs``) and the worst element over every output and draw: the one nearest
+to, or furthest past, its tolerance (largest ``|got - ref| / tolerance``), with its output, index, input
+draw, both values, and its absolute and relative (``|got - ref| / |ref|``) error.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ class OutputCheck:
     problem: str = ""  # why it failed, when it did
     worst: tuple = ()  # index of the worst element (the one closest to, or furthest past, its tolerance)
     draw: int = 0  # the input draw (index into INPUT_DRAWS) the worst element comes from
+    ratio: float = 0.0  # |got - ref| / tolerance at the worst element (above 1: it fails; inf: compared exactly)
+    abs_err: float = 0.0  # |got - ref| at the worst element
+    rel_err: float = 0.0  # |got - ref| / |ref| at the worst element (0 when equal, inf when ref is 0 and got not)
+    got: object = None  # the optimized model's value there (a Python scalar), None for a shape mismatch
+    ref: object = None  # the original's value there
+    floor: float = 0.0  # the rounding floor used for this output (module docstring)
 
 
 @dataclass
@@ -61,7 +73,33 @@ class VerifyResult:
     max_rel_err: float
     per_output: dict[str, OutputCheck] = field(default_factory=dict)
     message: str = ""
-    draws: int = 0  # input draws compared
+    draws: int = 0  # input draws compared (random draws at every binding, then the user's input sets)
+    rtol: float = RTOL  # the tolerance as used
+    atol: float = ATOL
+    noise_floor: bool = True  # the floor includes ONNX Runtime's own optimization difference (False: the
+    # original ran under ONNX's reference evaluator, one run only)
+    bindings: int = 0  # bindings of the dynamic dims whose random draws were compared
+    random_draws: list = field(default_factory=list)  # (seed, scale) of the random draws made at each binding
+    input_sets: int = 0  # the user's input sets compared
+    inputs: dict = field(default_factory=dict)  # each graph input as drawn (``describe_inputs``)
+    worst: dict | None = None  # the worst element over every output and draw; None: nothing compared
+
+    def tolerance(self) -> dict:
+        """The tolerance as used: per element ``|got - ref| <= atol + rtol * |ref| + floor`` (module docstring)."""
+        return {"rtol": self.rtol, "atol": self.atol, "floor_ulps": FLOOR_ULPS,
+                "noise_factor": NOISE_FACTOR if self.noise_floor else None,
+                "rule": "|got - ref| <= atol + rtol * |ref| + floor per floating-point element; floor: the larger "
+                        "of floor_ulps units in the last place of the output's largest |ref| and noise_factor "
+                        "times how far ONNX Runtime's own graph optimizations move the original (none under "
+                        "the reference evaluator); integer, boolean and string elements equal"}
+
+    def as_report(self) -> dict:
+        """The report's ``verification`` entry, JSON-ready (the README's Safety section lists the fields)."""
+        return {"ok": self.ok, "max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err,
+                "message": self.message, "draws": self.draws, "bindings": self.bindings,
+                "random_draws": [{"seed": int(s), "scale": float(c)} for s, c in self.random_draws],
+                "input_sets": self.input_sets, "tolerance": self.tolerance(), "inputs": self.inputs,
+                "worst": self.worst}
 
 
 def random_inputs(sessions, *, seed: int = 0, input_shapes: dict | None = None,
@@ -122,13 +160,32 @@ def _fmt_index(idx) -> str:
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
+def _scalar(v):
+    """An element as a JSON-ready Python value (numbers as numbers, anything else as text)."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    return v if isinstance(v, (bool, int, float, str)) else str(v)
+
+
+def _element_rel(diff: float, ref: float) -> float:
+    """|got - ref| / |ref| at one element: 0 when equal, inf when ref is 0 and got is not."""
+    if diff == 0:
+        return 0.0
+    return diff / abs(ref) if ref != 0 and np.isfinite(ref) else float("inf")
+
+
 def compare_output(ref, got, *, rtol: float = RTOL, atol: float = ATOL, noise=None) -> OutputCheck:
     """Element-by-element comparison of one output; ``noise`` is the original's own output under
-    another ONNX Runtime optimization level (its distance from ``ref`` widens the floor)."""
+    another ONNX Runtime optimization level (its distance from ``ref`` widens the floor).  The worst
+    element is the one nearest to, or furthest past, its tolerance; the check keeps its index, values,
+    absolute and relative error and ``ratio`` (its error over its tolerance)."""
     ref, got = np.asarray(ref), np.asarray(got)
+    inf = float("inf")
     if ref.shape != got.shape:
-        return OutputCheck(False, float("inf"), float("inf"), 0.0,
-                           f"shape {list(got.shape)}, the original's {list(ref.shape)}")
+        return OutputCheck(False, inf, inf, 0.0, f"shape {list(got.shape)}, the original's {list(ref.shape)}",
+                           ratio=inf, abs_err=inf, rel_err=inf)
     if ref.size == 0:
         return OutputCheck(True, 0.0, 0.0, 0.0)
     exact = ref.dtype == object or got.dtype == object or ref.dtype.kind in "biuSU" or got.dtype.kind in "biuSU"
@@ -138,24 +195,28 @@ def compare_output(ref, got, *, rtol: float = RTOL, atol: float = ATOL, noise=No
         else:
             differ = ref != got
         if not differ.any():
-            return OutputCheck(True, 0.0, 0.0, 0.0)
+            first = (0,) * ref.ndim
+            return OutputCheck(True, 0.0, 0.0, 0.0, "", first, got=_scalar(got[first]), ref=_scalar(ref[first]))
         idx = np.unravel_index(int(np.argmax(differ)), ref.shape)
         n = int(differ.sum())
-        err = (float(abs(float(got[idx]) - float(ref[idx]))) if ref.dtype.kind in "biuf" and got.dtype.kind in "biuf"
-               else float("inf"))
-        return OutputCheck(False, err, float("inf"), 0.0,
+        numeric = ref.dtype.kind in "biuf" and got.dtype.kind in "biuf"
+        err = float(abs(float(got[idx]) - float(ref[idx]))) if numeric else inf
+        return OutputCheck(False, err, inf, 0.0,
                            f"{n} of {ref.size} elements differ (compared exactly); element {_fmt_index(idx)} "
-                           f"is {got[idx]!r}, the original's {ref[idx]!r}", tuple(int(i) for i in idx))
+                           f"is {got[idx]!r}, the original's {ref[idx]!r}", tuple(int(i) for i in idx),
+                           ratio=inf, abs_err=err, rel_err=_element_rel(err, float(ref[idx])) if numeric else inf,
+                           got=_scalar(got[idx]), ref=_scalar(ref[idx]))
     a, b = ref.astype(np.float64), got.astype(np.float64)
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     inf_mismatch = (np.isinf(a) | np.isinf(b)) & (a != b) & ~nan_a & ~nan_b
     special = (nan_a != nan_b) | inf_mismatch
     if special.any():
         idx = np.unravel_index(int(np.argmax(special)), a.shape)
-        return OutputCheck(False, float("inf"), float("inf"), 0.0,
+        return OutputCheck(False, inf, inf, 0.0,
                            f"element {_fmt_index(idx)} is {b[idx]:g}, the original's {a[idx]:g} "
                            f"({int(special.sum())} elements with NaN or infinity on one side only)",
-                           tuple(int(i) for i in idx))
+                           tuple(int(i) for i in idx), ratio=inf, abs_err=inf, rel_err=inf,
+                           got=float(b[idx]), ref=float(a[idx]))
     finite = np.isfinite(a)
     diff = np.where(finite, np.abs(a - b), 0.0)
     mag = float(np.abs(a[finite]).max(initial=0.0))
@@ -170,13 +231,105 @@ def compare_output(ref, got, *, rtol: float = RTOL, atol: float = ATOL, noise=No
     k = int(np.argmax(ratio))
     idx = np.unravel_index(k, a.shape)
     err = float(diff.max())
-    rel = err / mag if mag > 0 else (0.0 if err == 0 else float("inf"))
+    rel = err / mag if mag > 0 else (0.0 if err == 0 else inf)
     ok = bool(ratio.flat[k] <= 1.0)
     problem = "" if ok else (
         f"{int((ratio > 1).sum())} of {a.size} elements differ; worst element {_fmt_index(idx)} is "
         f"{b[idx]:.6g}, the original's {a[idx]:.6g} (|diff| {diff[idx]:.3g} > tolerance {tol[idx]:.3g} = "
         f"atol {atol:g} + rtol {rtol:g} x |ref| + rounding floor {floor:.3g})")
-    return OutputCheck(ok, err, rel, float(tol[idx]), problem, tuple(int(i) for i in idx))
+    return OutputCheck(ok, err, rel, float(tol[idx]), problem, tuple(int(i) for i in idx),
+                       ratio=float(ratio.flat[k]), abs_err=float(diff[idx]),
+                       rel_err=_element_rel(float(diff[idx]), float(a[idx])), got=float(b[idx]), ref=float(a[idx]),
+                       floor=float(floor))
+
+
+def _default_distribution(dtype: np.dtype) -> dict:
+    """What ``relations.runtime.random_array`` draws for an integer or boolean input without a role."""
+    if dtype == np.bool_:
+        return {"distribution": "bernoulli", "p": 0.5}
+    return {"distribution": "uniform integers", "low": runtime.INT_RANGE[0], "high": runtime.INT_RANGE[1]}
+
+
+def _distribution(name: str, shape, dtype: np.dtype, role, roles_known: bool, scales: list) -> dict:
+    """The distribution one input's random draws come from, as ``feeds.draw`` (``roles_known``) or
+    ``runtime.random_feeds`` (no model to find roles in) draws it; integer ranges are ``low <= v < high``;
+    ``constant``'s value is filled in from the draw (``describe_inputs``)."""
+    if dtype.kind in "fV":  # V: ml_dtypes such as bfloat16
+        return {"distribution": "normal", "mean": 0.0, "std": [float(s) for s in scales]}
+    if dtype.kind in "OUS":
+        return {"distribution": "words", "letters": "aBcDeFgH xYz", "length": [1, 5]}
+    if not roles_known:
+        if dtype.kind in "iu" and "mask" in name.lower():
+            return {"distribution": "constant", "value": 1, "why": "named like an attention mask: ones"}
+        return _default_distribution(dtype)
+    kind = role.kind if role is not None else feeds.DEFAULT
+    why = {"why": role.why} if role is not None and role.why else {}
+    if kind == feeds.DEFAULT:
+        return {**_default_distribution(dtype), **why}
+    if kind == feeds.RANGE:  # the bounds feeds._draw_one clips to the dtype
+        low = role.low
+        high = role.high if role.high is not None else low + runtime.INT_RANGE[1] - runtime.INT_RANGE[0]
+        top = 2 if dtype == np.bool_ else int(np.iinfo(dtype).max) + 1
+        low = min(low, top - 1)
+        high = max(min(high, top), low + 1)
+        if high - low == 1:
+            return {"distribution": "constant", "value": bool(low) if dtype == np.bool_ else int(low), **why}
+        if dtype == np.bool_:
+            return {"distribution": "bernoulli", "p": 0.5, **why}
+        return {"distribution": "uniform integers", "low": int(low), "high": int(high), **why}
+    if len(shape) > 1 or dtype == np.bool_:
+        return {**_default_distribution(dtype), **why}
+    return {"distribution": "constant", "role": kind, "value": None, **why}  # split sizes, axes, a Reshape target
+
+
+def _seen(into: dict, value) -> None:
+    """Note one drawn array in ``into`` (``describe_inputs``'s per-binding entry): the first array kept (its
+    shape, dtype and, for a constant, its value), the smallest and largest number drawn updated."""
+    a = np.asarray(value)
+    if "first" not in into:
+        into["first"] = a
+    if a.size and a.dtype.kind in "biufV":
+        lo, hi = np.min(a), np.max(a)
+        into["min"] = lo if "min" not in into else min(into["min"], lo)
+        into["max"] = hi if "max" not in into else max(into["max"], hi)
+
+
+def describe_inputs(drawn: list[dict], roles: list, draws) -> dict:
+    """Each graph input as the random draws fed it: ``drawn``, one dict per binding compared, input name ->
+    what ``_seen`` noted of its arrays there; ``roles``, the roles per binding (None: no model to find them
+    in); ``draws``, the (seed, scale) pairs.  Per input: ``dtype``, ``shapes`` (one per binding), the
+    distribution (``_distribution``; ``per_binding``, a list, when it differs between bindings), and the
+    smallest and largest value drawn (``min``, ``max``; numbers only)."""
+    scales = [scale for _, scale in draws]
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(n for at in drawn for n in at):
+        seen = [(b, at[name]) for b, at in enumerate(drawn) if name in at]
+        first = seen[0][1]["first"]
+        entry = {"dtype": str(first.dtype), "shapes": [list(s["first"].shape) for _, s in seen]}
+        dists = []
+        for b, s in seen:
+            a, r = s["first"], roles[b] if b < len(roles) else None
+            dist = _distribution(name, a.shape, a.dtype, (r or {}).get(name), r is not None, scales)
+            if dist["distribution"] == "constant" and dist.get("value") is None:
+                dist["value"] = a.tolist()
+            dists.append(dist)
+        if all(d == dists[0] for d in dists):
+            entry.update(dists[0])
+        else:
+            entry.update(distribution="per binding", per_binding=dists)
+        lows, highs = [s["min"] for _, s in seen if "min" in s], [s["max"] for _, s in seen if "max" in s]
+        if lows:
+            cast = bool if first.dtype == np.bool_ else float if first.dtype.kind in "fV" else int
+            entry["min"], entry["max"] = cast(min(lows)), cast(max(highs))
+        out[name] = entry
+    return out
+
+
+def _worst(check: OutputCheck, output: str, draw: int, label: str) -> dict:
+    """The report's worst element: ``check``'s, for ``output`` on input draw ``draw`` (0-based)."""
+    return {"output": output, "index": [int(i) for i in check.worst], "draw": draw + 1, "draw_label": label,
+            "abs_err": check.abs_err, "rel_err": check.rel_err, "got": check.got, "expected": check.ref,
+            "tolerance": check.tolerance, "floor": check.floor, "tolerance_used": check.ratio}
 
 
 def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
@@ -186,19 +339,22 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
     session already made for it) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
     of ``draws`` at every binding of ``bindings``, a list of input shapes dicts, default
     ``[input_shapes]``) and on the user's ``input_sets`` (feeds dicts), and compare every output of
-    the original, element by element (module docstring)."""
+    the original, element by element (module docstring).  The result records what was compared: the
+    tolerance, the draws, bindings and input sets, the inputs' distributions and the worst element."""
     bindings = list(bindings or [input_shapes])
     source = _model_of(original)
-    cases = []  # (label, feeds maker)
-    for b in bindings:
+    cases = []  # (label, feeds maker, binding index or None for a user's set)
+    roles_at = []
+    for bi, b in enumerate(bindings):
         roles = feeds.input_roles(source, b) if source is not None else None
+        roles_at.append(roles)
         at = f" at {_fmt_binding(b)}" if len(bindings) > 1 else ""
         for seed, scale in draws:
             cases.append((f"(seed {seed}, scale {scale:g}){at}",
                           lambda sessions, b=b, seed=seed, scale=scale, roles=roles: random_inputs(
-                              sessions, seed=seed, input_shapes=b, scale=scale, roles=roles)))
+                              sessions, seed=seed, input_shapes=b, scale=scale, roles=roles), bi))
     for k, given in enumerate(input_sets):
-        cases.append((f"(the user's input set {k + 1})", lambda sessions, given=given: dict(given)))
+        cases.append((f"(the user's input set {k + 1})", lambda sessions, given=given: dict(given), None))
     label = str(original) if not isinstance(original, onnx.ModelProto) else "the original model"
     try:
         ref_sess = runtime.session(original)
@@ -207,19 +363,28 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         ref_sess = plain_sess = _reference(source)  # an old model ONNX Runtime cannot run: the spec's evaluator
         if ref_sess is None:
             raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
+    drawn: list[dict] = []  # per binding compared: input name -> what _seen noted of its random draws
+    sets, worst = 0, None
+
+    def result(ok, abs_err, rel_err, checks, msg, n) -> VerifyResult:
+        return VerifyResult(
+            ok, abs_err, rel_err, checks, msg, n, rtol=rtol, atol=atol, noise_floor=plain_sess is not ref_sess,
+            bindings=len(drawn), random_draws=[(int(s), float(c)) for s, c in draws], input_sets=sets,
+            inputs=describe_inputs(drawn, roles_at, draws), worst=_worst(*worst) if worst is not None else None)
+
     try:
         opt_sess = optimized if hasattr(optimized, "run") else runtime.session(optimized)
     except Exception as e:
-        return VerifyResult(False, float("inf"), float("inf"), {},
-                            f"ONNX Runtime cannot load the optimized model: {error_line(e)}")
+        return result(False, float("inf"), float("inf"), {},
+                      f"ONNX Runtime cannot load the optimized model: {error_line(e)}", 0)
     opt_names = [o.name for o in opt_sess.get_outputs()]
     names = [o.name for o in ref_sess.get_outputs()]
     missing = [n for n in names if n not in opt_names]
     if missing:
-        return VerifyResult(False, float("inf"), float("inf"), {},
-                            f"the optimized model has no output {missing[0]!r}")
+        return result(False, float("inf"), float("inf"), {}, f"the optimized model has no output {missing[0]!r}", 0)
     checks: dict[str, OutputCheck] = {}
-    for d, (what, make) in enumerate(cases):
+    d = -1
+    for d, (what, make, bi) in enumerate(cases):
         fed = make([ref_sess, opt_sess])
         try:
             ref = ref_sess.run(None, fed)
@@ -227,15 +392,24 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         except Exception as e:
             raise RelsatError(f"{label}: ONNX Runtime cannot run the model on input draw {what}: "
                               f"{error_line(e)}") from None
+        if bi is None:
+            sets += 1
+        else:
+            while len(drawn) <= bi:
+                drawn.append({})
+            for name, value in fed.items():
+                _seen(drawn[bi].setdefault(name, {}), value)
         opt_feeds = {i.name: fed[i.name] for i in opt_sess.get_inputs() if i.name in fed}
         try:
             got = dict(zip(opt_names, opt_sess.run(None, opt_feeds)))
         except Exception as e:
-            return VerifyResult(False, float("inf"), float("inf"), checks,
-                                f"ONNX Runtime cannot run the optimized model: {error_line(e)}", d)
+            return result(False, float("inf"), float("inf"), checks,
+                          f"ONNX Runtime cannot run the optimized model: {error_line(e)}", d)
         for n, r, p in zip(names, ref, plain):
             c = compare_output(r, got[n], rtol=rtol, atol=atol, noise=None if plain_sess is ref_sess else p)
             c.draw = d
+            if worst is None or c.ratio > worst[0].ratio:
+                worst = (c, n, d, what)
             prev = checks.get(n)
             if prev is None or (prev.ok and (not c.ok or c.max_abs_err > prev.max_abs_err)):
                 checks[n] = c
@@ -251,4 +425,4 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         where = f" at {len(bindings)} bindings of the dynamic dims" if len(bindings) > 1 else ""
         msg = (f"{len(checks)} outputs match element by element on {len(cases)} input draws{where} "
                f"(max abs err {abs_err:.3g}, max rel err {rel_err:.3g})")
-    return VerifyResult(not bad, abs_err, rel_err, checks, msg, d + 1)
+    return result(not bad, abs_err, rel_err, checks, msg, d + 1)
