@@ -1301,7 +1301,6 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
     types = _propagate_dims(graph, types, symbols, {v.name for v in real_inputs})
-    g = egraph if egraph is not None else EGraph()
     imp = _Importer(g, model, opset, types, opaque_all=passthrough)
     if passthrough:
         folded = {}
