@@ -335,17 +335,23 @@ def input_roles(model: onnx.ModelProto, shapes: dict[str, list[int]] | None = No
     return out
 
 
+def range_bounds(role: Role, dtype: np.dtype) -> tuple[int, int]:
+    """The integers ``low <= v < high`` a RANGE input is drawn from: the role's range (open above: as wide
+    as ``runtime.INT_RANGE``) clipped to what ``dtype`` holds (the report describes the draw with it too)."""
+    low = role.low
+    high = role.high if role.high is not None else low + runtime.INT_RANGE[1] - runtime.INT_RANGE[0]
+    top = 2 if dtype == np.bool_ else int(np.iinfo(dtype).max) + 1
+    low = min(low, top - 1)
+    return low, max(min(high, top), low + 1)
+
+
 def _draw_one(rng, name, shape, dtype, role: Role | None, scale):
     shape = [int(d) for d in shape]
     kind = role.kind if role is not None else DEFAULT
     if dtype.kind not in "iub" or kind == DEFAULT:
         return np.asarray(runtime.random_array(rng, shape, dtype, scale=scale))
     if kind == RANGE:
-        low = role.low
-        high = role.high if role.high is not None else low + runtime.INT_RANGE[1] - runtime.INT_RANGE[0]
-        top = 2 if dtype == np.bool_ else int(np.iinfo(dtype).max) + 1
-        low = min(low, top - 1)
-        high = max(min(high, top), low + 1)
+        low, high = range_bounds(role, dtype)
         return rng.integers(low, high, size=shape).astype(dtype)
     if len(shape) > 1 or dtype == np.bool_:
         return np.asarray(runtime.random_array(rng, shape, dtype, scale=scale))

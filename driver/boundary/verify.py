@@ -266,12 +266,8 @@ def _distribution(name: str, shape, dtype: np.dtype, role, roles_known: bool, sc
     why = {"why": role.why} if role is not None and role.why else {}
     if kind == feeds.DEFAULT:
         return {**_default_distribution(dtype), **why}
-    if kind == feeds.RANGE:  # the bounds feeds._draw_one clips to the dtype
-        low = role.low
-        high = role.high if role.high is not None else low + runtime.INT_RANGE[1] - runtime.INT_RANGE[0]
-        top = 2 if dtype == np.bool_ else int(np.iinfo(dtype).max) + 1
-        low = min(low, top - 1)
-        high = max(min(high, top), low + 1)
+    if kind == feeds.RANGE:
+        low, high = feeds.range_bounds(role, dtype)
         if high - low == 1:
             return {"distribution": "constant", "value": bool(low) if dtype == np.bool_ else int(low), **why}
         if dtype == np.bool_:
