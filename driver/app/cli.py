@@ -530,6 +530,9 @@ def batch(
     """Optimize every model of a folder or glob in parallel; write OUTDIR/results.{duckdb,csv} and summary.md."""
     from relsat.driver.app.batch import run_batch
 
+    # Ctrl-C interrupts the batch (run_batch stops the workers and records what finished) even when this
+    # process started with SIGINT ignored, as a shell's background job does (optimize's _Signals does the same)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # without --threads the workers share the cores
         options = _options("batch", flags, threads=worker_threads(jobs) if flags["threads"] is None else flags["threads"])
