@@ -77,6 +77,18 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(1)
 
 
+@contextmanager
+def _one_line(cannot: str):
+    """A command's step that ends, when it fails, in one line: its own RelsatError as it is, anything else
+    as ``cannot: <the error's first line>``."""
+    try:
+        yield
+    except RelsatError as e:
+        _fail(e)
+    except Exception as e:
+        _fail(RelsatError(f"{cannot}: {error_line(e)}"))
+
+
 def _load_input(spec: str):
     if spec.startswith("zoo:"):
         from relsat.driver.boundary import zoo
@@ -272,7 +284,7 @@ def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parq
     """Write every cached operator cost to FILE (import it elsewhere with optimize --costs FILE)."""
     from relsat.extract.cost_cache import default_path
 
-    try:
+    with _one_line(f"{file}: cannot export the cost cache"):
         where = cache or default_path()
         if not Path(where).exists():
             raise RelsatError(f"{where}: no cost cache yet (run relsat optimize first)")
@@ -283,10 +295,6 @@ def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parq
         file.parent.mkdir(parents=True, exist_ok=True)
         c.export(file)
         n = c.count()
-    except RelsatError as e:
-        _fail(e)
-    except Exception as e:
-        _fail(RelsatError(f"{file}: cannot export the cost cache: {error_line(e)}"))
     out.print(f"{file}: {n} operator costs exported from {c.path}", highlight=False)
 
 
@@ -294,15 +302,11 @@ def costs_export(file: Path = typer.Argument(..., help="destination: .csv, .parq
 def costs_import(file: Path = typer.Argument(..., help="a table written by relsat costs export"),
                  cache: Optional[Path] = typer.Option(None, "--cache", help="the cost cache to merge into")) -> None:
     """Merge an exported cost table into the cost cache (its rows win over local ones)."""
-    try:
+    with _one_line(f"{file}: cannot import it as a cost table"):
         if not file.is_file():
             raise RelsatError(f"{file}: no such cost table file")
         c = _cache(cache)
         n = c.import_(file)
-    except RelsatError as e:
-        _fail(e)
-    except Exception as e:
-        _fail(RelsatError(f"{file}: cannot import it as a cost table: {error_line(e)}"))
     out.print(f"{file}: {n} operator costs merged into {c.path}", highlight=False)
 
 

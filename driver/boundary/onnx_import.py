@@ -510,7 +510,7 @@ def _shape_value(node: onnx.NodeProto, shape: list[int]) -> np.ndarray:
 _PARTIAL_MOST = 64  # shape vectors up to this long are followed element by element
 
 
-def _elementwise(op: str, a, b, attrs: dict):
+def _elementwise(op: str, a, b):
     """One element of an integer Add/Sub/Mul/Div/Mod over known, non-negative numbers (where ONNX's
     truncating and numpy's flooring division agree); None when unknown."""
     if a is None or b is None or is_sym(a) or is_sym(b):
@@ -588,7 +588,7 @@ def _partial_values(nodes, types: dict, consts: dict) -> dict[str, tuple[list, b
             if x is not None and y is not None and (len(x[0]) == len(y[0]) or 1 in (len(x[0]), len(y[0]))):
                 size = max(len(x[0]), len(y[0]))
                 xs, ys = (x[0] * size if len(x[0]) == 1 else x[0]), (y[0] * size if len(y[0]) == 1 else y[0])
-                out = [_elementwise(op, p, q, a) for p, q in zip(xs, ys)], x[1] and y[1]
+                out = [_elementwise(op, p, q) for p, q in zip(xs, ys)], x[1] and y[1]
         if out is not None:
             vals[n.output[0]] = out
     return vals
