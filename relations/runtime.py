@@ -176,6 +176,11 @@ def random_array(rng: np.random.Generator, shape, dtype, *, scale: float = 1.0, 
     raise ValueError(f"cannot draw a random {dtype} input")
 
 
+def is_mask_input(name: str, dtype) -> bool:
+    """An integer input named like an attention mask (``random_feeds(masks_ones=True)`` feeds it ones)."""
+    return np.dtype(dtype).kind in "iu" and "mask" in name.lower()
+
+
 def random_feeds(specs, *, rng: np.random.Generator, scale: float = 1.0, int_range=INT_RANGE,
                  masks_ones: bool = False, int_ranges: dict | None = None) -> dict[str, np.ndarray]:
     """Feeds for ``specs``: (name, shape, dtype) triples. ``masks_ones``: integer inputs named like an
@@ -183,7 +188,7 @@ def random_feeds(specs, *, rng: np.random.Generator, scale: float = 1.0, int_ran
     feeds = {}
     for name, shape, dtype in specs:
         dtype = np.dtype(dtype)
-        if masks_ones and dtype.kind in "iu" and "mask" in name.lower():
+        if masks_ones and is_mask_input(name, dtype):
             feeds[name] = np.ones([int(d) for d in shape], dtype=dtype)
             continue
         rng_int = (int_ranges or {}).get(name, int_range)

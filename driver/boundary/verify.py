@@ -259,7 +259,7 @@ def _distribution(name: str, shape, dtype: np.dtype, role, roles_known: bool, sc
     if dtype.kind in "OUS":
         return {"distribution": "words", "letters": "aBcDeFgH xYz", "length": [1, 5]}
     if not roles_known:
-        if dtype.kind in "iu" and "mask" in name.lower():
+        if runtime.is_mask_input(name, dtype):
             return {"distribution": "constant", "value": 1, "why": "named like an attention mask: ones"}
         return _default_distribution(dtype)
     kind = role.kind if role is not None else feeds.DEFAULT
