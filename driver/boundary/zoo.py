@@ -1,4 +1,5 @@
-"""The built-in model zoo: seeded ONNX builders for the TASO/TENSAT benchmark networks.
+"""The built-in model zoo: seeded ONNX builders for the TASO/TENSAT benchmark networks (``NAMES``)
+and, through zoo_seeds.py, EinNet's seed models (``SEED_NAMES``).
 
 The zoo is part of the command line (``relsat optimize zoo:NAME``, ``relsat zoo build``), so it
 lives in the driver layer, at its ONNX boundary; the benchmarks import it from here.
@@ -48,6 +49,7 @@ import numpy as np
 import onnx
 
 from relsat.driver.boundary.zoo_builder import Builder as _Builder
+from relsat.driver.boundary.zoo_seeds import SEED_NAMES, build_seed
 
 NAMES: tuple[str, ...] = (
     "bert",
@@ -61,6 +63,7 @@ NAMES: tuple[str, ...] = (
     "vgg19",
     "mobilenet_v2",
 )
+ALL_NAMES: tuple[str, ...] = NAMES + SEED_NAMES  # TASO's ten, then EinNet's seed models (zoo_seeds.py)
 
 _EXTERNAL_DATA_BYTES = 1_500_000_000
 
@@ -315,9 +318,12 @@ _ZOO = {
 
 
 def build(name: str, *, small: bool = False, seed: int = 0) -> onnx.ModelProto:
-    """Builds benchmark model ``name`` (one of ``NAMES``); ``small`` gives the reduced variant."""
+    """Builds zoo model ``name`` (one of ``ALL_NAMES``: TASO's ``NAMES`` or EinNet's ``SEED_NAMES``);
+    ``small`` gives the reduced variant."""
+    if name in SEED_NAMES:
+        return build_seed(name, small=small, seed=seed)
     if name not in _ZOO:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(NAMES)}")
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(ALL_NAMES)}")
     fn, full, reduced = _ZOO[name]
     b = _Builder(seed)
     out = fn(b, *(reduced if small else full))

@@ -128,21 +128,43 @@ class Builder:
         return self.op("LayerNormalization", [x, scale, bias], self.shape[x], name=name, axis=-1, epsilon=1e-12)
 
     # -- convolution ------------------------------------------------------------------
-    def conv(self, x: str, c_out: int, k, stride: int = 1, pads=None, group: int = 1, bias: bool = False) -> str:
-        """Conv with He-scaled weights; ``pads=None`` pads 'same' (k // 2 per side)."""
+    def conv(self, x: str, c_out: int, k, stride: int = 1, pads=None, group: int = 1, bias: bool = False,
+             dilation: int = 1) -> str:
+        """Conv with He-scaled weights; ``pads=None`` pads 'same' (``dilation * (k // 2)`` per side)."""
         n, c_in, h, w = self.shape[x]
         kh, kw = (k, k) if isinstance(k, int) else k
-        pads = (kh // 2, kw // 2) * 2 if pads is None else (pads,) * 4
-        oh = (h + pads[0] + pads[2] - kh) // stride + 1
-        ow = (w + pads[1] + pads[3] - kw) // stride + 1
+        pads = (dilation * (kh // 2), dilation * (kw // 2)) * 2 if pads is None else (pads,) * 4
+        oh = (h + pads[0] + pads[2] - dilation * (kh - 1) - 1) // stride + 1
+        ow = (w + pads[1] + pads[3] - dilation * (kw - 1) - 1) // stride + 1
         name, fan_in = self.fresh("Conv"), c_in // group * kh * kw
         ins = [x, self.init(f"{name}.weight", self.randn((c_out, c_in // group, kh, kw), (2 / fan_in) ** 0.5))]
         if bias:
             ins.append(self.init(f"{name}.bias", self.randn(c_out, 0.05)))
+        extra = {"dilations": [dilation, dilation]} if dilation != 1 else {}
         return self.op(
             "Conv", ins, (n, c_out, oh, ow), name=name,
-            kernel_shape=[kh, kw], strides=[stride, stride], pads=list(pads), group=group,
+            kernel_shape=[kh, kw], strides=[stride, stride], pads=list(pads), group=group, **extra,
         )
+
+    def conv_transpose(self, x: str, c_out: int, k: int, stride: int, pad: int, output_padding: int = 0,
+                       bias: bool = False) -> str:
+        """ConvTranspose (weight ``[c_in, c_out, k, k]``, scaled by its fan-in per output pixel)."""
+        n, c_in, h, w = self.shape[x]
+        oh, ow = ((d - 1) * stride - 2 * pad + k + output_padding for d in (h, w))
+        name = self.fresh("ConvTranspose")
+        fan_in = c_in * max(1, (k // stride) ** 2)
+        ins = [x, self.init(f"{name}.weight", self.randn((c_in, c_out, k, k), (2 / fan_in) ** 0.5))]
+        if bias:
+            ins.append(self.init(f"{name}.bias", self.randn(c_out, 0.05)))
+        extra = {"output_padding": [output_padding] * 2} if output_padding else {}
+        return self.op("ConvTranspose", ins, (n, c_out, oh, ow), name=name, kernel_shape=[k, k],
+                       strides=[stride, stride], pads=[pad] * 4, **extra)
+
+    def prelu(self, x: str) -> str:
+        """PReLU with one slope per channel (``[C, 1, 1]``), drawn near 0.25."""
+        name, c = self.fresh("PRelu"), self.shape[x][1]
+        slope = self.init(f"{name}.slope", (0.25 + self.randn((c, 1, 1), 0.05)).astype(np.float32))
+        return self.op("PRelu", [x, slope], self.shape[x], name=name)
 
     def bn(self, x: str) -> str:
         name, c, r = self.fresh("BatchNormalization"), self.shape[x][1], self.rng
