@@ -110,6 +110,7 @@ class Report:
     applied_by_rule: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     statements: list[int] = field(default_factory=list)  # SQL statements executed per round
+    dropped: int = 0  # matches left unapplied because the node limit cut them (how much the limit cut)
 
 
 # --- schedulers ---------------------------------------------------------------------------------
@@ -363,6 +364,7 @@ class Runner:
             # least rows (sorted only when the cap cuts: a sort of every match costs more than the match)
             g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM "
                           f"(SELECT * EXCLUDE (mid) FROM {c.matches} ORDER BY ALL LIMIT {cap})")
+            self._state.report.dropped += count - cap
             count = cap
         seconds = time.perf_counter() - t0
         r.it.match_s += seconds
