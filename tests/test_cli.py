@@ -115,7 +115,7 @@ def test_every_options_field_is_a_flag_with_its_default_and_help(command):
         assert p.help == fl.text() and fl.help in p.help
         # the default read as the field would be: DEFAULTS' value
         assert getattr(Options(**{f.name: fl.read(p.default)}), f.name) == getattr(DEFAULTS, f.name), name
-    own = {"optimize": {"model", "-o", "--output", "--db", "--report", "--help"},
+    own = {"optimize": {"model", "-o", "--output", "--db", "--report", "-q", "--quiet", "-v", "--verbose", "--help"},
            "batch": {"models", "-o", "--output", "-j", "--jobs", "--model-timeout", "--keep-db", "--skip-failed",
                      "--force", "--executor", "--address", "--connect-timeout", "--help"}}[command]
     assert set(params) - own <= declared  # every other option of the command comes from an Options field

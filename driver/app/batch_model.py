@@ -236,6 +236,9 @@ def row_from_report(rep: dict) -> dict:
     cost_model = rep.get("cost_model")
     if before and after:
         speedup, source = before / after, "measured latency"
+    elif (pr := rep.get("predicted") or {}).get("input") and pr.get("extracted"):
+        # the input priced before saturation against the extracted graph, under the one cost table
+        speedup, source = pr["input"] / pr["extracted"], f"predicted cost ({cost_model})"
     elif rep.get("cost_before") and rep.get("cost_after"):
         speedup, source = rep["cost_before"] / rep["cost_after"], f"predicted cost ({cost_model})"
     else:
@@ -424,8 +427,9 @@ class Recorder:
         self.outdir, self.keep_db, self.common, self.results = outdir, keep_db, common, results
         self.rows, self.result, self.on_result = rows, result, on_result
         self.progress = self.overall = None
+        self.console = console
         self._bars: dict[str, int] = {}
-        if console is not None:
+        if console is not None and console.is_terminal:  # off a terminal: a line per model as it ends, no bars
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -443,8 +447,8 @@ class Recorder:
             self._bars[task.name] = self.progress.add_task(f"  {task.name}: {text}", total=None)
 
     def print(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.console.print(text, highlight=False, soft_wrap=True)
+        if self.console is not None:
+            self.console.print(text, highlight=False, soft_wrap=True)
 
     def finish(self, task: ModelTask, fields: dict, stage: str | None = None, expected: Path | None = None) -> None:
         """Record a model's attempt from its worker's ``fields`` (:func:`model_fields`).  For a
@@ -474,10 +478,7 @@ class Recorder:
         self.result.ran += 1
         if self.on_result is not None:
             self.on_result(self.rows[name])
-        if self.progress is not None:
-            if name in self._bars:
-                self.progress.remove_task(self._bars.pop(name))
-            self.progress.advance(self.overall)
+        if self.console is not None:
             from rich.markup import escape
 
             if row["status"] == "ok":
@@ -485,6 +486,10 @@ class Recorder:
                 self.print(f"[green]ok[/green] {escape(name)}: {escape(sp)}{row.get('wall_s', 0):.1f} s")
             else:
                 self.print(f"[red]failed[/red] {escape(name)}: {escape(row['reason'])}")
+        if self.progress is not None:
+            if name in self._bars:
+                self.progress.remove_task(self._bars.pop(name))
+            self.progress.advance(self.overall)
             failed = sum(r["status"] == "failed" for r in self.rows.values())
             self.progress.update(self.overall, description=f"batch ({failed} failed)" if failed else "batch")
 

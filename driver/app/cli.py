@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,6 +108,9 @@ def optimize(
     output: Path = typer.Option(..., "-o", "--output", help="where to write the optimized model"),
     db: Optional[Path] = typer.Option(None, "--db", help="keep the e-graph in this DuckDB file"),
     report: Optional[Path] = typer.Option(None, "--report", help="write the JSON report here"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only errors and the path written"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="every step as it happens, and ONNX Runtime's "
+                                 "own log lines"),
     **flags,
 ) -> None:
     """Optimize one model: saturate with the rules, extract the cheapest graph, verify, time, write."""
@@ -120,20 +124,22 @@ def optimize(
         # the report here, also against -o and --db, which the pipeline checks in its first step
         check_outputs(source=None if model.startswith("zoo:") else source, report=report,
                       others=[("-o", output), ("--db", db)], protected=protected_paths(None, flags["costs"]))
-        with err.status("optimizing ...") as status:
+        _ort_log(verbose)
+        with _Progress(err, quiet=quiet, verbose=verbose) as progress:
             options = _options("optimize", flags)
 
             def on_status(text: str) -> None:
                 sig.check()  # an interrupt a step swallowed (a fallback's except) stops the run here
-                status.update(text)
+                progress.status(text)
 
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UserWarning)
                 try:
                     result = run(source, options, db=db, output=output, on_status=on_status,
-                                 on_round=lambda it: on_status(f"saturating: round {it.round}, {it.enodes} e-nodes"))
+                                 on_round=lambda it: on_status(f"saturating: round {it.round}, {it.enodes} e-nodes"),
+                                 on_progress=progress.advance, on_phase=progress.phase)
                 finally:
-                    for w in caught:
+                    for w in caught if not quiet else ():
                         err.print(f"[yellow]warning:[/yellow] {w.message}", highlight=False, soft_wrap=True)
         sig.check()
         rep = result.report
@@ -141,7 +147,85 @@ def optimize(
         rep["output"] = str(output)
         if report:
             write_text_atomic(report, json.dumps(rep.as_dict(), indent=2, default=str))
-    _summary(rep)
+    if quiet:
+        out.print(escape(str(output)), highlight=False, soft_wrap=True)
+    else:
+        _summary(rep)
+
+
+def _ort_log(verbose: bool) -> None:
+    """ONNX Runtime's own log lines (its default logger: warnings and errors it prints itself, beside the
+    exceptions relsat reports) only with --verbose."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(2 if verbose else 4)
+
+
+class _Progress:
+    """What a command shows while it runs. On a terminal: a live line with the current step and, for a long
+    phase that counts its steps (saturation rounds, signatures profiled, search steps), a progress bar; the
+    line goes when the command ends. Off a terminal (a pipe, a log file): one line per phase as it ends, with
+    its time (``relsat: saturate: 1.23 s``), and with ``verbose`` every step's text too. ``quiet``: nothing.
+    A command whose steps are only texts (``rules generate``) calls :meth:`step`: each text is a phase that
+    ends when the next begins."""
+
+    def __init__(self, console: Console, *, quiet: bool = False, verbose: bool = False):
+        self.console, self.quiet, self.verbose = console, quiet, verbose
+        self.live = console.is_terminal and not quiet
+        self._bar = self._task = None
+        self._text = ""
+        self._step: tuple[str, float] | None = None  # the step (name, start) :meth:`step` began
+
+    def __enter__(self) -> "_Progress":
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+            from rich.progress import TimeElapsedColumn
+
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("starting ...", total=None)
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.end_step()
+        if self._bar is not None:
+            self._bar.stop()
+
+    def step(self, text: str) -> None:
+        """A new step, in words: the one before it ends (its line off a terminal)."""
+        self.end_step()
+        self._step = (text.rstrip(" .") or text, time.perf_counter())
+        self.status(text)
+
+    def end_step(self) -> None:
+        if self._step is not None:
+            name, t = self._step
+            self._step = None
+            self.phase(name, time.perf_counter() - t)
+
+    def status(self, text: str) -> None:
+        """The current step, in words."""
+        if text == self._text:
+            return
+        self._text = text
+        if self._bar is not None:
+            self._bar.update(self._task, description=escape(text))
+        elif self.verbose and not self.quiet:
+            self.console.print(escape(text), highlight=False, soft_wrap=True)
+
+    def advance(self, done: int, total: int | None) -> None:
+        """``done`` of ``total`` steps of the current phase."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """A phase ended: its line off a terminal; the bar starts again for the next phase."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=0, total=None)
+        elif not self.quiet:
+            self.console.print(f"relsat: {escape(name)}: {seconds:.2f} s", highlight=False, soft_wrap=True)
 
 
 EXIT_ON_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as shells report them
@@ -231,30 +315,47 @@ def _interrupted(signum: int, outputs, before: dict) -> None:
 
 
 def _summary(rep: dict) -> None:
+    """The summary table: what was predicted (the cost table's figures), what was measured (medians and their
+    spread) and what was written, each named; every limit that cut the run; the verification."""
     t = Table(title=f"relsat optimize {rep['input']}", show_header=False)
+    t.add_row("result", rep.get("verdict") or rep["written"])
     t.add_row("nodes", f"{rep['nodes_in']} -> {rep['nodes_out']}")
     t.add_row("e-graph", f"{rep['enodes']} e-nodes, {rep['eclasses']} e-classes, "
               f"{len(rep['iterations'])} rounds, stop: {rep['stop_reason']}")
+    for lim in rep.get("limits") or ():
+        t.add_row("limit", f"{lim['limit']} ({lim['flag']} {lim['value']}) cut the run: {lim['cut']}")
     top = ", ".join(f"{k} x{v}" for k, v in list(rep["rules_applied"].items())[:4] if v) or "none"
     t.add_row("rules applied", top)
-    x = rep["extraction"]
+    x, pr = rep["extraction"], rep.get("predicted") or {}
     gap = "" if x["gap"] is None else f", gap {x['gap']:.2%}"
-    t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms "
-              f"({rep.get('cost_label') or rep['cost_model']}), "
-              f"{x['method']} {x['status']}{gap}")
+    if pr:
+        t.add_row("predicted cost", f"input {pr['input']:.4f} -> extracted {pr['extracted']:.4f} {pr['unit']} "
+                  f"(costs: {pr['costs']}; {x['method']} {x['status']}{gap})")
+        ctx = pr.get("in_context")
+        if ctx:
+            before = "" if ctx["input"] is None else f"input {ctx['input']:.4f} -> "
+            t.add_row("predicted in context", f"{before}extracted {ctx['extracted']:.4f} ms (whole-graph profiles "
+                      "of this run)")
+    else:
+        t.add_row("model cost", f"{rep['cost_before']:.4f} -> {rep['cost_after']:.4f} ms "
+                  f"({rep.get('cost_label') or rep['cost_model']}), {x['method']} {x['status']}{gap}")
     p = rep.get("profile")
     if p:
         fb = f", {p['failed']} fell back to analytic" if p["failed"] else ""
         t.add_row("profiling", f"{p['signatures']} signatures ({p['provider']}, {p['threads']} thread(s)): "
                   f"{p['measured']} timed, {p['cached']} from the cache{fb}")
-    lat = rep.get("latency")
-    if lat:
-        t.add_row("latency", f"{lat['original_ms']:.3f} -> {lat['optimized_ms']:.3f} ms, speedup "
-                  f"{lat['speedup']:.3f}x; CPU time {lat['original_cpu_ms']:.3f} -> {lat['optimized_cpu_ms']:.3f} ms, "
-                  f"{lat['cpu_speedup']:.3f}x ({lat['runs']} interleaved runs each, medians; guard on "
-                  f"{'CPU time' if lat['metric'] == 'cpu' else 'wall clock'})")
-    if rep.get("written") == "original":
-        t.add_row("graph written", "the input model, unchanged: see the notices")
+    m = rep.get("measured")
+    if m:
+        def iv(blocks):
+            return f" [{blocks[0]:.3f}-{blocks[1]:.3f}]" if blocks else ""
+
+        which = "written" if rep["written"] == "optimized" else "fastest candidate"
+        noise = "" if m["noise"] is None else f", noise {m['noise']:.1%}"
+        t.add_row("measured latency", f"input {m['input_ms']:.3f}{iv(m['input_blocks_ms'])} -> {which} "
+                  f"{m['candidate_ms']:.3f}{iv(m['candidate_blocks_ms'])} ms, {m['speedup']:.3f}x ({m['metric']}, "
+                  f"medians [interval of block medians]{noise}, threshold {m['threshold']:.0%}, {m['runs']} runs)")
+    elif rep.get("latency") is None:
+        t.add_row("measured latency", "not timed")
     v = rep["verification"]
     t.add_row("verification", f"{'ok' if v['ok'] else 'FAILED'}, max abs error {v['max_abs_err']:.2e} "
               f"({v.get('draws', 0)} input draws)" if v.get("draws") else v["message"])
@@ -491,8 +592,10 @@ def rules_generate(
         bad = [f for f in families if f not in FAMILIES]
         if bad:
             raise RelsatError(f"--family {bad[0]}: no such family (one of {', '.join(FAMILIES)})")
-        rep = gen.generate(max_ops=max_ops, families=families, jobs=jobs, trials=trials, prove=not no_prove,
-                           command=command, status=lambda text: err.print(text, highlight=False))
+        _ort_log(False)
+        with _Progress(err) as progress:
+            rep = gen.generate(max_ops=max_ops, families=families, jobs=jobs, trials=trials, prove=not no_prove,
+                               command=command, status=progress.step)
         write_text_atomic(output, gen.render(rep))
         if report:
             write_text_atomic(report, json.dumps(gen.report_json(rep), indent=2) + "\n")
@@ -557,18 +660,47 @@ def batch(
     err.print(f"all {n} models optimized ({result.skipped} done earlier); results in {result.outdir}", highlight=False)
 
 
-def _print_batch_summary(console, result) -> None:
-    from rich.table import Table
+WIDE_BATCH_TABLE = 120  # columns from which the batch table shows every column; narrower, the compact one
 
-    t = Table(title=f"relsat batch -> {result.outdir}")
-    for c in ("model", "status", "speedup", "from", "written", "opt. s", "e-nodes", "nodes", "this run / reason"):
-        t.add_column(c)
+
+def _print_batch_summary(console, result) -> None:
+    """The batch's results as a table on ``console``: every column where the console is wide, else (an
+    80-column terminal, a pipe) a compact table that fits it (model, status, speedup, written, nodes, seconds)
+    with the reasons and what this run did as lines below it."""
+    if console.width >= WIDE_BATCH_TABLE:
+        t = Table(title=f"relsat batch -> {result.outdir}")
+        for c in ("model", "status", "speedup", "from", "written", "opt. s", "e-nodes", "nodes", "this run / reason"):
+            t.add_column(c)
+        for r in result.rows:
+            last = r["this_run"] if r["status"] == "ok" else r.get("reason") or ""
+            t.add_row(r["model"], r["status"], _cell(r.get("speedup"), ".3f"), _cell(r.get("speedup_source")),
+                      _cell(r.get("written")), _cell(r.get("optimizer_s"), ".2f"), _cell(r.get("enodes")),
+                      _nodes(r), last)
+        console.print(t)
+        return
+    t = Table(title=escape(f"relsat batch -> {result.outdir}"), box=None, pad_edge=False, title_justify="left")
+    for c, kw in (("model", {"overflow": "fold", "ratio": 1}), ("status", {"no_wrap": True}),
+                  ("speedup", {"justify": "right", "no_wrap": True}), ("written", {"no_wrap": True}),
+                  ("nodes", {"no_wrap": True}), ("s", {"justify": "right", "no_wrap": True})):
+        t.add_column(c, **kw)
+    notes = []
     for r in result.rows:
-        nodes = f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
-        last = r["this_run"] if r["status"] == "ok" else r.get("reason") or ""
-        t.add_row(r["model"], r["status"], _cell(r.get("speedup"), ".3f"), _cell(r.get("speedup_source")),
-                  _cell(r.get("written")), _cell(r.get("optimizer_s"), ".2f"), _cell(r.get("enodes")), nodes, last)
+        sp = r.get("speedup")
+        measured = (r.get("speedup_source") or "").startswith("measured")
+        t.add_row(escape(r["model"]), r["status"], "" if sp is None else f"{sp:.3f}" + ("" if measured else " p"),
+                  _cell(r.get("written")), _nodes(r), _cell(r.get("optimizer_s"), ".1f"))
+        why = r["this_run"] if r["status"] == "ok" else r.get("reason")
+        if why and why != "optimized":
+            notes.append(f"{r['model']}: {why}")
     console.print(t)
+    if any((r.get("speedup_source") or "").startswith("predicted") for r in result.rows):
+        console.print("speedup: measured latency; p: the ratio of predicted costs (not timed)", highlight=False)
+    for n in notes:
+        console.print(escape(n), highlight=False)
+
+
+def _nodes(r: dict) -> str:
+    return f"{r['nodes_in']} -> {r['nodes_out']}" if r.get("nodes_in") is not None else ""
 
 
 def _cell(v, spec="") -> str:

@@ -54,6 +54,7 @@ written unless verification passes; the e-graph is renamed into ``db`` once extr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -115,6 +116,13 @@ class Report(Mapping):
     # the in-context prediction of the original against its fresh timing, the cached profiles found stale and
     # re-taken, and the call overhead's check (relsat.driver.search.candidates, step 4); None without the in-context search
     fidelity: dict | None = None
+    # what was predicted, kept apart from what was measured: the input and the extracted graph priced by the one
+    # cost table of the run (the same figure for the same graph in every run and strategy), and the in-context
+    # prediction where the final choice was measured (``_predicted``)
+    predicted: dict = field(default_factory=dict)
+    measured: dict | None = None  # the input model and the written (or fastest) graph timed: medians, spread
+    limits: list = field(default_factory=list)  # every limit that cut the run: which, its value, how much it cut
+    verdict: str = ""  # what was written and why, in one line (the summary's "result")
     extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
 
     def as_dict(self) -> dict:
@@ -163,13 +171,15 @@ class OptimizeResult:
 
 
 def optimize(model_or_path, options: Options | None = None, *, db=None, output=None, keep_egraph=False,
-             on_round=None, on_status=None, cost_cache=None, **overrides) -> OptimizeResult:
+             on_round=None, on_status=None, on_progress=None, on_phase=None, cost_cache=None,
+             **overrides) -> OptimizeResult:
     """Optimize one model (module docstring): ``model_or_path`` is a path or an ``onnx.ModelProto``.
     ``options``: an ``Options`` (default ``DEFAULTS``), ``overrides``: fields of it by keyword; ``db``: keep
     the e-graph in this DuckDB file; ``output``: write the model here; ``keep_egraph``: return the open
     e-graph in the result; ``cost_cache``: the cache path or a ``CostCache`` (default
     ``$RELSAT_COST_CACHE`` or the user cache); ``on_round(iteration)`` and ``on_status(text)`` receive
-    progress.  Returns an ``OptimizeResult``; a model or option it cannot use, or a failed verification
+    progress, ``on_progress(done, total)`` the current phase's steps (saturation rounds, signatures profiled,
+    search steps; ``total`` None when unknown) and ``on_phase(name, seconds)`` each timed phase as it ends.  Returns an ``OptimizeResult``; a model or option it cannot use, or a failed verification
     (nothing written), is a ``RelsatError`` with a one-line message.
 
     Example::
@@ -185,15 +195,18 @@ def optimize(model_or_path, options: Options | None = None, *, db=None, output=N
         opts = (options or DEFAULTS).replace(**overrides).check()
     except TypeError as e:
         raise RelsatError(str(e)) from None
-    run = phases.Run(opts, opts.backend, on_status or (lambda text: None), on_round)
-    return _pipeline(run, model_or_path, db=db, output=output, keep_egraph=keep_egraph, cost_cache=cost_cache)
+    run = phases.Run(opts, opts.backend, on_status or (lambda text: None), on_round, on_progress)
+    return _pipeline(run, model_or_path, db=db, output=output, keep_egraph=keep_egraph, cost_cache=cost_cache,
+                     on_phase=on_phase)
 
 
 class _Timer:
-    """Seconds per phase (``Report.phases_s``), summed over the times a phase runs."""
+    """Seconds per phase (``Report.phases_s``), summed over the times a phase runs; ``on_phase(name, seconds)``
+    hears of each phase as it ends (a phase that fails is not reported)."""
 
-    def __init__(self):
+    def __init__(self, on_phase=None):
         self.seconds: dict[str, float] = {}
+        self.on_phase = on_phase
 
     @contextmanager
     def __call__(self, name: str):
@@ -201,12 +214,15 @@ class _Timer:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+            took = time.perf_counter() - t
+            self.seconds[name] = self.seconds.get(name, 0.0) + took
+        if self.on_phase is not None:
+            self.on_phase(name, took)
 
 
-def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_cache) -> OptimizeResult:
+def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_cache, on_phase=None) -> OptimizeResult:
     """The phases in order (module docstring), each result handed to the phases after it."""
-    o, timer = run.opts, _Timer()
+    o, timer = run.opts, _Timer(on_phase)
     prepared = phases.prepare(run, model_or_path, output=output, db=db, cost_cache=cost_cache)
     dbfile = g = None
     complete = False
@@ -219,6 +235,8 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
         with timer("profile"):
             overhead = phases.check_overhead(run, prepared)
         price = phases.pricer(run, prepared, imported)
+        with timer("profile"):
+            input_cost = phases.price_input(imported, price)
         with timer("saturate"):
             saturated = phases.saturate(run, prepared, imported, price)
         with timer("profile"):
@@ -245,7 +263,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
                 timed = _time(run, imported, exported.model, timer)
             outcome = phases.decide(imported, exported, verified, timed, db=db)
         report = _report(run, prepared, imported, saturated, priced, extracted, outcome, search=search,
-                         overhead=overhead, phases_s=timer.seconds)
+                         overhead=overhead, phases_s=timer.seconds, input_cost=input_cost)
         _write(run, g, outcome, output)
     finally:
         g = _close(g, dbfile, complete, keep_egraph)
@@ -283,11 +301,12 @@ def _cost_label(run: phases.Run, prepared: phases.Prepared, priced: phases.Price
 
 def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Imported, saturated: phases.Saturated,
             priced: phases.Priced, extracted: phases.Extracted, outcome: phases.Outcome, *, search, overhead,
-            phases_s: dict) -> Report:
+            phases_s: dict, input_cost: float | None = None) -> Report:
     """The ``Report`` from the phases' results (``search``: the in-context ``Search``, None without it;
     ``overhead``: the call overhead's check)."""
     o, sat, searched, p, best = run.opts, saturated.sat, saturated.searched, priced.profile, extracted.best
     counts, binding, check = imported.g.counts(), imported.binding, outcome.check
+    measured = _measured(outcome)
     return Report(
         producer=f"relsat {__version__}", input=imported.source, nodes_in=len(imported.model.graph.node),
         nodes_out=len(outcome.model.graph.node), rules=len(prepared.rules),
@@ -311,7 +330,124 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
         verification=check.as_report(),
         notices=list(imported.graph.notices) + list(prepared.notices) + list(priced.notices) + list(outcome.notices),
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
-        fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None)
+        fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None,
+        predicted=_predicted(run, prepared, priced, input_cost, outcome, search),
+        measured=measured, limits=_limits(o, sat, searched, best), verdict=_verdict(outcome, measured))
+
+
+def _table_cost(priced: phases.Priced, choice: dict) -> float:
+    """A graph's cost under the run's one cost table: its distinct e-nodes' costs summed exactly (``fsum``
+    over the sorted costs) and rounded to 1e-9, so that the same graph gives the same figure whichever
+    e-graph (strategy) it was found in."""
+    cost_of = dict(zip(priced.node_ids.tolist(), priced.problem.node_cost.tolist()))
+    return _same(math.fsum(sorted(cost_of.get(n, 0.0) for n in set(choice.values()))))
+
+
+def _same(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 9)
+
+
+def _predicted(run: phases.Run, prepared: phases.Prepared, priced: phases.Priced, input_cost: float,
+               outcome: phases.Outcome, search) -> dict:
+    """The predicted costs (``Report.predicted``): ``input`` and ``extracted`` under the one-node cost table
+    (``costs`` names it; the input priced before any rule ran), ``written`` (the one of the two written), and ``in_context`` (the in-context
+    search's predictions, which move with each run's profiles; None without it)."""
+    source = "analytic" if run.opts.cost_model == "analytic" else (
+        "measured, one node each" + (" (from the cost table)" if prepared.cache_only else " (the cost cache)"))
+    before = _same(input_cost)  # priced before saturation (``phases.price_input``)
+    after = _table_cost(priced, outcome.choice) if outcome.choice is not None else before
+    return {"costs": source, "unit": "ms", "input": before, "extracted": after,
+            "written": after if outcome.written == "optimized" else before,
+            "in_context": ({"input": outcome.cost_before, "extracted": outcome.cost_after}
+                           if search is not None else None)}
+
+
+def _measured(outcome: phases.Outcome) -> dict | None:
+    """The measured latencies (``Report.measured``): the input model and the written (or fastest) graph, by the
+    figure the decision compared, each with its interval of block medians, the noise and whether the
+    difference is beyond it; None when nothing was timed."""
+    lat = outcome.latency
+    if not lat or "metric" not in lat:
+        return None
+    cpu = lat["metric"] == "cpu"
+    a = lat["original_cpu_ms"] if cpu else lat["original_ms"]
+    b = lat["optimized_cpu_ms"] if cpu else lat["optimized_ms"]
+    sp = lat.get("spread") or {}
+    return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,
+            "speedup": a / b if b else None, "input_blocks_ms": sp.get("original_ms"),
+            "candidate_blocks_ms": sp.get("optimized_ms"), "noise": sp.get("noise"),
+            "threshold": lat["threshold"], "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"]}
+
+
+def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:
+    """What was written and why, in one line: the optimized model is announced faster only when its timing
+    is beyond the spread; else the input model was kept, with the noise it would have had to beat."""
+    if outcome.written == "optimized":
+        if measured is None:
+            return "wrote the optimized model (not timed: the predicted costs decided)"
+        return (f"wrote the optimized model: {measured['speedup']:.3f}x the input model's speed "
+                f"({measured['metric']}), beyond the noise ({_bar(measured):.1%})")
+    if measured is not None and outcome.choice is not None:
+        return (f"kept the input model: no candidate faster beyond noise ({_bar(measured):.1%}; "
+                f"the fastest measured {measured['speedup']:.3f}x)")
+    if outcome.fallbacks and outcome.choice is None:
+        return "kept the input model: no extracted graph could be used"
+    return "kept the input model: the extraction kept the original graph"
+
+
+def _bar(measured: dict) -> float:
+    """The difference a timing had to beat: the threshold, or the spread of the block medians where larger."""
+    return max(measured["threshold"], measured["noise"] or 0.0)
+
+
+def _limits(o, sat, searched, best) -> list[dict]:
+    """Every limit that cut the run (``Report.limits``): the limit, its flag and value, what the run reached,
+    and what it cut, in words."""
+    out = []
+
+    def cut(limit, flag, value, reached, what):
+        out.append({"limit": limit, "flag": flag, "value": value, "reached": reached, "cut": what})
+
+    rounds = sat.stop_reason if sat is not None else None
+    if searched is None and sat is not None:
+        n, enodes = len(sat.iterations), sat.iterations[-1].enodes if sat.iterations else 0
+        if rounds.value == "node limit":
+            cut("node limit", "--node-limit", o.node_limit, enodes,
+                f"saturation stopped after {n} round(s) at {enodes} e-nodes"
+                + (f"; {sat.dropped} match(es) left unapplied" if sat.dropped else ""))
+        elif rounds.value == "time limit":
+            cut("time limit", "--time-limit", o.time_limit, round(sat.seconds, 2),
+                f"saturation stopped after {n} round(s), before saturating")
+        elif rounds.value == "iteration limit":
+            cut("iteration limit", "--iter-limit", o.iter_limit, n, f"saturation stopped after {n} round(s), "
+                "before saturating")
+    elif searched is not None:
+        st, stop = searched.stats, searched.stop
+        if searched.strategy == "mcts":
+            done, budget = st.get("iterations"), st.get("budget")
+            if stop == "time limit":
+                cut("time limit", "--time-limit", o.time_limit, round(searched.seconds, 2),
+                    f"mcts ran {done} of --budget {budget} iterations")
+            elif stop == "budget":
+                cut("budget", "--budget", budget, done, f"mcts stopped after {done} iterations, "
+                    f"{st.get('candidates')} e-graph(s) reached")
+            if rounds is not None and rounds.value == "node limit":
+                cut("node limit", "--node-limit", o.node_limit, None,
+                    "the rounds of the chosen path stopped at the node limit")
+        else:
+            done, budget = st.get("expanded"), st.get("budget")
+            if stop == "time limit":
+                cut("time limit", "--time-limit", o.time_limit, round(searched.seconds, 2),
+                    f"backtracking expanded {done} of --budget {budget} graphs")
+            elif stop == "budget":
+                cut("budget", "--budget", budget, done, f"backtracking expanded {done} graphs; "
+                    f"{st.get('generated', 0) - st.get('materialised', 0) - st.get('pruned', 0)} child graph(s) "
+                    "not taken")
+    if best is not None and best.method == "ilp" and "time" in str(best.status):
+        gap = "" if best.gap is None else f", gap {best.gap:.2%}"
+        cut("ILP time limit", "--ilp-time-limit", o.ilp_time_limit, round(best.seconds, 2),
+            f"the ILP stopped before proving its choice optimal{gap}")
+    return out
 
 
 def _close(g, dbfile, complete: bool, keep_egraph: bool):

@@ -29,6 +29,7 @@ in-context measured choice all reach it as results.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from relsat.driver.search.runner import Limits, Runner
 from relsat.driver.search.runner import Report as RunnerReport
 from relsat.driver.search.result import SearchResult
 from relsat.driver.boundary.verify import VerifyResult, verify
+from relsat.driver.app.explain import record_written
 
 UNCHANGED = "the input model is written unchanged"
 
@@ -96,6 +98,12 @@ class Run:
     backend: Backend
     status: Callable[[str], None]
     on_round: Callable | None = None
+    on_progress: Callable[[int, int | None], None] | None = None  # the current phase's steps: done, total
+
+    def tick(self, done: int, total: int | None) -> None:
+        """``done`` of ``total`` steps of the current phase (rounds, signatures, search steps) to the caller."""
+        if self.on_progress is not None:
+            self.on_progress(done, total)
 
 
 # ---------------------------------------------------------------- prepare, import
@@ -212,6 +220,26 @@ def pricer(run: Run, prepared: Prepared, imported: Imported) -> Callable:
     return price
 
 
+def price_input(imported: Imported, price: Callable) -> float:
+    """The input graph's predicted cost, before any rule runs: its e-nodes (what the outputs reach, one per
+    e-class) priced by the run's costs and summed exactly (``fsum`` over the sorted costs).  After saturation
+    the input graph cannot be read back whole: rewritten nodes share e-classes with their rewrites (five Relus
+    in a chain are one e-class once ``relu-idempotent`` ran), so the report's predicted cost of the input is
+    taken here, the same in every strategy."""
+    g = imported.g
+    price(g)
+    nodes = sorted(set(original_choice(g, imported.roots).values()))
+    if not nodes:
+        return 0.0
+    g.con.register("_input_nodes", {"node": np.asarray(nodes, dtype=np.int64)})
+    try:
+        ms = [m for (m,) in g.con.execute("SELECT coalesce(k.ms, 0.0) FROM _input_nodes i "
+                                          "LEFT JOIN costs k ON k.node = i.node").fetchall()]
+    finally:
+        g.con.unregister("_input_nodes")
+    return math.fsum(sorted(ms))
+
+
 @dataclass(frozen=True)
 class Saturated:
     sat: RunnerReport | None  # the rounds that built the e-graph (None: no rules)
@@ -230,16 +258,30 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
     if not prepared.rules:
         return Saturated(None)
     if o.search == "eqsat":
-        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=run.on_round).run())
-    step = lambda i, best: run.status(f"{o.search}: step {i}, best cost {best:.4f}")  # noqa: E731
+        done = []
+
+        def on_round(it) -> None:
+            done.append(it)
+            run.tick(len(done), o.iter_limit)
+            if run.on_round is not None:
+                run.on_round(it)
+
+        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=on_round).run())
+
+    def step(i, best) -> None:
+        run.tick(i, o.budget or (ITERATIONS if o.search == "mcts" else BUDGET))
+        run.status(f"{o.search}: step {i}, best cost {best:.4f}")
+
+    from relsat.driver.search.backtrack import BUDGET
+    from relsat.driver.search.mcts import ITERATIONS
     try:
         if o.search == "mcts":
-            from relsat.driver.search.mcts import ITERATIONS, mcts
+            from relsat.driver.search.mcts import mcts
             searched = mcts(g, prepared.rules, imported.roots, price, limits=limits, seed=o.seed,
                             scheduler=o.scheduler, iterations=o.budget or ITERATIONS, extractor=o.extractor,
                             on_step=step)
         else:
-            from relsat.driver.search.backtrack import BUDGET, backtrack
+            from relsat.driver.search.backtrack import backtrack
             searched = backtrack(g, prepared.rules, imported.roots, price, alpha=o.alpha,
                                  budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
     except ProviderUnavailable as e:
@@ -263,7 +305,8 @@ def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable) -
         run.status("profiling operators ...")
     try:
         p = price(imported.g,
-                  progress=lambda done, total: run.status(f"profiling operators: {done}/{total} new signatures"))
+                  progress=lambda done, total: (run.tick(done, total),
+                                                run.status(f"profiling operators: {done}/{total} new signatures")))
     except ProviderUnavailable as e:
         raise RelsatError(f"--provider {run.backend.name}: {e}") from None
     if p is not None:
@@ -341,6 +384,7 @@ class Chosen:
     cost_before: float | None  # the original's in-context prediction (None after a backtracking search)
     cost_after: float
     notices: tuple[str, ...] = ()
+    choice: dict | None = None  # the extracted graph shown (written, or the fastest candidate): e-class -> e-node
 
     @property
     def model(self) -> onnx.ModelProto | None:
@@ -370,6 +414,7 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
     orig = extracted.orig
     choice = picked.choice if picked is not None else orig
     _extraction_table(imported.g, choice, orig)
+    record_written(imported.graph, choice)  # with --db: the written nodes and the e-nodes they came from
     fastest = s.fastest()
     shown = picked or fastest  # the extracted graph, also when the input model is written
     if fastest is None:
@@ -388,7 +433,7 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         check or VerifyResult(True, 0.0, 0.0, {}, UNCHANGED), latency_report, fallbacks,
         _op_counts(shown.model if shown is not None else model),
         None if saturated.backtracked else s.predicted(orig) - s.call_overhead_ms,
-        s.predicted(choice) - s.call_overhead_ms, tuple(notices))
+        s.predicted(choice) - s.call_overhead_ms, tuple(notices), shown.choice if shown is not None else None)
 
 
 # ---------------------------------------------------------------- otherwise: export, verify, latency
@@ -404,6 +449,7 @@ class Exported:
     extracted: dict  # op counts of the model this proposes (the input model when ``model`` is None)
     cost_after: float
     notices: tuple[str, ...] = ()
+    choice: dict | None = None  # the exported choice: e-class -> e-node (None: the input model is the choice)
 
 
 def export(imported: Imported, priced: Priced, extracted: Extracted) -> Exported:
@@ -414,9 +460,11 @@ def export(imported: Imported, priced: Priced, extracted: Extracted) -> Exported
         imported.graph, [(best.method, best), ("greedy", extracted.greedy)], priced.node_ids, extracted.orig,
         notices, len(imported.model.graph.node))
     _extraction_table(imported.g, choice, extracted.orig)
+    record_written(imported.graph, choice)  # with --db: the written nodes and the e-nodes they came from
     model, session = optimized if optimized is not None else (None, None)
     return Exported(label, used, model, session, fallbacks, _op_counts(model if model is not None else imported.model),
-                    used.cost if used is not None else extracted.original_cost, tuple(notices))
+                    used.cost if used is not None else extracted.original_cost, tuple(notices),
+                    choice if used is not None and optimized is not None else None)
 
 
 @dataclass(frozen=True)
@@ -488,6 +536,7 @@ class Outcome:
     check: VerifyResult
     latency: dict | None
     notices: tuple[str, ...]  # the last phases', in the order they ran
+    choice: dict | None = None  # the extracted graph (also when the input model is written): e-class -> e-node
 
 
 def decide(imported: Imported, offered: Exported | Chosen, verified: Verified | None = None,
@@ -514,7 +563,7 @@ def decide(imported: Imported, offered: Exported | Chosen, verified: Verified | 
     notices += timed.notices if timed is not None else ()
     return Outcome(written, offered.model if written == "optimized" else imported.model, offered.label,
                    offered.fallbacks, offered.extracted, cost_before, offered.cost_after, check, timing,
-                   tuple(notices))
+                   tuple(notices), offered.choice)
 
 
 # ---------------------------------------------------------------- helpers

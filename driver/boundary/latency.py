@@ -32,7 +32,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
@@ -64,6 +64,14 @@ class Latency:
     runs: int
     cpu_ms: float  # median CPU time of the calling thread: with one intra-op thread ONNX Runtime runs
     # every kernel on it, so this is the latency without the time other processes took from it
+    # the medians over blocks of runs (each session block's runs in two halves, in time order): how far the
+    # median moves within one timing, the spread a difference must exceed (``judge``)
+    blocks_ms: list = field(default_factory=list)
+    blocks_cpu_ms: list = field(default_factory=list)
+
+    def blocks(self, metric: str) -> list:
+        """The block medians of the figure ``metric`` names ("cpu" or "wall")."""
+        return self.blocks_cpu_ms if metric == "cpu" else self.blocks_ms
 
 
 @dataclass
@@ -77,6 +85,7 @@ class GuardResult:
     threshold: float
     threads: int
     provider: str
+    spread: dict = field(default_factory=dict)  # the block medians' intervals and whether they part (``judge``)
 
     def as_dict(self) -> dict:
         return {"original_ms": self.original.median_ms, "optimized_ms": self.optimized.median_ms,
@@ -84,7 +93,8 @@ class GuardResult:
                 "optimized_cpu_ms": self.optimized.cpu_ms, "cpu_speedup": self.cpu_speedup,
                 "metric": self.metric, "kept": "optimized" if self.keep_optimized else "original",
                 "threshold": self.threshold, "runs": self.original.runs, "threads": self.threads,
-                "provider": self.provider, "original": asdict(self.original), "optimized": asdict(self.optimized)}
+                "provider": self.provider, "original": asdict(self.original), "optimized": asdict(self.optimized),
+                "spread": self.spread}
 
 
 def session(model_or_path, *, threads: int = 1, backend: Backend = CPU) -> ort.InferenceSession:
@@ -114,7 +124,9 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]
     feeds = None
+    blocks: list[list[tuple[int, int]]] = [[] for _ in models]  # each block's runs: (first, end) in times
     for block in range(2):
+        starts = [len(t) for t in times]
         order = list(range(len(models)))[::1 if block == 0 else -1]
         try:
             made = {k: session(models[k], threads=threads, backend=backend) for k in order}
@@ -127,10 +139,15 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
             feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes, roles=roles)
         runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
         _timed_block(runs, times, cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
+        for k, a in enumerate(starts):  # the block's runs in two halves, in time order
+            b, mid = len(times[k]), a + (len(times[k]) - a + 1) // 2
+            blocks[k] += [(a, mid), (mid, b)] if b - a >= 2 else [(a, b)]
     out = []
-    for t, c in zip(times, cpu):
+    for t, c, bl in zip(times, cpu, blocks):
         q1, med, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
-        out.append(Latency(float(med), float(q1), float(q3), len(t), float(np.median(c) * 1e3)))
+        out.append(Latency(float(med), float(q1), float(q3), len(t), float(np.median(c) * 1e3),
+                           [float(np.median(t[a:b]) * 1e3) for a, b in bl if b > a],
+                           [float(np.median(c[a:b]) * 1e3) for a, b in bl if b > a]))
     return out
 
 
@@ -179,13 +196,28 @@ def judged_ms(t: Latency, threads: int, backend: Backend) -> float:
     return t.cpu_ms if backend.metric(threads) == "cpu" else t.median_ms
 
 
+def spread(orig: Latency, opt: Latency, metric: str) -> dict:
+    """The spread of two timings: each one's interval of block medians (``Latency.blocks``), the noise (the
+    wider interval over its median) and ``apart``: the optimized model's slowest block median is below the
+    input model's fastest (True where a timing has no blocks)."""
+    a, b = orig.blocks(metric), opt.blocks(metric)
+    if not a or not b:
+        return {"original_ms": None, "optimized_ms": None, "noise": None, "apart": True}
+    noise = max((max(x) - min(x)) / float(np.median(x)) if np.median(x) > 0 else 0.0 for x in (a, b))
+    return {"original_ms": [min(a), max(a)], "optimized_ms": [min(b), max(b)], "noise": noise,
+            "apart": max(b) < min(a)}
+
+
 def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
           threshold: float = GUARD_THRESHOLD) -> GuardResult:
     """The guard's decision on two timings: keep ``opt`` only if it is faster than ``orig`` beyond
-    ``threshold``."""
-    keep = judged_ms(opt, threads, backend) < judged_ms(orig, threads, backend) * (1.0 - threshold)
+    ``threshold`` and beyond the spread (every block median of ``opt`` below every one of ``orig``: a
+    3.6 % difference between intervals that overlap is noise on a shared machine)."""
+    metric = backend.metric(threads)
+    sp = spread(orig, opt, metric)
+    keep = judged_ms(opt, threads, backend) < judged_ms(orig, threads, backend) * (1.0 - threshold) and sp["apart"]
     return GuardResult(orig, opt, _ratio(orig.median_ms, opt.median_ms), _ratio(orig.cpu_ms, opt.cpu_ms),
-                       backend.metric(threads), keep, threshold, threads, backend.name)
+                       metric, keep, threshold, threads, backend.name, sp)
 
 
 def _ratio(a: float, b: float) -> float:

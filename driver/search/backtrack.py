@@ -269,6 +269,16 @@ class _Tree:
         self.size += len(rule)
         return first
 
+    def applied(self, node: int) -> dict[str, int]:
+        """The rewrites on the path from the root to search node ``node``, counted by rule."""
+        parent, action = np.concatenate(self.parent), np.concatenate(self.action)
+        out: dict[str, int] = {}
+        while node > 0 and parent[node] >= 0:
+            rule = str(action[node]).rsplit("#", 1)[0]
+            out[rule] = out.get(rule, 0) + 1
+            node = int(parent[node])
+        return out
+
     def store(self, g: EGraph, root_cost: float, queued: list[tuple[int, int]]) -> None:
         """``search_nodes`` in ``g``'s current tables; ``queued``: the search-node ranges still queued."""
         self.value[0][0] = root_cost
@@ -387,11 +397,12 @@ class Backtrack:
                 todo = _Graph(node, graphs.states.freeze())
             graphs.states.adopt(best.state)
             tree.store(graphs.g, root.cost, [(b.first + b.at, b.first + len(b.cost)) for b in queue])
+            report = Report(stop_reason=StopReason.SATURATED, applied_by_rule=tree.applied(best.id))
             return SearchResult(
-                strategy="backtrack", report=Report(stop_reason=StopReason.SATURATED), stop=stop,
+                strategy="backtrack", report=report, stop=stop,
                 best_cost=best.cost, start_cost=root.cost, seconds=time.perf_counter() - t0,
                 stats={**counts, "alpha": self.alpha, "budget": self.budget, "graphs": tree.size,
-                       "best_node": best.id})
+                       "best_node": best.id, "time_limit": self.seconds})
         finally:
             graphs.states.close()
 

@@ -338,7 +338,8 @@ class Mcts:
             return SearchResult(
                 strategy="mcts", report=report, stop=stop, best_cost=chosen.cost, start_cost=c0,
                 seconds=time.perf_counter() - t0,
-                stats={"iterations": done, "tree_nodes": len(tree.nodes), "rounds_run": env.steps,
+                stats={"iterations": done, "budget": self.iterations, "time_limit": env.limits.seconds,
+                       "tree_nodes": len(tree.nodes), "rounds_run": env.steps,
                        "noop_actions": self.noops, "candidates": len(tree.candidates),
                        "path": [env.label(a) for a in chosen.path]})
         finally:

@@ -1,0 +1,123 @@
+"""Issue 29, items 1 and 2: the summary and the report state what was predicted and what was measured, apart
+and named; a written model is announced faster only beyond the measured spread; every limit that cut the run
+is recorded with how much it cut; every search strategy records the rules it applied.
+
+Real ONNX Runtime and DuckDB throughout; analytic costs and no timing where timing is not the point."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from relsat import optimize
+from relsat.driver.boundary import latency
+from relsat.driver.boundary.latency import Latency, judge
+from relsat.relations.backend import CPU
+
+F = TensorProto.FLOAT
+
+
+def _relus(n: int = 5) -> onnx.ModelProto:
+    """A chain of ``n`` Relus: relu-idempotent rewrites it to one, whatever the strategy."""
+    names = ["x"] + [f"r{i}" for i in range(n - 1)] + ["y"]
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", [a], [b]) for a, b in zip(names, names[1:])], "relus",
+        [helper.make_tensor_value_info("x", F, [16, 32])], [helper.make_tensor_value_info("y", F, [16, 32])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+QUICK = dict(cost_model="analytic", measure=False)
+
+
+def test_the_same_graph_has_the_same_predicted_cost_in_every_strategy():
+    """5 Relus become 1 under eqsat, mcts and backtracking: the input's predicted cost is one figure, the
+    written graph's another, both the same in every strategy (one cost table, summed exactly), and below the
+    input's; the strategies' own estimates are not what the report calls predicted."""
+    model, seen = _relus(), {}
+    for search in ("eqsat", "mcts", "backtrack"):
+        r = optimize(model, search=search, budget=8, **QUICK).report
+        p = r.predicted
+        assert p["costs"] == "analytic" and p["in_context"] is None and r.nodes_out == 1, search
+        assert p["written"] == p["extracted"] < p["input"], search
+        seen[search] = (p["input"], p["extracted"])
+        # the rules applied are recorded for every strategy (backtracking recorded none)
+        assert r.rules_applied.get("relu-idempotent", 0) >= 1, (search, r.rules_applied)
+    assert len(set(seen.values())) == 1, seen
+
+
+def test_a_run_twice_gives_the_same_predicted_figures():
+    a, b = (optimize(_relus(), **QUICK).report.predicted for _ in range(2))
+    assert a == b
+
+
+def test_backtracking_time_limit_cutting_the_budget_is_recorded():
+    """Backtracking's time limit stops it before --budget: the report says which limit, its value and how much
+    of the budget was spent (it was silent: the summary said only 'backtrack: time limit')."""
+    r = optimize(_relus(8), search="backtrack", budget=50, time_limit=0.001, **QUICK).report
+    assert r.stop_reason == "backtrack: time limit"
+    (lim,) = r.limits
+    assert (lim["limit"], lim["flag"], lim["value"]) == ("time limit", "--time-limit", 0.001)
+    expanded = r.search["expanded"]
+    assert expanded < 50 and lim["cut"] == f"backtracking expanded {expanded} of --budget 50 graphs"
+
+
+def test_node_limit_and_budget_are_recorded():
+    r = optimize(_relus(), node_limit=8, **QUICK).report
+    assert r.stop_reason == "node limit"
+    assert [x["limit"] for x in r.limits] == ["node limit"] and r.limits[0]["value"] == 8
+    assert r.limits[0]["cut"].startswith("saturation stopped after ")
+    m = optimize(_relus(), search="mcts", budget=2, **QUICK).report
+    assert m.search["stop"] == "budget" and any(x["limit"] == "budget" and x["reached"] == 2 for x in m.limits)
+    # nothing cut a run that saturated
+    assert optimize(_relus(), **QUICK).report.limits == []
+
+
+def test_the_verdict_names_what_decided():
+    r = optimize(_relus(), **QUICK).report
+    assert r.verdict == "wrote the optimized model (not timed: the predicted costs decided)" and r.measured is None
+    kept = optimize(_relus(1), **QUICK).report
+    assert kept.written == "original" and kept.verdict.startswith("kept the input model")
+
+
+def _lat(ms: float, blocks: list[float]) -> Latency:
+    return Latency(ms, min(blocks), max(blocks), 100, ms, blocks, blocks)
+
+
+def test_a_win_inside_the_spread_is_not_kept():
+    """3.6 % faster by the median, but the block medians overlap: noise, not a win (it was written and
+    announced); the same difference with block medians apart is kept, and the spread is reported."""
+    orig = _lat(1.0, [0.95, 0.99, 1.0, 1.06])
+    inside = _lat(0.964, [0.93, 0.96, 0.97, 0.98])
+    res = judge(orig, inside, threads=1, backend=CPU)
+    assert not res.keep_optimized and res.spread["apart"] is False
+    assert res.spread["original_ms"] == [0.95, 1.06] and res.spread["optimized_ms"] == [0.93, 0.98]
+    assert res.as_dict()["spread"]["noise"] == pytest.approx(0.11 / 0.995)
+    apart = _lat(0.9, [0.88, 0.89, 0.9, 0.91])
+    assert judge(orig, apart, threads=1, backend=CPU).keep_optimized
+
+
+def test_a_model_timed_against_itself_is_not_faster_and_its_spread_is_recorded():
+    m = _relus()
+    res = latency.guard(m, m, budget_s=0.1)
+    assert not res.keep_optimized
+    assert len(res.original.blocks_ms) == 4 and len(res.optimized.blocks_cpu_ms) == 4
+    lo, hi = res.spread["original_ms"]
+    assert lo <= hi and res.spread["noise"] >= 0
+
+
+def test_the_measured_block_of_the_report_names_the_spread_and_the_verdict_agrees():
+    """A timed run: ``measured`` has both medians, their block intervals and the noise; the verdict announces
+    the optimized model faster only when its timing is beyond the spread."""
+    r = optimize(_relus(), cost_model="analytic", measure=True).report
+    m = r.measured
+    assert m is not None and m["metric"] in ("CPU time", "wall clock")
+    assert len(m["input_blocks_ms"]) == 2 and len(m["candidate_blocks_ms"]) == 2 and m["noise"] >= 0
+    if r.written == "optimized":
+        assert m["beyond_noise"] and m["candidate_blocks_ms"][1] < m["input_blocks_ms"][0]
+        assert r.verdict.startswith("wrote the optimized model: ") and "beyond the noise" in r.verdict
+    else:
+        assert not m["beyond_noise"]
+        assert r.verdict.startswith("kept the input model: no candidate faster beyond noise (")
+    # predicted and measured stay apart
+    assert r.predicted["input"] > r.predicted["extracted"]
