@@ -1,0 +1,289 @@
+"""Matching tensor expressions back to ONNX operators: the way back of relations/tensor_lower.py.
+
+``match(program, output, consts)`` gives ONNX nodes (and the initializers they need) computing the
+program's result into the tensor ``output`` from its inputs. A candidate operator is read off the
+expression's structure (which iterators index which axes, with which strides, dilations, offsets and
+divisions) and accepted only when *its own lowering equals the expression*: a match is a proof by
+construction, never a guess. Whole-program forms are tried first (Conv or ConvTranspose with its
+bias, Gemm, Softmax); otherwise each step becomes one operator -- Transpose, Reshape, MatMul, Conv,
+ConvTranspose, ReduceSum/ReduceMax, element-wise ops (one node per function, constants as scalar
+initializers), and Einsum for any other sum of products of plainly indexed tensors. A step nothing
+matches raises ``NoMatch`` naming it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from .tensor_expr import Access, Call, Const, Expr, Index, Program
+from .tensor_lower import NotLowerable, lower
+
+
+class NoMatch(ValueError):
+    """No ONNX operator (composition) here computes the expression."""
+
+
+class _Out:
+    """The nodes and initializers being emitted, with fresh tensor names under one prefix."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.nodes, self.inits, self._n = prefix, [], [], itertools.count()
+
+    def fresh(self, what: str) -> str:
+        return f"{self.prefix}.{what}{next(self._n)}"
+
+    def const(self, value, dtype=np.float32) -> str:
+        name = self.fresh("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def node(self, op: str, inputs, output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, list(inputs), [output], name=self.fresh(op), **attrs))
+        return output
+
+
+def _equal(op: str, attrs: dict, inputs, consts: dict, program: Program) -> bool:
+    try:
+        return lower(op, attrs, inputs, consts).steps == program.steps
+    except (NotLowerable, KeyError, ValueError, TypeError, IndexError):
+        return False
+
+
+def _shapes(program: Program) -> dict:
+    shapes = dict(program.inputs)
+    for name, e in program.steps:
+        shapes[name] = e.shape
+    return shapes
+
+
+# -- candidates read off one expression ----------------------------------------------------------------
+
+
+def _coef(ix: Index, name: str) -> int:
+    return sum(t[1] for t in ix.terms if t[0] == name and len(t) == 2)
+
+
+def _conv_candidate(e: Expr, shapes) -> tuple | None:
+    """Conv or ConvTranspose from ``Σ x[n, ch, ., .] · w[...]`` (see tensor_lower._conv/_conv_transpose)."""
+    if len(e.scope) != 4 or len(e.sums) != 3 or not (isinstance(e.body, Call) and e.body.op == "Mul"):
+        return None
+    x, w = e.body.args if len(e.body.args) == 2 else (None, None)
+    if not (isinstance(x, Access) and isinstance(w, Access)) or len(x.index) != 4:
+        return None
+    (n, c, h, wd), (kh, kw) = shapes[x.tensor], (e.sums[1].extent, e.sums[2].extent)
+    oh, ow = e.shape[2], e.shape[3]
+    m = e.shape[1]
+    mg = next((t[2] for t in x.index[1].terms if len(t) == 3), m)
+    group = m // mg
+    ih, iw = x.index[2], x.index[3]
+    if ih.div == 1:  # Conv: o·stride + s·dilation - pad
+        sh, sw, dh, dw = _coef(ih, "o2"), _coef(iw, "o3"), _coef(ih, "s1"), _coef(iw, "s2")
+        pt, pl = -ih.const, -iw.const
+        pb = (oh - 1) * sh + dh * (kh - 1) + 1 - h - pt
+        pr = (ow - 1) * sw + dw * (kw - 1) + 1 - wd - pl
+        pb, pr = max(pb, 0), max(pr, 0)  # a larger end pad that the floor drops is not needed
+        return "Conv", {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw],
+                        "pads": [pt, pl, pb, pr], "group": group}
+    sh, sw, dh, dw = ih.div, iw.div, -_coef(ih, "s1"), -_coef(iw, "s2")  # ConvTranspose: (o + pad - s·dil) / stride
+    pt, pl = ih.const, iw.const
+    attrs = {"kernel_shape": [kh, kw], "strides": [sh, sw], "dilations": [dh, dw], "group": group}
+    pads, outpad = [pt, pl, 0, 0], [0, 0]
+    for k, (o, i, s, d, k_, p) in enumerate([(oh, h, sh, dh, kh, pt), (ow, wd, sw, dw, kw, pl)]):
+        end = s * (i - 1) + d * (k_ - 1) + 1 - p - o
+        pads[2 + k], outpad[k] = (end, 0) if end >= 0 else (0, -end)
+    attrs["pads"] = pads
+    if any(outpad):
+        attrs["output_padding"] = outpad
+    return "ConvTranspose", attrs
+
+
+def _plain_product(e: Expr):
+    """The accesses of a sum of products of plainly indexed tensors (Einsum's form), else None."""
+    factors = [e.body] if isinstance(e.body, Access) else (
+        list(e.body.args) if isinstance(e.body, Call) and e.body.op == "Mul" else [])
+    if not factors or not all(isinstance(f, Access) and all(ix.plain() for ix in f.index) for f in factors):
+        return None
+    return factors
+
+
+def _einsum_equation(e: Expr, factors) -> str:
+    letters = iter(string.ascii_letters)
+    names = {i.name: next(letters) for i in (*e.scope, *e.sums)}
+    lhs = ",".join("".join(names[ix.plain()] for ix in f.index) for f in factors)
+    return f"{lhs}->{''.join(names[i.name] for i in e.scope)}"
+
+
+def _step(e: Expr, output: str, shapes, out: _Out) -> None:
+    """One expression as one operator (or a chain of element-wise ones) writing ``output``."""
+    single = Program(tuple((n, shapes[n]) for n in _tensors(e)), (("y", e),))
+    ins = [n for n, _ in single.inputs]
+
+    def fits(op, attrs, inputs=None, consts=None):
+        inputs = inputs if inputs is not None else single.inputs
+        return _equal(op, attrs, list(inputs), consts or {}, single)
+
+    if not e.sums and isinstance(e.body, Access) and all(ix.plain() for ix in e.body.index):
+        index = [ix.plain() for ix in e.body.index]
+        perm = [index.index(i.name) for i in e.scope]
+        if fits("Transpose", {"perm": perm}):
+            out.node("Transpose", ins, output, perm=perm)
+            return
+    if not e.sums and isinstance(e.body, Access):
+        target = np.array(e.shape, np.int64)
+        if fits("Reshape", {}, [*single.inputs, ("shape", (len(e.shape),))], {"shape": target}):
+            out.node("Reshape", [ins[0], out.const(target, np.int64)], output)
+            return
+    if len(e.sums) == 1 and len(ins) == 2 and fits("MatMul", {}):
+        out.node("MatMul", ins, output)
+        return
+    for ta, tb in itertools.product((0, 1), repeat=2) if len(e.sums) == 1 and len(ins) == 2 else ():
+        if fits("Gemm", {"transA": ta, "transB": tb}):  # a product of transposed matrices
+            out.node("Gemm", ins, output, transA=ta, transB=tb)
+            return
+    conv = _conv_candidate(e, shapes)
+    if conv and fits(*conv):
+        out.node(conv[0], ins, output, **conv[1])
+        return
+    if e.sums and isinstance(e.body, Access):
+        axes = [k for k, ix in enumerate(e.body.index) if ix.plain() in {s.name for s in e.sums}]
+        op = "ReduceMax" if e.combine == "max" else "ReduceSum"
+        for keep in (1, 0):
+            if op == "ReduceMax" and fits(op, {"axes": axes, "keepdims": keep}):
+                out.node(op, ins, output, axes=axes, keepdims=keep)
+                return
+            a = np.array(axes, np.int64)
+            if op == "ReduceSum" and fits(op, {"keepdims": keep}, [*single.inputs, ("axes", (len(axes),))], {"axes": a}):
+                out.node(op, [ins[0], out.const(a, np.int64)], output, keepdims=keep)
+                return
+    if not e.sums and isinstance(e.body, Call) and _elementwise(e, e.body, output, shapes, out):
+        return
+    factors = _plain_product(e) if e.combine == "sum" else None
+    if factors and len(e.scope) + len(e.sums) <= len(string.ascii_letters):
+        eq = _einsum_equation(e, factors)
+        if fits("Einsum", {"equation": eq}, [(f.tensor, shapes[f.tensor]) for f in factors]):
+            out.node("Einsum", [f.tensor for f in factors], output, equation=eq)
+            return
+    raise NoMatch(f"{output}: no ONNX operator here computes {e}")
+
+
+def _tensors(e: Expr) -> list[str]:
+    seen = []
+
+    def walk(t):
+        if isinstance(t, Access) and t.tensor not in seen:
+            seen.append(t.tensor)
+        elif isinstance(t, Call):
+            for a in t.args:
+                walk(a)
+
+    walk(e.body)
+    return seen
+
+
+def _elementwise(e: Expr, term, output: str, shapes, out: _Out) -> bool:
+    """A tree of element-wise calls over broadcast accesses, one node per call; False if it is not one."""
+    names = [i.name for i in e.scope]
+
+    def emit(t, dest):
+        if isinstance(t, Const):
+            return out.const(t.value)
+        if isinstance(t, Access):
+            want = _bcast(shapes[t.tensor], names)
+            if t.index != want:
+                raise NoMatch(t.tensor)
+            return t.tensor
+        args = [emit(a, None) for a in t.args]
+        while len(args) > 2:  # a variadic call as a chain of binary ones
+            args = [out.node(t.op, args[:2], out.fresh("t")), *args[2:]]
+        return out.node(t.op, args, dest or out.fresh("t"))
+
+    start = len(out.nodes), len(out.inits)
+    try:
+        emit(term, output)
+    except NoMatch:
+        del out.nodes[start[0]:], out.inits[start[1]:]
+        return False
+    return True
+
+
+def _bcast(shape, names) -> tuple[Index, ...]:
+    lead = len(names) - len(shape)
+    return tuple(Index(()) if d == 1 else Index.of(names[lead + k]) for k, d in enumerate(shape))
+
+
+# -- whole programs ---------------------------------------------------------------------------------------
+
+
+def _whole(program: Program, shapes) -> tuple | None:
+    """A single operator equal to the whole (multi-step) program: Conv/ConvTranspose + bias, Gemm, Softmax."""
+    steps = program.steps
+    inputs = list(program.inputs)
+    if len(steps) == 4 and len(inputs) == 1:  # Softmax: max, exp, sum, divide
+        axis = next((k for k, ix in enumerate(steps[0][1].body.index) if ix.plain() == "s0"), None) \
+            if isinstance(steps[0][1].body, Access) else None
+        if axis is not None and _equal("Softmax", {"axis": axis}, inputs, {}, program):
+            return "Softmax", {"axis": axis}, [n for n, _ in inputs]
+    if len(steps) == 2:
+        conv = _conv_candidate(steps[0][1], shapes)
+        if conv and len(inputs) == 3 and _equal(*conv, inputs, {}, program):
+            return (*conv, [n for n, _ in inputs])
+        if len(inputs) in (2, 3):
+            for ta, tb in itertools.product((0, 1), repeat=2):
+                for alpha, beta in _scales(steps[1][1]):
+                    attrs = {"transA": ta, "transB": tb, "alpha": alpha, "beta": beta}
+                    if _equal("Gemm", attrs, inputs, {}, program):
+                        return "Gemm", attrs, [n for n, _ in inputs]
+    return None
+
+
+def _scales(e: Expr):
+    consts = [t.value for t in _consts(e.body)]
+    yield 1.0, 1.0
+    for a in consts:
+        yield a, 1.0
+        for b in consts:
+            yield a, b
+            yield 1.0, b
+
+
+def _consts(t):
+    if isinstance(t, Const):
+        return [t]
+    if isinstance(t, Call):
+        return [c for a in t.args for c in _consts(a)]
+    return []
+
+
+def match(program: Program, output: str, consts: dict | None = None, prefix: str | None = None):
+    """ONNX nodes and initializers computing ``program``'s result into ``output`` (see the module doc).
+    ``consts`` are values of the program's inputs known to be constant (unused by the matchers today
+    beyond what the expression says)."""
+    shapes = _shapes(program)
+    out = _Out(prefix or output)
+    whole = _whole(program, shapes)
+    if whole:
+        op, attrs, ins = whole
+        out.node(op, ins, output, **attrs)
+        return out.nodes, out.inits
+    renamed = {name: (output if k == len(program.steps) - 1 else out.fresh(name))
+               for k, (name, _) in enumerate(program.steps)}
+    for name, e in program.steps:
+        e = _rename(e, renamed)
+        shapes = {**shapes, **{renamed[n]: shapes[n] for n in renamed}}
+        _step(e, renamed[name], shapes, out)
+    return out.nodes, out.inits
+
+
+def _rename(e: Expr, names: dict) -> Expr:
+    def walk(t):
+        if isinstance(t, Access):
+            return Access(names.get(t.tensor, t.tensor), t.index)
+        if isinstance(t, Call):
+            return Call(t.op, tuple(walk(a) for a in t.args))
+        return t
+
+    return Expr(e.scope, e.sums, walk(e.body), e.combine)
