@@ -5,8 +5,8 @@ output axis in order (each ranging over ``[0, extent)``), a set of *summation* i
 element-wise ONNX functions (``Call``: Add, Mul, Exp, Relu, ...) of constants and *accesses* ``T[τ]``,
 where every axis of ``τ`` is an ``Index``: an affine combination of iterators, optionally divided
 (``(Σ c·i + k) / d``: exactly, or floored and wrapped by a modulus). An access outside ``T``'s bounds,
-or whose exact division has a remainder, reads 0: that is how padding, strides, dilation and
-transposed convolution's zero insertion are one form. The sums combine with ``+`` (or ``max``).
+or whose exact division has a remainder, reads the access's ``pad`` (0 unless said): that is how
+padding, strides, dilation and transposed convolution's zero insertion are one form. The sums combine with ``+`` (or ``max``).
 
 A ``Program`` is a short sequence of named expressions over named inputs (an operator that is not
 one expression, e.g. Softmax = max, exp, sum, divide, lowers to a few), its last the result.
@@ -61,6 +61,7 @@ class Index:
 class Access:
     tensor: str
     index: tuple[Index, ...]
+    pad: float = 0.0  # what a read outside the tensor (or an inexact division) gives
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def _term(term: Term, tensors: dict[str, np.ndarray], grid: dict[str, np.ndarray
     for _, v in pairs:
         valid = valid & v
     got = t[tuple(np.broadcast_arrays(*(p for p, _ in pairs)))] if pairs else t[()]
-    return np.where(valid, got, np.zeros((), t.dtype))
+    return np.where(valid, got, np.asarray(term.pad, t.dtype))
 
 
 def evaluate_expr(e: Expr, tensors: dict[str, np.ndarray]) -> np.ndarray:

@@ -14,6 +14,7 @@ matches raises ``NoMatch`` naming it.
 from __future__ import annotations
 
 import itertools
+import math
 import string
 
 import numpy as np
@@ -161,6 +162,8 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
                 return
     if not e.sums and isinstance(e.body, Call) and _elementwise(e, e.body, output, shapes, out):
         return
+    if _offset_sum(e, output, shapes, out):
+        return
     factors = _plain_product(e) if e.combine == "sum" else None
     if factors and len(e.scope) + len(e.sums) <= len(string.ascii_letters):
         eq = _einsum_equation(e, factors)
@@ -168,6 +171,69 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
             out.node("Einsum", [f.tensor for f in factors], output, equation=eq)
             return
     raise NoMatch(f"{output}: no ONNX operator here computes {e}")
+
+
+MAX_OFFSETS = 64  # summation points an offset sum is unrolled into (Slices added up) at most
+
+
+def _offset_sum(e: Expr, output: str, shapes, out: _Out) -> bool:
+    """``Σ_S T[τ]`` where each index of ``τ`` is a scope iterator, a summation iterator, or their sum plus a
+    constant (EinNet's OffsetReduce: what splitting a convolution's summation leaves) as Pad, one Slice
+    of ``T`` per summation point, their sum, and a Squeeze/Transpose to the scope's order."""
+    if not e.sums or e.combine != "sum" or not isinstance(e.body, Access) or e.body.pad != 0.0:
+        return False
+    acc, sums = e.body, {s.name: s.extent for s in e.sums}
+    scope = {i.name: i.extent for i in e.scope}
+    if math.prod(sums.values()) > MAX_OFFSETS:
+        return False
+    axes = []  # per axis of T: (scope iterator or None, summation iterator or None, constant)
+    for ix in acc.index:
+        if ix.div != 1 or ix.mod is not None or any(len(t) != 2 or t[1] != 1 for t in ix.terms):
+            return False
+        o = [t[0] for t in ix.terms if t[0] in scope]
+        s_ = [t[0] for t in ix.terms if t[0] in sums]
+        if len(o) > 1 or len(s_) > 1 or len(o) + len(s_) != len(ix.terms) or (not o and ix.const):
+            return False
+        axes.append((o[0] if o else None, s_[0] if s_ else None, ix.const))
+    used = [a[0] for a in axes if a[0]]
+    if sorted(used) != sorted(scope) or len(set(used)) != len(used):
+        return False
+    dims = shapes[acc.tensor]
+    pads_begin, pads_end = [], []
+    for (o, s_, c), d in zip(axes, dims):
+        lo = c if o else 0
+        hi = (scope[o] - 1 if o else 0) + (sums[s_] - 1 if s_ else 0) + c
+        pads_begin.append(max(0, -lo) if o else 0)
+        pads_end.append(max(0, hi - (d - 1)) if o else 0)
+    src = acc.tensor
+    if any(pads_begin) or any(pads_end):
+        src = out.node("Pad", [src, out.const(np.array(pads_begin + pads_end, np.int64), np.int64)], out.fresh("pad"))
+    names = list(sums)
+    parts = []
+    for values in itertools.product(*(range(sums[n]) for n in names)):
+        at = dict(zip(names, values))
+        starts, ends = [], []
+        for (o, s_, c), pb in zip(axes, pads_begin):
+            start = (at[s_] if s_ else 0) + (c if o else 0) + pb
+            starts.append(start)
+            ends.append(start + (scope[o] if o else 1))
+        k = np.arange(len(axes), dtype=np.int64)
+        parts.append(out.node("Slice", [src, out.const(np.array(starts, np.int64), np.int64),
+                                        out.const(np.array(ends, np.int64), np.int64),
+                                        out.const(k, np.int64)], out.fresh("slice")))
+    total = parts[0]
+    for part in parts[1:]:
+        total = out.node("Add", [total, part], out.fresh("sum"))
+    fixed = [k for k, a in enumerate(axes) if not a[0]]
+    if fixed:
+        total = out.node("Squeeze", [total, out.const(np.array(fixed, np.int64), np.int64)], out.fresh("squeeze"))
+    kept = [a[0] for a in axes if a[0]]
+    perm = [kept.index(i.name) for i in e.scope]
+    if perm != sorted(perm):
+        out.node("Transpose", [total], output, perm=perm)
+    else:
+        out.node("Identity", [total], output)
+    return True
 
 
 def _tensors(e: Expr) -> list[str]:

@@ -134,3 +134,54 @@ def test_padding_reads_zero_and_inexact_division_reads_zero():
 def test_what_is_not_lowered_says_so(op, attrs, shapes):
     with pytest.raises(NotLowerable):
         lower(op, attrs, [(f"x{k}", s) for k, s in enumerate(shapes)])
+
+
+# -- derivations (relations/tensor_derive.py) ------------------------------------------------------------
+
+from relsat.relations.tensor_derive import canonical, derive, equivalent, inline, split_summation  # noqa: E402
+
+CONVS = {
+    "3x3_same": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, [(1, 4, 6, 6), (5, 4, 3, 3)]),
+    "5x3_valid": ({"kernel_shape": [5, 3]}, [(2, 3, 8, 7), (4, 3, 5, 3)]),
+    "3x3_uneven_pads": ({"kernel_shape": [3, 3], "pads": [2, 0, 1, 1]}, [(1, 2, 5, 6), (3, 2, 3, 3)]),
+}
+
+
+@pytest.mark.parametrize("cid", CONVS)
+def test_a_convolution_derives_a_matmul_over_channels_and_a_sum_of_shifted_slices(cid):
+    """The seed's motivating example: Σ_{c,r,s} x[n,c,h+r-p,w+s-p]·w[m,c,r,s] splits at the channel sum into
+    T = Σ_c x·w (a plain product: one Einsum over channels) and Σ_{r,s} T[n, h+r-p, w+s-p, m, r, s] (Pad and
+    k^2 Slices added); the ONNX nodes matched from the derived program run equal to the Conv under ONNX
+    Runtime, and merging the two steps again gives back the Conv's own expression."""
+    attrs, shapes = CONVS[cid]
+    conv = lower("Conv", attrs, [("x0", shapes[0]), ("x1", shapes[1])])
+    derived = derive(conv, depth=1)
+    split = next(p for p, how in derived.items() if how == ["split-summation"])
+    (t_name, t), (_, rest) = split.steps
+    assert t.sums and len(t.sums) == 1 and isinstance(t.body.args[0], Access) and len(rest.sums) == 2
+    nodes, inits = match(split, "y")
+    assert {"Einsum", "Slice", "Add"} <= {n.op_type for n in nodes} and "Conv" not in {n.op_type for n in nodes}
+    model = model_of("Conv", attrs, shapes, {}, 17, nodes=nodes)
+    model.graph.initializer.extend(inits)
+    feeds = feeds_of(shapes, {}, seed=3)
+    np.testing.assert_allclose(run(model, feeds), run(model_of("Conv", attrs, shapes, {}, 17), feeds),
+                               rtol=1e-4, atol=1e-5)
+    assert canonical(inline(split, 0)) == canonical(conv)
+    back, _ = match(canonical(inline(split, 0)), "y")
+    assert [n.op_type for n in back] == ["Conv"]
+
+
+def test_a_wrong_derivation_is_caught_by_the_numeric_check():
+    conv = lower("Conv", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, [("x", (1, 2, 5, 5)), ("w", (3, 2, 3, 3))])
+    split = split_summation(conv, 0, "s0")
+    (tn, t), (yn, rest) = split.steps
+    shifted = Expr(rest.scope, rest.sums, Access(tn, (*rest.body.index[:1], Index(rest.body.index[1].terms, 0),
+                                                       *rest.body.index[2:])))
+    assert equivalent(conv, split) and not equivalent(conv, Program(split.inputs, ((tn, t), (yn, shifted))))
+
+
+def test_derivations_are_distinct_and_each_checked():
+    mm = lower("MatMul", {}, [("a", (3, 4)), ("b", (4, 5))])
+    assert derive(mm, depth=2) == {}  # a plain product has nothing to split: the sum would only be copied
+    ein = lower("Einsum", {"equation": "ij,jk,kl->il"}, [("a", (2, 3)), ("b", (3, 4)), ("c", (4, 2))])
+    assert all(equivalent(ein, p) for p in derive(ein, depth=2))

@@ -1,0 +1,208 @@
+"""EinNet's derivation rules over tensor expressions (relations/tensor_expr.py): new equivalent programs.
+
+Each rule takes a ``Program`` and gives the programs it derives (possibly none); ``derive`` applies
+the rules to a program breadth-first to a depth, keeps each distinct result once (by canonical
+form) and *checks every derived program numerically* against the original on random inputs before
+it is returned: a derivation that is not exact for these inputs is dropped, whatever the rule
+claimed. Implemented here:
+
+* **summation splitting** (EinNet's expression splitting, with variable substitution):
+  ``Σ_{S} A[..] · B[..]`` with a summation iterator ``c`` read by both factors becomes an
+  intermediate ``T = Σ_c A·B`` over the factors' own axes, read by the rest ``Σ_{S - c} T[τ]``,
+  where every affine index of a factor (``oh + r - p``) becomes a fresh iterator of ``T`` over that
+  axis and ``τ`` puts the affine index back: a k x k convolution becomes a MatMul over channels
+  followed by a sum of k^2 shifted slices (the seed's motivating example).
+* **expression merging** (inlining, the way back): a step read by exactly one later step is
+  substituted into it, its summation iterators joining the reader's.
+
+``canonical(program)`` renames iterators by role and order of first use (scope ``o<k>``, summations
+``s<k>``) and orders index terms, so that programs equal up to naming compare equal: a derivation
+that comes back to an operator's own expression is recognised by ``tensor_match`` as that operator.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .tensor_expr import Access, Call, Const, Expr, Index, Iter, Program, Term, accesses, evaluate
+
+
+# -- canonical form -------------------------------------------------------------------------------------
+
+
+def _map_term(t: Term, fa) -> Term:
+    if isinstance(t, Access):
+        return fa(t)
+    if isinstance(t, Call):
+        return Call(t.op, tuple(_map_term(a, fa) for a in t.args))
+    return t
+
+
+def _rename_index(ix: Index, names: dict) -> Index:
+    terms = tuple(sorted(((names[t[0]], *t[1:]) for t in ix.terms), key=lambda t: (t[0][0] != "o", t[0], t[1:])))
+    return Index(terms, ix.const, ix.div, ix.exact, ix.mod)
+
+
+def canonical_expr(e: Expr) -> Expr:
+    names = {i.name: f"o{k}" for k, i in enumerate(e.scope)}
+    order = []
+    for a in accesses(e.body):
+        for ix in a.index:
+            for t in ix.terms:
+                if t[0] not in names and t[0] not in order:
+                    order.append(t[0])
+    order += [s.name for s in e.sums if s.name not in order]
+    names.update({n: f"s{k}" for k, n in enumerate(order)})
+    extent = {s.name: s.extent for s in e.sums}
+    body = _map_term(e.body, lambda a: Access(a.tensor, tuple(_rename_index(ix, names) for ix in a.index), a.pad))
+    return Expr(tuple(Iter(names[i.name], i.extent) for i in e.scope),
+                tuple(Iter(names[n], extent[n]) for n in order), body, e.combine)
+
+
+def canonical(p: Program) -> Program:
+    return Program(p.inputs, tuple((n, canonical_expr(e)) for n, e in p.steps))
+
+
+# -- summation splitting -----------------------------------------------------------------------------------
+
+
+def _affine(ix: Index) -> bool:
+    return ix.div == 1 and ix.mod is None and all(len(t) == 2 for t in ix.terms)
+
+
+def split_summation(p: Program, step: int, over: str, name: str = "split") -> Program | None:
+    """Split summation iterator ``over`` of step ``step`` (a product of two accesses) into its own step."""
+    out_name, e = p.steps[step]
+    if not (isinstance(e.body, Call) and e.body.op == "Mul" and len(e.body.args) == 2 and e.combine == "sum"):
+        return None
+    factors = e.body.args
+    if not all(isinstance(f, Access) and all(_affine(ix) for ix in f.index) for f in factors):
+        return None
+    if not all(any(t[0] == over for ix in f.index for t in ix.terms) for f in factors):
+        return None
+    shapes = dict(p.inputs) | {n: x.shape for n, x in p.steps}
+    fresh = (f"{name}.i{k}" for k in itertools.count())
+    t_scope, outer_index, new_factors = [], [], []
+    for f in factors:
+        idx = []
+        for ix, extent in zip(f.index, shapes[f.tensor]):
+            if ix.plain() == over:
+                idx.append(ix)
+                continue
+            # every non-summed index becomes a fresh iterator of T over the axis it reads; T's reader puts it back
+            it = Iter(next(fresh), extent)
+            t_scope.append(it)
+            outer_index.append(ix)
+            idx.append(Index.of(it.name))
+        new_factors.append(Access(f.tensor, tuple(idx), f.pad))
+    over_iter = next(s for s in e.sums if s.name == over)
+    if any(t[0] == over for ix in outer_index for t in ix.terms):
+        return None  # the summed iterator also indexes elsewhere: not separable
+    if len(e.sums) == 1 and all(ix.plain() for ix in outer_index):
+        return None  # nothing would be left to the reader but a copy
+    t_name = f"{out_name}.{name}"
+    t_expr = Expr(tuple(t_scope), (over_iter,), Call("Mul", tuple(new_factors)))
+    rest = Expr(e.scope, tuple(s for s in e.sums if s.name != over), Access(t_name, tuple(outer_index)))
+    steps = list(p.steps)
+    steps[step:step + 1] = [(t_name, t_expr), (out_name, rest)]
+    return Program(p.inputs, tuple(steps))
+
+
+# -- expression merging -------------------------------------------------------------------------------------
+
+
+def _substitute(ix: Index, values: dict[str, Index]) -> Index | None:
+    """``ix`` with each iterator replaced by an affine index (None when the result is not affine)."""
+    if not _affine(ix):
+        return None
+    terms: dict[str, int] = {}
+    const = ix.const
+    for n, c in ix.terms:
+        v = values.get(n)
+        if v is None:
+            terms[n] = terms.get(n, 0) + c
+            continue
+        if not _affine(v):
+            return None
+        const += c * v.const
+        for m, d in v.terms:
+            terms[m] = terms.get(m, 0) + c * d
+    return Index(tuple((n, c) for n, c in terms.items() if c), const)
+
+
+def inline(p: Program, step: int) -> Program | None:
+    """Substitute step ``step`` into its only reader, when the reader reads it once with affine indices and
+    every index stays in the producer's range wherever the producer's inputs are in theirs."""
+    name, e = p.steps[step]
+    readers = [(k, r) for k, (n, r) in enumerate(p.steps) if any(a.tensor == name for a in accesses(r.body))]
+    if len(readers) != 1 or step == len(p.steps) - 1:
+        return None
+    k, r = readers[0]
+    (acc,) = [a for a in accesses(r.body) if a.tensor == name] or [None]
+    if acc is None or acc.pad != 0.0 or not all(_affine(ix) for ix in acc.index):
+        return None
+    if r.combine != e.combine and e.sums:
+        return None
+    taken = {i.name for i in (*r.scope, *r.sums)}
+    rename = {s.name: f"{s.name}.{name}" if s.name in taken else s.name for s in e.sums}
+    values = {i.name: ix for i, ix in zip(e.scope, acc.index)}
+    values.update({old: Index.of(new) for old, new in rename.items()})
+
+    def fa(a: Access) -> Access:
+        idx = tuple(_substitute(ix, values) for ix in a.index)
+        if any(ix is None for ix in idx):
+            raise ValueError("not affine")
+        return Access(a.tensor, idx, a.pad)
+
+    try:
+        body = _map_term(e.body, fa)
+    except ValueError:
+        return None
+    merged = Expr(r.scope, (*r.sums, *(Iter(rename[s.name], s.extent) for s in e.sums)),
+                  _map_term(r.body, lambda a: body if a == acc else a), r.combine)
+    steps = [s for j, s in enumerate(p.steps) if j != step]
+    steps[k - 1] = (p.steps[k][0], merged)
+    return Program(p.inputs, tuple(steps))
+
+
+# -- checking and the derivation loop ----------------------------------------------------------------------------
+
+
+def equivalent(a: Program, b: Program, draws: int = 2, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    """Whether two programs over the same inputs agree on ``draws`` random inputs (standard normal)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(draws):
+        feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in a.inputs}
+        x, y = evaluate(a, feeds), evaluate(b, feeds)
+        if x.shape != y.shape or not np.allclose(x, y, rtol=rtol, atol=atol):
+            return False
+    return True
+
+
+RULES = {
+    "split-summation": lambda p: [q for k, (_, e) in enumerate(p.steps) for s in e.sums
+                                  if (q := split_summation(p, k, s.name, f"split{k}")) is not None],
+    "merge": lambda p: [q for k in range(len(p.steps)) if (q := inline(p, k)) is not None],
+}
+
+
+def derive(p: Program, depth: int = 2, rules=tuple(RULES)) -> dict[Program, list[str]]:
+    """Every distinct program the rules reach from ``p`` within ``depth`` steps, checked equivalent to ``p``
+    numerically, each with the rules that derived it."""
+    start = canonical(p)
+    seen = {start: []}
+    frontier = [start]
+    for _ in range(depth):
+        nxt = []
+        for q in frontier:
+            for rule in rules:
+                for r in RULES[rule](q):
+                    c = canonical(r)
+                    if c not in seen and equivalent(start, c):
+                        seen[c] = [*seen[q], rule]
+                        nxt.append(c)
+        frontier = nxt
+    del seen[start]
+    return seen
