@@ -132,6 +132,13 @@ def _substitute(ix: Index, values: dict[str, Index]) -> Index | None:
     return Index(tuple((n, c) for n, c in terms.items() if c), const)
 
 
+def _factor(body: Term, acc: Access) -> bool:
+    """Whether ``acc`` is ``body`` or a factor of its product (a tree of Mul)."""
+    if body == acc:
+        return True
+    return isinstance(body, Call) and body.op == "Mul" and any(_factor(a, acc) for a in body.args)
+
+
 def inline(p: Program, step: int) -> Program | None:
     """Substitute step ``step`` into its only reader, when the reader reads it once with affine indices and
     every index stays in the producer's range wherever the producer's inputs are in theirs."""
@@ -143,7 +150,9 @@ def inline(p: Program, step: int) -> Program | None:
     (acc,) = [a for a in accesses(r.body) if a.tensor == name] or [None]
     if acc is None or acc.pad != 0.0 or not all(_affine(ix) for ix in acc.index):
         return None
-    if r.combine != e.combine and e.sums:
+    if e.sums and not (e.combine == "sum" and r.combine == "sum" and _factor(r.body, acc)):
+        return None  # a sum moves into its reader only where the reader is a product of it (distributivity)
+    if e.sums and r.sums and e.combine != r.combine:
         return None
     taken = {i.name for i in (*r.scope, *r.sums)}
     rename = {s.name: f"{s.name}.{name}" if s.name in taken else s.name for s in e.sums}

@@ -185,3 +185,15 @@ def test_derivations_are_distinct_and_each_checked():
     assert derive(mm, depth=2) == {}  # a plain product has nothing to split: the sum would only be copied
     ein = lower("Einsum", {"equation": "ij,jk,kl->il"}, [("a", (2, 3)), ("b", (3, 4)), ("c", (4, 2))])
     assert all(equivalent(ein, p) for p in derive(ein, depth=2))
+
+
+def test_a_sum_is_merged_only_into_a_product_of_it():
+    """(Σ_k a·b) + c is not Σ_k (a·b + c): merging the MatMul into the Add it feeds is refused, into a Mul taken."""
+    mm = lower("MatMul", {}, [("a", (2, 3)), ("b", (3, 4))])
+    for op, ok in (("Add", False), ("Mul", True)):
+        tail = lower(op, {}, [("y", (2, 4)), ("c", (2, 4))]).steps[0][1]
+        p = Program((("a", (2, 3)), ("b", (3, 4)), ("c", (2, 4))), (("y", mm.steps[0][1]), ("z", tail)))
+        merged = inline(p, 0)
+        assert (merged is not None) == ok
+        if merged is not None:
+            assert equivalent(p, merged)
