@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,8 +35,12 @@ def run(*args, cwd: Path):
     return p.returncode, out, err
 
 
+PHASE_LINE = re.compile(r"^relsat: [a-z ()]+: \d+\.\d\d s$")  # off a terminal, each phase that ended (issue 29)
+
+
 def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
+    """The one line the run ended in, after the lines of the phases it finished."""
+    lines = [line for line in err.splitlines() if line.strip() and not PHASE_LINE.match(line)]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
-PHASE = re.compile(r"^relsat: (import|profile|saturate|extract|export|verify|latency|context|choose): \d+\.\d\d s$")
+PHASE = re.compile(r"^relsat: (import|profile|profile \(the [a-z ]+\)|saturate|extract|export|verify|latency|context|choose): \d+\.\d\d s$")
 
 
 def _relus(n: int = 5) -> onnx.ModelProto:
@@ -121,3 +121,35 @@ def test_the_batch_table_fits_80_columns(tmp_path):
     for name in ("a_model_with_a_rather_long_name", "b"):
         row = next(line for line in lines if line.startswith(name))
         assert " ok " in row and "5 -> 1" in row, out
+
+
+def test_long_phases_report_their_steps_for_the_bars():
+    """``on_progress`` hears the steps of the long phases (what the terminal's bars show): saturation rounds of
+    --iter-limit, a search's steps of --budget; ``on_phase`` every timed phase as it ends."""
+    from relsat import optimize
+
+    ticks, ended = [], []
+    optimize(_relus(), cost_model="analytic", measure=False, iter_limit=7,
+             on_progress=lambda done, total: ticks.append((done, total)), on_phase=lambda n, s: ended.append(n))
+    assert ticks and ticks[0] == (1, 7) and all(t == 7 for _, t in ticks)
+    assert ended[:1] == ["import"] and "saturate" in ended and ended[-1] == "verify"
+    ticks.clear()
+    optimize(_relus(), cost_model="analytic", measure=False, search="backtrack", budget=3,
+             on_progress=lambda done, total: ticks.append((done, total)))
+    assert (1, 3) in ticks
+
+
+def test_on_a_terminal_no_phase_lines_and_the_live_line_goes():
+    import io
+
+    from rich.console import Console
+
+    from relsat import optimize
+    from relsat.driver.app import cli
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=100)
+    with cli._Progress(console) as p:
+        optimize(_relus(), cost_model="analytic", measure=False, on_status=p.status, on_progress=p.advance,
+                 on_phase=p.phase)
+    assert "relsat: import" not in buf.getvalue()

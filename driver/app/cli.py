@@ -354,6 +354,10 @@ def _summary(rep: dict) -> None:
         t.add_row("measured latency", f"input {m['input_ms']:.3f}{iv(m['input_blocks_ms'])} -> {which} "
                   f"{m['candidate_ms']:.3f}{iv(m['candidate_blocks_ms'])} ms, {m['speedup']:.3f}x ({m['metric']}, "
                   f"medians [interval of block medians]{noise}, threshold {m['threshold']:.0%}, {m['runs']} runs)")
+    elif (rep.get("fidelity") or {}).get("original_measured_ms") is not None:
+        f = rep["fidelity"]
+        t.add_row("measured latency", f"input {f['original_measured_ms']:.3f} ms "
+                  f"({'CPU time' if f.get('metric') == 'cpu' else 'wall clock'}); no candidate graph to time against it")
     elif rep.get("latency") is None:
         t.add_row("measured latency", "not timed")
     v = rep["verification"]

@@ -209,7 +209,8 @@ class _Timer:
         self.on_phase = on_phase
 
     @contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, label: str | None = None):
+        """Time a phase ``name``; ``label``: what ``on_phase`` hears it as (default ``name``)."""
         t = time.perf_counter()
         try:
             yield
@@ -217,7 +218,7 @@ class _Timer:
             took = time.perf_counter() - t
             self.seconds[name] = self.seconds.get(name, 0.0) + took
         if self.on_phase is not None:
-            self.on_phase(name, took)
+            self.on_phase(label or name, took)
 
 
 def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_cache, on_phase=None) -> OptimizeResult:
@@ -232,15 +233,15 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
             dbfile = EGraphFile(db) if db is not None else None  # no folder made for a bad model
             g = EGraph(dbfile.path if dbfile else None, memory_limit=o.memory_limit, temp_dir=o.temp_dir)
             imported = phases.read(run, loaded, g)
-        with timer("profile"):
+        with timer("profile", "profile (the call overhead)"):
             overhead = phases.check_overhead(run, prepared)
         price = phases.pricer(run, prepared, imported)
-        with timer("profile"):
-            input_cost = phases.price_input(imported, price)
+        with timer("profile", "profile (the input graph)"):
+            input_priced = phases.price_input(run, imported, price)
         with timer("saturate"):
             saturated = phases.saturate(run, prepared, imported, price)
         with timer("profile"):
-            priced = phases.profile(run, prepared, imported, price)
+            priced = phases.profile(run, prepared, imported, price, input_priced.report)
         with timer("extract"):
             extracted = phases.extract(run, imported, saturated, priced)
         search = None
@@ -263,7 +264,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
                 timed = _time(run, imported, exported.model, timer)
             outcome = phases.decide(imported, exported, verified, timed, db=db)
         report = _report(run, prepared, imported, saturated, priced, extracted, outcome, search=search,
-                         overhead=overhead, phases_s=timer.seconds, input_cost=input_cost)
+                         overhead=overhead, phases_s=timer.seconds, input_cost=input_priced.cost)
         _write(run, g, outcome, output)
     finally:
         g = _close(g, dbfile, complete, keep_egraph)
@@ -376,7 +377,8 @@ def _measured(outcome: phases.Outcome) -> dict | None:
     return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,
             "speedup": a / b if b else None, "input_blocks_ms": sp.get("original_ms"),
             "candidate_blocks_ms": sp.get("optimized_ms"), "noise": sp.get("noise"),
-            "threshold": lat["threshold"], "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"]}
+            "threshold": lat["threshold"], "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"],
+            "apart": sp.get("apart", True)}
 
 
 def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:
@@ -388,6 +390,9 @@ def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:
         return (f"wrote the optimized model: {measured['speedup']:.3f}x the input model's speed "
                 f"({measured['metric']}), beyond the noise ({_bar(measured):.1%})")
     if measured is not None and outcome.choice is not None:
+        if measured["apart"] and measured["speedup"] and measured["speedup"] * (1 - measured["threshold"]) > 1:
+            return ("kept the input model: the fastest candidate was faster beyond noise "
+                    f"({measured['speedup']:.3f}x) but is not written (see the notices)")
         return (f"kept the input model: no candidate faster beyond noise ({_bar(measured):.1%}; "
                 f"the fastest measured {measured['speedup']:.3f}x)")
     if outcome.fallbacks and outcome.choice is None:

@@ -220,24 +220,33 @@ def pricer(run: Run, prepared: Prepared, imported: Imported) -> Callable:
     return price
 
 
-def price_input(imported: Imported, price: Callable) -> float:
+@dataclass(frozen=True)
+class InputPriced:
+    cost: float  # the input graph's predicted cost under the run's costs
+    report: MeasuredReport | None  # what pricing it measured (None for analytic costs)
+
+
+def price_input(run: Run, imported: Imported, price: Callable) -> InputPriced:
     """The input graph's predicted cost, before any rule runs: its e-nodes (what the outputs reach, one per
     e-class) priced by the run's costs and summed exactly (``fsum`` over the sorted costs).  After saturation
     the input graph cannot be read back whole: rewritten nodes share e-classes with their rewrites (five Relus
     in a chain are one e-class once ``relu-idempotent`` ran), so the report's predicted cost of the input is
     taken here, the same in every strategy."""
     g = imported.g
-    price(g)
+    try:
+        report = price(g)
+    except ProviderUnavailable as e:
+        raise RelsatError(f"--provider {run.backend.name}: {e}") from None
     nodes = sorted(set(original_choice(g, imported.roots).values()))
     if not nodes:
-        return 0.0
+        return InputPriced(0.0, report)
     g.con.register("_input_nodes", {"node": np.asarray(nodes, dtype=np.int64)})
     try:
         ms = [m for (m,) in g.con.execute("SELECT coalesce(k.ms, 0.0) FROM _input_nodes i "
                                           "LEFT JOIN costs k ON k.node = i.node").fetchall()]
     finally:
         g.con.unregister("_input_nodes")
-    return math.fsum(sorted(ms))
+    return InputPriced(math.fsum(sorted(ms)), report)
 
 
 @dataclass(frozen=True)
@@ -297,9 +306,11 @@ class Priced:
     notices: tuple[str, ...] = ()
 
 
-def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Priced:
+def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable,
+            before: MeasuredReport | None = None) -> Priced:
     """Every e-node's cost (measured per operator signature through the cost cache, or analytic) and the
-    extraction problem over them."""
+    extraction problem over them.  ``before``: what pricing the input graph (:func:`price_input`) measured:
+    its signatures, timed then, count as timed in this run (not as found in the cache)."""
     notices = []
     if run.opts.cost_model == "measured":
         run.status("profiling operators ...")
@@ -309,6 +320,10 @@ def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable) -
                                                 run.status(f"profiling operators: {done}/{total} new signatures")))
     except ProviderUnavailable as e:
         raise RelsatError(f"--provider {run.backend.name}: {e}") from None
+    if p is not None and before is not None:
+        p.measured += before.measured
+        p.cached = max(0, p.cached - before.measured)
+        p.seconds += before.seconds
     if p is not None:
         notices += p.notices
         if p.failed:
@@ -364,6 +379,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
     fed = feeds.draw(specs, feeds.input_roles(model, shapes), 0)
     s = Search(imported.graph, priced.problem, priced.node_ids, fed, run.backend, o.threads, prepared.cache,
                o.ilp_time_limit, o.mip_gap)
+    s.on_graph = lambda n: (run.tick(n, None), run.status(f"profiling whole graphs in context: graph {n}"))
     s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
           input_nodes=len(model.graph.node))
     _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
@@ -425,9 +441,10 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"against the input model ({held.status.split('(', 1)[-1].rstrip(')')}, threshold "
             f"{o.guard_threshold:.0%}): " + UNCHANGED)
     elif picked is None:
+        noise = _noise((latency_report or {}).get("spread"))
         notices.append(
             f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {fastest.measured_ms:.3f} ms vs "
-            f"{s.original.measured_ms:.3f} ms, threshold {o.guard_threshold:.0%}): " + UNCHANGED)
+            f"{s.original.measured_ms:.3f} ms{noise}, threshold {o.guard_threshold:.0%}): " + UNCHANGED)
     return Chosen(
         s, picked, picked.label if picked is not None else "original",
         check or VerifyResult(True, 0.0, 0.0, {}, UNCHANGED), latency_report, fallbacks,
@@ -518,7 +535,13 @@ def guard(run: Run, imported: Imported, optimized: onnx.ModelProto) -> Timed:
             else (res.original.median_ms, res.optimized.median_ms))
     return Timed(res.as_dict(), False, (
         f"the optimized model is not faster beyond noise ({b:.3f} ms vs {a:.3f} ms "
-        f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}, threshold {res.threshold:.0%}): " + UNCHANGED,))
+        f"{'CPU time' if res.metric == 'cpu' else 'wall clock'}{_noise(res.spread)}, threshold {res.threshold:.0%}): "
+        + UNCHANGED,))
+
+
+def _noise(spread: dict) -> str:
+    """``, noise x %`` from a guard's spread (``relsat.driver.boundary.latency.spread``), when it has one."""
+    return "" if not spread or spread.get("noise") is None else f", noise {spread['noise']:.1%}"
 
 
 # ---------------------------------------------------------------- decide

@@ -112,6 +112,7 @@ class Search:
     call_overhead_ms: float = 0.0
     fidelity_floor: float = FIDELITY_FLOOR
     fidelity: dict = field(default_factory=dict)  # step 4's report (:meth:`choose`)
+    on_graph: object = None  # callback(n): the n-th graph (the original first) found and priced, for progress
 
     def __post_init__(self) -> None:
         self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
@@ -225,6 +226,10 @@ class Search:
         cand.profiled_ms = prof.latency_ms
         return cand
 
+    def _found(self) -> None:
+        if self.on_graph is not None:
+            self.on_graph(1 + len(self.candidates))
+
     def _cut(self, choice: dict[int, int]) -> np.ndarray:
         nodes = self.index(choice)
         orig = self.index(self.original.choice)
@@ -242,6 +247,7 @@ class Search:
         first = self.ids(first)
         self.original = self.profile(Candidate("original", original, float("nan"), status="input"))
         self.original.predicted_ms = self.predicted(original)
+        self._found()
         seen = [original]
         o = self.original
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
@@ -257,6 +263,7 @@ class Search:
             else:
                 self._export(cand)
             self.candidates.append(cand)
+            self._found()
 
         if first != original:
             add("one-node", first, True)
