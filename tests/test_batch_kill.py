@@ -266,3 +266,23 @@ def test_the_portable_watchdog_alone_ends_a_worker_whose_parent_died(tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_a_batch_killed_while_creating_its_results_table_leaves_nothing_the_next_run_refuses(tmp_path):
+    """Found by the 50-point fault injection: a batch SIGKILLed between DuckDB creating results.duckdb and the
+    table's creation left an empty database, which the next run refused as not its own. The table is now
+    built under a temporary name and renamed in; here the process is killed at exactly that point."""
+    out = tmp_path / "out"
+    out.mkdir()
+    child = ("import os, signal, sys\n"
+             "from pathlib import Path\n"
+             "from relsat.driver.app import batch_model as M\n"
+             "M.Results._create = staticmethod(lambda con: os.kill(os.getpid(), signal.SIGKILL))\n"
+             "M.Results(Path(sys.argv[1]))\n")
+    p = subprocess.run([sys.executable, "-c", child, str(out / M.RESULTS_DB)], capture_output=True)
+    assert p.returncode == -signal.SIGKILL
+    assert not (out / M.RESULTS_DB).exists()  # before the fix: an empty DuckDB database here
+    assert [e.name for e in out.iterdir() if e.name.startswith(".results.duckdb.tmp-")]  # the dead run's temp
+    M.Results(out / M.RESULTS_DB)  # the next run: sweeps the dead run's temp, creates the table whole
+    assert M.read_results(out / M.RESULTS_DB) == ({}, set())
+    assert sorted(e.name for e in out.iterdir()) == [M.RESULTS_DB]

@@ -371,7 +371,30 @@ class Results:
 
     def __init__(self, path: Path):
         self.path = path
+        if not os.path.lexists(path):
+            self._create_whole()
         self._run(self._create)
+
+    def _create_whole(self) -> None:
+        """A new results table is built under a temporary name (``.results.duckdb.tmp-<pid>``) and renamed
+        in, so a batch killed while creating it leaves no empty database that the next run would have to
+        refuse as not its own; what a killed run left under that name is swept first."""
+        import duckdb
+
+        from relsat.driver.boundary.outputs import sweep_leftovers
+
+        sweep_leftovers(self.path)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            with duckdb.connect(str(tmp)) as con:
+                self._create(con)
+            os.replace(tmp, self.path)
+        except duckdb.Error as e:
+            raise RelsatError(f"{self.path}: {str(e).splitlines()[0]}") from None
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
+                if os.path.lexists(leftover):
+                    os.unlink(leftover)
 
     def _run(self, work):
         import duckdb
