@@ -178,13 +178,19 @@ class _Progress:
 
     def __enter__(self) -> "_Progress":
         if self.live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+            from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
             from rich.progress import TimeElapsedColumn
+            from rich.text import Text
+
+            class Count(ProgressColumn):  # done/total, nothing for a phase that does not count its steps
+                def render(self, task) -> Text:
+                    return Text("" if task.total is None else f"{int(task.completed)}/{int(task.total)}",
+                                style="progress.download")
 
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
+                                 Count(), TimeElapsedColumn(), console=self.console, transient=True)
             self._bar.start()
-            self._task = self._bar.add_task("starting ...", total=None)
+            self._task = self._bar.add_task("loading ...", total=None)
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -222,8 +228,9 @@ class _Progress:
 
     def phase(self, name: str, seconds: float) -> None:
         """A phase ended: its line off a terminal; the bar starts again for the next phase."""
-        if self._bar is not None:
-            self._bar.update(self._task, completed=0, total=None)
+        if self._bar is not None:  # a fresh task: one without a total shows no count
+            self._bar.remove_task(self._task)
+            self._task = self._bar.add_task(escape(self._text), total=None)
         elif not self.quiet:
             self.console.print(f"relsat: {escape(name)}: {seconds:.2f} s", highlight=False, soft_wrap=True)
 

@@ -182,6 +182,7 @@ def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
     """The model read into ``g``, and the sizes its dynamic dims are costed, timed and verified at
     (``relsat.driver.boundary.bindings``), with the user's verification input sets."""
     o, model = run.opts, loaded.model
+    run.status(f"importing {len(model.graph.node)} nodes ...")
     graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
     binding = bindings.choose(model, graph)
     input_sets = feeds.load_input_sets(o.inputs, feeds.graph_inputs(model)) if o.inputs else []
@@ -266,6 +267,8 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
     limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
     if not prepared.rules:
         return Saturated(None)
+    run.status(f"saturating with {len(prepared.rules)} rules ..." if o.search == "eqsat"
+               else f"{o.search}: searching ...")
     if o.search == "eqsat":
         done = []
 
