@@ -16,7 +16,9 @@ serving requests runs back to back.
 
 ``guard(original, optimized)`` keeps the optimized model only when its median is
 below the original's by more than ``GUARD_THRESHOLD`` (3 %: the noise of these
-machines). With one intra-op thread on the CPU, ONNX Runtime runs every kernel on the
+machines) and beyond the spread of the timing: each model's runs are also taken as four blocks (the
+two session blocks, each in two halves, in time order), and every block median of the optimized model
+must be below every one of the original's (``judge``; ``spread`` reports the intervals and the noise). With one intra-op thread on the CPU, ONNX Runtime runs every kernel on the
 calling thread, so the guard compares that thread's CPU time, which other processes on
 a shared machine do not inflate (wall-clock medians were seen to double under load);
 otherwise it compares wall-clock medians. Both are reported.

@@ -34,7 +34,9 @@ here):
    ``Search.fidelity`` reports the prediction of the original against its measured latency, what was
    stale and what was re-taken.
 5. **Choice**: the candidates are verified fastest first; the fastest that verifies is written when it
-   beats the input model by more than the guard threshold, and again in a second timing of the two
+   beats the input model by more than the guard threshold and beyond the spread of the timing (every block
+   median below every one of the input model's: :func:`relsat.driver.boundary.latency.judge`), and again in a
+   second timing of the two
    alone (:meth:`Search._confirmed`: the fastest of several candidates beats the threshold by noise now
    and then), else the input model is.
 
