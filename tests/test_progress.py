@@ -153,3 +153,16 @@ def test_on_a_terminal_no_phase_lines_and_the_live_line_goes():
         optimize(_relus(), cost_model="analytic", measure=False, on_status=p.status, on_progress=p.advance,
                  on_phase=p.phase)
     assert "relsat: import" not in buf.getvalue()
+
+
+def test_rules_generate_off_a_terminal_one_line_per_step_with_its_time(tmp_path):
+    """``rules generate`` printed its steps as they began and then nothing while it verified; off a terminal
+    each step is now a line with its time, and ONNX Runtime's own lines stay out."""
+    code, out, err = cli("rules", "generate", "--max-ops", "1", "--family", "matrix", "--jobs", "1", "--trials", "1",
+                         "--no-prove", "-o", tmp_path / "g.rules", cwd=tmp_path)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert re.fullmatch(r"relsat: enumerating matrix up to 1 operators: \d+\.\d\d s", lines[0]), err
+    assert re.fullmatch(r"relsat: verifying \d+ rules under ONNX Runtime: \d+\.\d\d s", lines[1]), err
+    assert len(lines) == 2 and "onnxruntime" not in err.lower()
+    assert (tmp_path / "g.rules").exists() and "wrote" in out
