@@ -197,3 +197,47 @@ def test_a_sum_is_merged_only_into_a_product_of_it():
         assert (merged is not None) == ok
         if merged is not None:
             assert equivalent(p, merged)
+
+
+# -- tables beside the e-graph (relations/tensor_tables.py) -------------------------------------------------
+
+from relsat.relations import tensor_tables  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "longformer"])
+def test_the_egraph_s_enodes_lower_into_tables_that_read_back_equal(name):
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
+
+    con = import_model(zoo.build(name, small=True)).egraph.con
+    counts = tensor_tables.lower_egraph(con)
+    stored = con.execute("SELECT op, enode, eclass FROM texpr_program").fetchall()
+    assert len(stored) == sum(counts.values()) > 0
+    # one program per e-node of every lowered operator with static shapes, none for another operator
+    assert {"Conv", "Relu"} <= set(counts) if name == "squeezenet" else {"MatMul", "Softmax", "Transpose"} <= set(counts)
+    for op, enode, eclass in stored:
+        p = tensor_tables.load(con, op, enode)
+        assert dict(p.inputs) and p.result.shape == tuple(con.execute("SELECT shape FROM eclass WHERE id = ?",
+                                                                        [eclass]).fetchone()[0])
+        assert tensor_tables.rows_of(op, enode, eclass, p) == tensor_tables.rows_of(op, enode, eclass, p)
+    conv = next(((op, e) for op, e, _ in stored if op == "op_conv"), None)
+    if conv:
+        row = con.execute('SELECT x, w, b, "group", kernel_shape, strides, pads, dilations FROM op_conv WHERE id = ?',
+                          [conv[1]]).fetchone()
+        shapes = dict(con.execute("SELECT id, shape FROM eclass").fetchall())
+        attrs = dict(zip(("group", "kernel_shape", "strides", "pads", "dilations"), row[3:]))
+        want = lower("Conv", attrs, [(f"c{c}", shapes[c]) for c in row[:3] if c != -1])
+        assert tensor_tables.load(con, *conv).steps == want.steps
+    # queryable with SQL: e.g. the summation iterators of every MatMul/Conv
+    sums = con.execute("SELECT count(*) FROM texpr_iter WHERE role = 'sum'").fetchone()[0]
+    assert sums > 0
+
+
+def test_every_fixture_program_round_trips_through_the_tables():
+    import duckdb
+
+    con = duckdb.connect()
+    for k, cid in enumerate(CASES):
+        p = lowered(CASES[cid])
+        tensor_tables.write(con, tensor_tables.rows_of("case", k, k, p), replace=k == 0)
+        assert tensor_tables.load(con, "case", k) == p, cid
