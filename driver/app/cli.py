@@ -325,7 +325,7 @@ def _summary(rep: dict) -> None:
     """The summary table: what was predicted (the cost table's figures), what was measured (medians and their
     spread) and what was written, each named; every limit that cut the run; the verification."""
     t = Table(title=f"relsat optimize {rep['input']}", show_header=False)
-    t.add_row("result", rep.get("verdict") or rep["written"])
+    t.add_row("result", escape(rep.get("verdict") or rep.get("written") or ""))
     t.add_row("nodes", f"{rep['nodes_in']} -> {rep['nodes_out']}")
     t.add_row("e-graph", f"{rep['enodes']} e-nodes, {rep['eclasses']} e-classes, "
               f"{len(rep['iterations'])} rounds, stop: {rep['stop_reason']}")
@@ -356,11 +356,12 @@ def _summary(rep: dict) -> None:
         def iv(blocks):
             return f" [{blocks[0]:.3f}-{blocks[1]:.3f}]" if blocks else ""
 
-        which = "written" if rep["written"] == "optimized" else "fastest candidate"
+        which = "written" if rep.get("written") == "optimized" else "fastest candidate"
         noise = "" if m["noise"] is None else f", noise {m['noise']:.1%}"
-        t.add_row("measured latency", f"input {m['input_ms']:.3f}{iv(m['input_blocks_ms'])} -> {which} "
-                  f"{m['candidate_ms']:.3f}{iv(m['candidate_blocks_ms'])} ms, {m['speedup']:.3f}x ({m['metric']}, "
-                  f"medians [interval of block medians]{noise}, threshold {m['threshold']:.0%}, {m['runs']} runs)")
+        t.add_row("measured latency", escape(
+            f"input {m['input_ms']:.3f}{iv(m['input_blocks_ms'])} -> {which} {m['candidate_ms']:.3f}"
+            f"{iv(m['candidate_blocks_ms'])} ms, {m['speedup']:.3f}x ({m['metric']}, medians [interval of block "
+            f"medians]{noise}, threshold {m['threshold']:.0%}, {m['runs']} runs)"))
     elif (rep.get("fidelity") or {}).get("original_measured_ms") is not None:
         f = rep["fidelity"]
         t.add_row("measured latency", f"input {f['original_measured_ms']:.3f} ms "

@@ -353,14 +353,15 @@ def _predicted(run: phases.Run, prepared: phases.Prepared, priced: phases.Priced
     """The predicted costs (``Report.predicted``): ``input`` and ``extracted`` under the one-node cost table
     (``costs`` names it; the input priced before any rule ran), ``written`` (the one of the two written), and ``in_context`` (the in-context
     search's predictions, which move with each run's profiles; None without it)."""
-    source = "analytic" if run.opts.cost_model == "analytic" else (
-        "measured, one node each" + (" (from the cost table)" if prepared.cache_only else " (the cost cache)"))
+    source = _cost_label(run, prepared, priced, None)  # the one-node costs, also where in-context ones came after
     before = _same(input_cost)  # priced before saturation (``phases.price_input``)
     after = _table_cost(priced, outcome.choice) if outcome.choice is not None else before
     return {"costs": source, "unit": "ms", "input": before, "extracted": after,
             "written": after if outcome.written == "optimized" else before,
-            "in_context": ({"input": outcome.cost_before, "extracted": outcome.cost_after}
-                           if search is not None else None)}
+            "in_context": ({"input": outcome.cost_before,
+                            "extracted": (search.predicted(outcome.choice) - search.call_overhead_ms
+                                          if outcome.choice is not None else outcome.cost_after),
+                            "written": outcome.cost_after} if search is not None else None)}
 
 
 def _measured(outcome: phases.Outcome) -> dict | None:
