@@ -13,7 +13,8 @@ into ``Report.phases_s`` under their name:
 2. **import** -> ``Loaded``, then ``Imported``: the model loaded and checked, then read into the e-graph
    (built beside ``db``), with the sizes its dynamic dims are costed, timed and verified at;
 3. **profile** -> the call overhead's check (a dict; with the in-context search only): the cached call
-   overhead against a fresh timing, replaced when stale;
+   overhead against a fresh timing, replaced when stale; then ``InputPriced``: the input graph priced before
+   any rule runs (the report's predicted cost of the input, the same in every strategy);
 4. **saturate** -> ``Saturated``: the rules run by the ``Runner`` under the options' limits (or a
    ``--search``);
 5. **profile** -> ``Priced``: every e-node's cost, measured per operator signature (through the
@@ -179,8 +180,9 @@ def optimize(model_or_path, options: Options | None = None, *, db=None, output=N
     e-graph in the result; ``cost_cache``: the cache path or a ``CostCache`` (default
     ``$RELSAT_COST_CACHE`` or the user cache); ``on_round(iteration)`` and ``on_status(text)`` receive
     progress, ``on_progress(done, total)`` the current phase's steps (saturation rounds, signatures profiled,
-    search steps; ``total`` None when unknown) and ``on_phase(name, seconds)`` each timed phase as it ends.  Returns an ``OptimizeResult``; a model or option it cannot use, or a failed verification
-    (nothing written), is a ``RelsatError`` with a one-line message.
+    search steps, graphs profiled in context; ``total`` None when unknown) and ``on_phase(name, seconds)``
+    each timed phase as it ends.  Returns an ``OptimizeResult``; a model or option it cannot use, or a failed
+    verification (nothing written), is a ``RelsatError`` with a one-line message.
 
     Example::
 
@@ -351,8 +353,9 @@ def _same(x: float | None) -> float | None:
 def _predicted(run: phases.Run, prepared: phases.Prepared, priced: phases.Priced, input_cost: float,
                outcome: phases.Outcome, search) -> dict:
     """The predicted costs (``Report.predicted``): ``input`` and ``extracted`` under the one-node cost table
-    (``costs`` names it; the input priced before any rule ran), ``written`` (the one of the two written), and ``in_context`` (the in-context
-    search's predictions, which move with each run's profiles; None without it)."""
+    (``costs`` names it; the input priced before any rule ran), ``written`` (the one of the two written), and
+    ``in_context`` (the in-context search's predictions, which move with each run's profiles; None without
+    it)."""
     source = _cost_label(run, prepared, priced, None)  # the one-node costs, also where in-context ones came after
     before = _same(input_cost)  # priced before saturation (``phases.price_input``)
     after = _table_cost(priced, outcome.choice) if outcome.choice is not None else before

@@ -9,7 +9,8 @@ Every notice a phase gives travels in its result (``notices``), in the order the
 - prepare: :func:`prepare` -> :class:`Prepared` (the rules, the cost cache);
 - import: :func:`load` -> :class:`Loaded`, then :func:`read` -> :class:`Imported` (the model in the
   e-graph, its binding and input sets);
-- profile: :func:`check_overhead` -> the call overhead's check (a dict, or None);
+- profile: :func:`check_overhead` -> the call overhead's check (a dict, or None); :func:`price_input` ->
+  :class:`InputPriced` (the input graph's predicted cost, before any rule runs);
 - saturate: :func:`saturate` -> :class:`Saturated` (the runner's or a search's report);
 - profile: :func:`profile` -> :class:`Priced` (every e-node's cost, the extraction problem);
 - extract: :func:`extract` -> :class:`Extracted` (greedy, best, the original graph);
