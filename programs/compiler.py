@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from relsat.relations.catalog import BY_TYPE
+from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.schema import literal, q
 
 from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf,
@@ -61,6 +61,15 @@ class Compiled:
     # new match (semi-naive) while none has a row newer than the rule's last run
     matches: str = MATCHES  # the temp table ``match()``'s rows go into (with a ``mid`` column): what the
     # builds, unions and pairs read
+    witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings) for the matches whose mid is in
+    # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
+    # {until}; the provenance of ``relsat explain`` (see ``witness``)
+
+    def witness(self, mids: str, until: int) -> str:
+        """The SELECT of the explanation rows of the matches whose ``mid`` is in the SELECT ``mids``: the
+        left side's join again, bound to each match's variables and roots (a selective join from the matches),
+        keeping the least ids of the e-nodes each term matched among the rows of rounds before ``until``."""
+        return self.witness_sql.replace("{mids}", mids).replace("{until}", str(int(until)))
 
     def match(self, since: int = 0, until: int = SNAPSHOT_ALL) -> str:
         """The SELECT of the matches that use a row of round ``since`` or later (semi-naive) and
@@ -244,7 +253,34 @@ def compile_rule(rule: Rule) -> Compiled:
     builds = _sources(plan, needs)
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
-                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables)
+                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables,
+                    witness_sql=_witness(lhs, conds, roots, lets))
+
+
+def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]) -> str:
+    """``Compiled.witness_sql``: the left side's join restricted to the recorded matches (``{mids}``), each
+    variable and root equal to the match row's, over rows of rounds before ``{until}``; one row per match
+    with the least ids of the matched e-nodes (term order), the terms' op types, the roots, the e-class
+    variables' classes (a MAP ``?var`` -> e-class) and the other bindings and the ``let`` values as JSON."""
+    op_type = {op.table: op.op_type for op in OPS}
+    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
+    names = [op_type[table[a]] for a in lhs.aliases]
+    col = {v: f"m.{q('v_' + v)}" for v in lhs.binds}
+    on = [f"{e} IS NOT DISTINCT FROM {col[v]}" for v, e in lhs.binds.items()]
+    on += [f"{r} = m.root{i}" for i, r in enumerate(roots)]
+    until = [f"{a}.ts < {{until}}" for a in lhs.aliases]
+    classes = sorted(lhs.eclass_vars)
+    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
+    pairs = ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in values)
+    cols = ["m.mid", f"min([{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS nodes",
+            f"{literal(names)}::VARCHAR[] AS ops",
+            f"any_value([{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]) AS roots",
+            f"any_value(map({literal(['?' + v for v in classes])}::VARCHAR[], "
+            f"[{', '.join(col[v] for v in classes)}]::BIGINT[])) AS classes",
+            f"any_value(json_object({pairs})) AS bindings"]
+    froms = ", ".join([f"{MATCHES} m"] + [f.sql() for f in lhs.froms])
+    where = lhs.where + conds + on + until + ["m.mid IN ({mids})"]
+    return f"SELECT {', '.join(cols)} FROM {froms} WHERE {' AND '.join(where)} GROUP BY m.mid"
 
 
 def _rename(x, sigma: dict[str, str]):

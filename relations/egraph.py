@@ -178,7 +178,7 @@ class EGraph:
     # ---------------------------------------------------------------- insert
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
                     result: str | None = None, target: str | None = None, changed_only: bool = False,
-                    columns: list[str] | None = None) -> InsertResult:
+                    columns: list[str] | None = None, origin: str | None = None) -> InsertResult:
         """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
         child columns and any attribute columns; omitted attributes take their defaults; leaves
         also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added.
@@ -203,14 +203,18 @@ class EGraph:
 
         Deterministic: the ``limit`` keeps the new keys that sort first, a new key wanted by several
         rows goes into the least of their targets, and new nodes (and new e-classes) are numbered
-        in key order, so the same input gives the same rows and ids whatever DuckDB's threads do."""
+        in key order, so the same input gives the same rows and ids whatever DuckDB's threads do.
+
+        ``origin`` (a rule's name): every new node is recorded in ``explain_nodes`` as added by that rule in
+        round ``ts``, with its e-class, whether it made that e-class, and its source row's ``rid`` (a match)."""
         with self.scratch("insert") as tmp:
             result = result or tmp.name("result")
             return self._insert(op, source, tmp, ts=ts, limit=limit, result=result, target=target,
-                                changed_only=changed_only, columns=columns)
+                                changed_only=changed_only, columns=columns, origin=origin)
 
     def _insert(self, op: OpDef, source: str, tmp: _Scratch, *, ts: int, limit: int | None, result: str,
-                target: str | None, changed_only: bool, columns: list[str] | None) -> InsertResult:
+                target: str | None, changed_only: bool, columns: list[str] | None,
+                origin: str | None = None) -> InsertResult:
         """``insert_from`` with its working tables in ``tmp``."""
         c = self.con
         src = columns or self._columns.get(source)
@@ -257,13 +261,16 @@ class EGraph:
         out = f"coalesce({q(target)}, {cls})" if target else cls
         new = tmp.create(
             "new", f"SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
-            f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes FROM (SELECT nextval('node_seq') AS _nid, "
+            f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, rid FROM (SELECT nextval('node_seq') AS _nid, "
             f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
             f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM {fresh}))")
         added, targeted = c.execute(f"SELECT count(*), count(*) FILTER (tgt) FROM {new}").fetchall()[0]
         if target:
             self._check_targets(new)
         c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM {new}")
+        if origin is not None and added:
+            c.execute(f"INSERT INTO explain_nodes SELECT {literal(op.op_type)}, id, out, NOT tgt, {literal(origin)}, "
+                      f"{int(ts)}, rid FROM {new}")
         c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
                   f"FROM {new} WHERE NOT tgt")
         if added:

@@ -74,6 +74,22 @@ CREATE TABLE IF NOT EXISTS iterations (round INTEGER, enodes BIGINT, eclasses BI
     apply_s DOUBLE, rebuild_s DOUBLE, applied BIGINT, unions BIGINT, stop_reason VARCHAR);
 CREATE TABLE IF NOT EXISTS rule_stats (round INTEGER, rule VARCHAR, matches BIGINT, applied BIGINT,
     new_nodes BIGINT, seconds DOUBLE, banned BOOLEAN);
+CREATE TABLE IF NOT EXISTS explain_nodes (op VARCHAR, id BIGINT, eclass BIGINT, fresh BOOLEAN, rule VARCHAR,
+    round INTEGER, mid BIGINT);
+CREATE TABLE IF NOT EXISTS explain_matches (rule VARCHAR, round INTEGER, mid BIGINT, nodes BIGINT[], ops VARCHAR[],
+    roots BIGINT[], classes MAP(VARCHAR, BIGINT), bindings JSON);
+CREATE TABLE IF NOT EXISTS explain_unions (rule VARCHAR, round INTEGER, mid BIGINT, a BIGINT, b BIGINT);
+"""
+
+# why each e-node exists: the rule application that added it (``explain_nodes``: its e-class then, and whether
+# it made that e-class) and the match it applied at (``explain_matches``: the e-nodes the left side's terms
+# matched, their ops, the roots, the e-class variables' classes (``?var`` -> e-class), the other bindings and
+# lets as JSON); e-nodes not listed were imported
+EXPLANATIONS_VIEW = """
+CREATE OR REPLACE VIEW explanations AS
+SELECT n.op, n.id AS node, coalesce(u.root, n.eclass) AS eclass, n.eclass AS added_to, n.fresh, n.rule, n.round,
+    n.mid AS match, m.nodes AS matched_nodes, m.ops AS matched_ops, m.roots, m.classes, m.bindings
+FROM explain_nodes n LEFT JOIN explain_matches m USING (rule, round, mid) LEFT JOIN uf u ON u.id = n.eclass
 """
 
 
@@ -122,5 +138,5 @@ SELECT id, bind(shape) AS shape, dtype, is_const, list_transform(tuple_shapes, l
 def all_ddl() -> list[str]:
     stmts = [s for s in (SQL_MACROS + CORE_DDL).split(";\n") if s.strip()]
     stmts += [table_ddl(op) for op in OPS]
-    stmts += [bind_macro(None), enodes_view(), ECLASSES_VIEW, ECLASS_BOUND_VIEW]
+    stmts += [bind_macro(None), enodes_view(), ECLASSES_VIEW, ECLASS_BOUND_VIEW, EXPLANATIONS_VIEW]
     return stmts

@@ -70,6 +70,7 @@ from relsat.programs.compiler import Compiled, compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
+from relsat.relations.schema import literal
 from relsat.relations.reach import cyclic_matches
 
 from relsat.driver.options import DEFAULTS
@@ -250,6 +251,7 @@ class Runner:
     semi_naive: bool = True
     cycle_filter: bool = True  # drop multi-pattern applications whose unions would close a cycle
     on_round: object = None  # callback(Iteration) for progress display
+    explain: bool = True  # record why each e-node exists (``explain_nodes``, ``explain_matches``, ``explain_unions``)
     _state: _Run | None = field(default=None, init=False, repr=False, compare=False)
 
     def run(self) -> Report:
@@ -384,7 +386,7 @@ class Runner:
             for b in c.builds:
                 res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
                                     result=b.name, target=None if filtering else b.target,
-                                    changed_only=b.changed_only)
+                                    changed_only=b.changed_only, origin=c.rule if self.explain else None)
                 new_nodes += res.new_nodes
                 r.budget -= res.new_nodes
                 applied += res.targeted  # an application that needs no union
@@ -394,7 +396,10 @@ class Runner:
                 cyclic_matches(g, c.pairs, cyclic, tmp)
                 for t in (c.matches,) + c.results:  # the unions read these
                     g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
-            applied += sum(g.union_from(u) for u in c.unions)
+            queued = sum(g.union_from(u) for u in c.unions)
+            applied += queued
+            if self.explain and (new_nodes or queued):
+                self._explain(c, rnd, queued)
             for b in c.builds:  # free the rule's intermediate tables before the next rule
                 g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
         t2 = time.perf_counter()
@@ -404,6 +409,20 @@ class Runner:
         by_rule = self._state.report.applied_by_rule
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
         r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
+
+    def _explain(self, c: Compiled, rnd: int, queued: int) -> None:
+        """Record the rule's productive applications of this round (two statements; its new e-nodes were
+        recorded by ``insert_from``): the ``queued`` unions (``explain_unions``), and for every match that
+        added an e-node or queued a union, the e-nodes its left side matched and its bindings
+        (``explain_matches``, from ``Compiled.witness``)."""
+        g, rule = self.egraph, literal(c.rule)
+        if queued:
+            g.con.execute(f"INSERT INTO explain_unions SELECT {rule}, {int(rnd)}, mid, a, b FROM ({c.pairs}) p(mid, a, b) "
+                          "WHERE a <> b")
+        mids = (f"SELECT mid FROM explain_nodes WHERE round = {int(rnd)} AND rule = {rule} UNION "
+                f"SELECT mid FROM explain_unions WHERE round = {int(rnd)} AND rule = {rule}")
+        g.con.execute(f"INSERT INTO explain_matches SELECT {rule}, {int(rnd)}, mid, nodes, ops, roots, classes, "
+                      f"bindings FROM ({c.witness(mids, rnd)})")
 
     def _rebuild(self, r: _Round) -> None:
         """Merge the queued unions, restore congruence; the e-graph's size after it."""

@@ -1,0 +1,277 @@
+"""Why each rewrite happened (``relsat explain``, the ``explain_*`` tables and the ``explanations`` view).
+
+The main test replays recorded chains: for zoo models that relsat rewrites, each written node that is not
+in the input graph has a chain of rule applications (rule, round, matched e-nodes and e-classes); applying
+exactly those applications, in round order, to a fresh import of the input (the compiled rules' own SQL, one
+match row each) must find each application's left side at its recorded bindings and must produce the written
+node: same op and attributes, inputs that are the same input values or the same derived values.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from relsat.driver.app.explain import Explanations, explain, explain_text, open_explanations
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.driver.errors import RelsatError
+from relsat.programs.compiler import MATCHES, SNAPSHOT_ALL, compile_rule
+from relsat.programs.rulesets import load_rule_list
+from relsat.relations.catalog import BY_TYPE
+from relsat.relations.egraph import EGraph
+from relsat.relations.schema import key_columns, literal, q
+
+# (zoo name, small): rewritten by the default rules; bert_encoder's chains are two applications long;
+# mobilenet_v2 (37 batch-norm folds of nine terms each to replay: half a minute) runs with the slow tests
+MODELS = [("mobilenet_v2", True), ("bert_encoder", True), ("nasrnn", True)]
+
+
+class _Models(dict):
+    """Each model optimized once, when first asked for, with --db (analytic costs, no timing): name ->
+    (model, e-graph file)."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name):
+        d = self.root.mktemp(name)
+        model = zoo.build(name, small=dict(MODELS)[name])
+        res = optimize(model, cost_model="analytic", measure=False, candidates=0, db=d / "e.duckdb",
+                       output=d / "o.onnx")
+        assert res.report["written"] == "optimized", name
+        self[name] = (model, d / "e.duckdb")
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return _Models(tmp_path_factory)
+
+
+class _Saved:
+    """The saved e-graph, read only: its final canonical e-classes and its op tables."""
+
+    def __init__(self, db) -> None:
+        self.con = duckdb.connect(str(db), read_only=True)
+        self.uf = dict(self.con.execute("SELECT id, root FROM uf").fetchall())
+
+    def find(self, c: int) -> int:
+        return self.uf.get(c, c)
+
+    def node(self, nid: int):
+        op, cls, kids, attrs = self.con.execute("SELECT op, eclass, children, attrs FROM enodes WHERE id = ?",
+                                                [nid]).fetchall()[0]
+        return op, cls, list(kids), json.loads(attrs)
+
+
+class _Replay:
+    """A fresh import of the input and the chains applied to it; ``cmap``: the saved e-graph's (final,
+    canonical) e-classes -> this one's e-classes, for the imported ones and every term the chains build."""
+
+    def __init__(self, model, saved: _Saved, rules: dict) -> None:
+        self.g, self.saved, self.rules = EGraph(), saved, rules
+        import_model(model, egraph=self.g)
+        imported = [r[0] for r in saved.con.execute(
+            "SELECT id FROM eclass WHERE id NOT IN (SELECT eclass FROM explain_nodes WHERE fresh) "
+            "UNION SELECT id FROM uf WHERE id NOT IN (SELECT eclass FROM explain_nodes WHERE fresh)").fetchall()]
+        self.cmap: dict[int, int] = {}
+        for k in sorted(imported):  # the least imported id of a merged e-class first
+            self.cmap.setdefault(saved.find(k), k)
+        self.done: set = set()
+
+    def rfind(self, c: int) -> int:
+        return int(self.g.find([c])[0])
+
+    def back(self) -> dict:
+        """This e-graph's canonical e-classes -> the saved e-graph's."""
+        keys = list(self.cmap)
+        return dict(zip(self.g.find([self.cmap[s] for s in keys]).tolist(), keys))
+
+    def mapped(self, saved_class: int) -> int:
+        s = self.saved.find(saved_class)
+        assert s in self.cmap, f"saved e-class {saved_class} is neither imported nor built by the chain"
+        return self.rfind(self.cmap[s])
+
+    def apply(self, app) -> None:
+        """One recorded application: its left side must match here at its bindings; its right side is
+        built, and every built term's e-class is paired with the saved e-class the same term is in."""
+        key = (app.rule, app.round, app.mid)
+        if key in self.done:
+            return
+        self.done.add(key)
+        c = compile_rule(self.rules[app.rule])
+        con = self.g.con
+        cols = [f"{int(app.mid)} AS mid"]
+        cols += [f"{self.mapped(v)} AS {q('v_' + k[1:])}" for k, v in app.classes.items()]
+        cols += [f"{literal(v)} AS {q('v_' + k[1:])}" for k, v in app.bindings.items()]
+        cols += [f"{self.mapped(r)} AS root{i}" for i, r in enumerate(app.roots)]
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {MATCHES} AS SELECT {', '.join(cols)}")
+        found = con.execute(c.witness(f"SELECT mid FROM {MATCHES}", SNAPSHOT_ALL)).fetchall()
+        assert found, f"{app.rule} (round {app.round}) does not match the replay at its recorded bindings"
+        assert list(found[0][2]) == list(app.ops)
+        back = self.back()  # (no rebuild inside an application: canonical ids stay)
+        for b in c.builds:
+            op = BY_TYPE[b.op]
+            self.g.insert_from(op, b.source, ts=app.round, result=b.name, target=b.target)
+            rows = con.execute(f"SELECT * FROM {b.name}").fetchall()
+            names = [d[0] for d in con.description]
+            assert len(rows) == 1, f"{app.rule}: build {b.name} ({b.op}) made no node in the replay"
+            row = dict(zip(names, rows[0]))
+            kids = set(op.child_columns)
+            where, params = [], []
+            for k in key_columns(op):
+                v = row[k]
+                if k in kids:
+                    v = [self.saved.find(back[self.rfind(x)]) for x in v] if isinstance(v, list) else (
+                        -1 if v == -1 else self.saved.find(back[self.rfind(v)]))
+                where.append(f"{q(k)} IS NOT DISTINCT FROM ?")
+                params.append(v)
+            hit = self.saved.con.execute(f"SELECT out FROM {op.table} WHERE {' AND '.join(where)}", params).fetchall()
+            assert hit, f"{app.rule}: the replay built a {b.op} the saved e-graph does not hold"
+            self.cmap.setdefault(self.saved.find(hit[0][0]), row["out"])
+            back.setdefault(row["out"], self.saved.find(hit[0][0]))
+        for u in c.unions:
+            self.g.union_from(u)
+        for b in c.builds:
+            con.execute(f"DROP TABLE IF EXISTS {b.name}")
+
+    def holds(self, nid: int) -> bool:
+        """Whether the saved e-node ``nid`` is here: a node of its op with its attributes over the e-classes
+        its children's e-classes became."""
+        op_type, _, kids, attrs = self.saved.node(nid)
+        mapped = [self.mapped(k) if k != -1 else -1 for k in kids]
+        assert not self.g.sql("SELECT count(*) FROM pending")[0][0]
+        rows = self.g.con.execute("SELECT * FROM enodes WHERE op = ?", [op_type]).fetchall()
+        names = [d[0] for d in self.g.con.description]
+        for r in map(lambda r: dict(zip(names, r)), rows):
+            if list(r["children"]) == mapped and json.loads(r["attrs"]) == attrs:  # (canonical after rebuild)
+                return True
+        return False
+
+
+def _replay(model, db, nodes, rules) -> _Replay:
+    """Replay the chains of ``nodes`` (saved e-node ids), together, on a fresh import; rebuilt per round."""
+    saved = _Saved(db)
+    ex = open_explanations(db)
+    rp = _Replay(model, saved, rules)
+    apps = sorted({(a.round, a.rule, a.mid): a for n in nodes for a in ex.chain(n)}.values(),
+                  key=lambda a: (a.round, a.rule, a.mid))
+    last = None
+    for a in apps:
+        if last is not None and a.round != last:
+            rp.g.rebuild(ts=last)
+        rp.apply(a)
+        last = a.round
+    rp.g.rebuild(ts=last)
+    return rp
+
+
+@pytest.mark.parametrize("name", [pytest.param("mobilenet_v2", marks=pytest.mark.slow), "bert_encoder", "nasrnn"])
+def test_replaying_each_chain_on_the_input_reproduces_the_written_node(saved, name):
+    model, db = saved[name]
+    rules = {r.name: r for r in load_rule_list(["default"])}
+    ex = open_explanations(db)
+    derived = [(w[0], w[3]) for w in ex.written if ex.derived(w[3])]
+    assert derived, f"{name}: no written node is derived (the model is no longer rewritten)"
+    for wname, nid in derived[:2]:  # each chain alone, on its own fresh import
+        rp = _replay(model, db, [nid], rules)
+        assert rp.holds(nid), f"{name}: replaying the chain of {wname} does not give {wname}'s node"
+    rp = _replay(model, db, [n for _, n in derived], rules)  # every chain together: every written node
+    for wname, nid in derived:
+        assert rp.holds(nid), f"{name}: the replayed chains do not give {wname}'s node"
+
+
+def test_a_wrong_or_cut_chain_does_not_replay(saved):
+    """The replay can fail: an application with its bindings swapped does not match the input, and a
+    two-step chain without its first step does not match (the e-node it needs is not there)."""
+    from dataclasses import replace
+
+    rules = {r.name: r for r in load_rule_list(["default"])}
+    model, db = saved["bert_encoder"]
+    ex = open_explanations(db)
+    app = ex.chain(next(w[3] for w in ex.written if ex.derived(w[3])))[-1]
+    swapped = dict(zip(app.classes, list(app.classes.values())[::-1]))
+    assert swapped != app.classes
+    with pytest.raises(AssertionError, match="does not match the replay"):
+        _Replay(model, _Saved(db), rules).apply(replace(app, classes=swapped))
+    model, db = saved["bert_encoder"]
+    ex = open_explanations(db)
+    chain = ex.chain(next(w[3] for w in ex.written if ex.derived(w[3])))
+    assert [a.rule for a in chain] == ["gelu-erf", "gelu-bias"]
+    with pytest.raises(AssertionError, match="gelu-bias .* does not match the replay"):
+        _Replay(model, _Saved(db), rules).apply(chain[1])
+
+
+def test_explanations_view_and_written_nodes_are_queryable(saved):
+    _, db = saved["bert_encoder"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute(
+            "SELECT w.name, x.rule, x.round, x.matched_ops, x.classes FROM written_nodes w "
+            "JOIN explanations x ON x.node = w.node ORDER BY w.name").fetchall()
+        assert rows and all(r[1] and r[2] >= 1 and r[3] for r in rows)
+        assert {r[1] for r in rows} == {"gelu-bias"} and all(r[3] == ["Gelu", "Add"] for r in rows)
+        # every e-node a rule added has its match; every match a rule and round of rule_stats
+        assert con.execute("SELECT count(*) FROM explanations WHERE matched_nodes IS NULL").fetchall()[0][0] == 0
+        assert con.execute("SELECT count(*) FROM explain_matches m ANTI JOIN rule_stats s USING (rule, round)"
+                           ).fetchall()[0][0] == 0
+        # the e-nodes a rule added are exactly the e-nodes newer than the import
+        added, newer = con.execute(
+            "SELECT (SELECT count(*) FROM explain_nodes), (SELECT count(*) FROM enodes WHERE id > "
+            "(SELECT max(id) FROM enodes WHERE id NOT IN (SELECT id FROM explain_nodes)))").fetchall()[0]
+        assert added == newer > 0
+
+
+def test_explain_prints_the_chains_and_one_node(saved):
+    _, db = saved["bert_encoder"]
+    app = typer.Typer()
+    app.command()(explain)
+    res = CliRunner().invoke(app, [str(db)])
+    assert res.exit_code == 0, res.output
+    assert "round 1, rule gelu-erf" in res.output and "round 2, rule gelu-bias" in res.output
+    assert "matched Gelu#" in res.output and "(round 1, gelu-erf)" in res.output  # back to the step before
+    assert "written node(s) are not in the input graph" in res.output
+    ex = open_explanations(db)
+    name = next(w[0] for w in ex.written if ex.derived(w[3]))
+    one = CliRunner().invoke(app, [str(db), "--node", name])
+    assert one.exit_code == 0 and one.output.startswith(f"{name} (") and "matched" in one.output
+    kept = next(w[0] for w in ex.written if w[3] is not None and not ex.derived(w[3]))
+    assert "in the input graph" in explain_text(ex, kept)
+
+
+def test_errors_are_one_line(saved, tmp_path):
+    _, db = saved["bert_encoder"]
+    app = typer.Typer()
+    app.command()(explain)
+    res = CliRunner().invoke(app, [str(db), "--node", "no_such_node"])
+    assert res.exit_code == 1 and "no written node is named 'no_such_node'" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    text = tmp_path / "model.txt"
+    text.write_text("not a database\n")
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE t (x INTEGER)")
+    for bad, why in ((text, "cannot open it as a DuckDB database"), (other, "not a relsat e-graph"),
+                     (tmp_path / "missing.duckdb", "no such e-graph database"), (tmp_path, "is a folder")):
+        with pytest.raises(RelsatError, match=why) as e:
+            open_explanations(bad)
+        assert str(bad) in str(e.value) and "\n" not in str(e.value)
+        res = CliRunner().invoke(app, [str(bad)])
+        assert res.exit_code == 1 and len(res.output.strip().splitlines()) == 1
+
+
+def test_an_egraph_without_explanations_is_named(tmp_path):
+    """An e-graph saved without a written graph (here: only imported) says what it lacks, in one line."""
+    db = tmp_path / "e.duckdb"
+    g = EGraph(db)
+    import_model(zoo.build("bert", small=True), egraph=g)
+    g.close()
+    with pytest.raises(RelsatError, match="has no explanations .*written_nodes"):
+        open_explanations(db)
+    assert isinstance(Explanations, type)
