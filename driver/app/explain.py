@@ -128,10 +128,13 @@ class Explanations:
         return node is not None and node in self.node_rows
 
     def app_of(self, node: int) -> Application:
+        """The application that added e-node ``node``; one without a recorded match (a multi-pattern
+        application the cycle filter dropped after its nodes were built) has no matched e-nodes."""
         op, ec, fresh, rule, rnd, mid = self.node_rows[node]
         app = self.apps.get((rule, rnd, mid))
         if app is None:
-            raise RelsatError(f"e-node {op}#{node}: its application ({rule}, round {rnd}) has no recorded match")
+            added = sorted((r[0], n, r[1], r[2]) for n, r in self.node_rows.items() if r[3:] == (rule, rnd, mid))
+            app = Application(rule, rnd, mid, (), (), (), {}, {}, tuple(sorted(added, key=lambda a: a[1])))
         return app
 
     def chain(self, node: int) -> list[Application]:
@@ -193,7 +196,7 @@ def explain_text(ex: Explanations, node: str | None = None, *, db: str = "the e-
         for i, a in enumerate(steps, 1):
             lines.append(f"  {i}. round {a.round}, rule {a.rule}, match {a.mid}: roots "
                          f"{', '.join(ex.name_class(c) for c in a.roots)}")
-            lines.append(f"     matched {', '.join(ex.name_node(m) for m in a.nodes)}")
+            lines.append(f"     matched {', '.join(ex.name_node(m) for m in a.nodes) or '(not recorded)'}")
             if a.classes:
                 lines.append(f"     e-classes {'; '.join(f'{k} = {ex.name_class(c)}' for k, c in a.classes.items())}")
             if a.bindings:
