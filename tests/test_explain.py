@@ -16,7 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from relsat.driver.app.explain import Explanations, explain, explain_text, open_explanations
+from relsat.driver.app.explain import explain, explain_text, open_explanations
 from relsat.driver.app.optimize import optimize
 from relsat.driver.boundary import zoo
 from relsat.driver.boundary.onnx_import import import_model
@@ -274,4 +274,3 @@ def test_an_egraph_without_explanations_is_named(tmp_path):
     g.close()
     with pytest.raises(RelsatError, match="has no explanations .*written_nodes"):
         open_explanations(db)
-    assert isinstance(Explanations, type)
