@@ -253,9 +253,10 @@ def open_explanations(db: Path) -> Explanations:
 def explain(egraph: Path = typer.Argument(..., help="a saved e-graph (relsat optimize --db)"),
             node: Optional[str] = typer.Option(None, "--node", help="a written node's name (or one of its outputs)"),
             ) -> None:
-    """Why each rewrite happened: for every written node that is not in the input graph (or the one
-    named), the chain of rule applications (rule, round, matched e-classes and e-nodes) that derived it
-    from the input."""
+    """Why each rewrite happened: the rule applications that derived each written node not in the input.
+
+    For every written node that is not in the input graph (or the one named), the chain of rule
+    applications (rule, round, matched e-classes and e-nodes) that derived it from the input."""
     try:
         text = explain_text(open_explanations(egraph), node, db=str(egraph))
     except RelsatError as e:

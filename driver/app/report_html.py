@@ -920,9 +920,11 @@ def report(source: Path = typer.Argument(..., help="a relsat batch folder (OUTDI
                                                       "python -m relsat.benchmarks.bench_corpus --out FILE); "
                                                       "repeatable"),
            title: Optional[str] = typer.Option(None, "--title", help="the page's title")) -> None:
-    """Write one self-contained HTML page (inline SVG plots, works offline) over a batch or a report: speedup
-    per model beside the peers, time per phase, e-graph growth per round, predicted against measured
-    latency of every candidate."""
+    """One self-contained HTML page over a batch folder or a report: speedups, phases, e-graph growth, costs.
+
+    Inline SVG plots, no script, works offline: speedup per model beside the peers (``--peers``) with the
+    spread, where the time went per phase, e-graph growth per round, predicted against measured latency
+    of every candidate."""
     try:
         path, src = write_report(source, output, peers=peers or (), title=title)
     except RelsatError as e:
