@@ -15,8 +15,9 @@ claimed. Implemented here:
 * **expression merging** (inlining, the way back): a step read by exactly one later step is
   substituted into it, its summation iterators joining the reader's.
 
-``canonical(program)`` renames iterators by role and order of first use (scope ``o<k>``, summations
-``s<k>``) and orders index terms, so that programs equal up to naming compare equal: a derivation
+``canonical(program)`` orders the factors of products (and terms of sums) by tensor, renames iterators
+by role and order of first use (scope ``o<k>``, summations ``s<k>``) and orders index terms, so that
+programs equal up to naming and commutation compare equal: a derivation
 that comes back to an operator's own expression is recognised by ``tensor_match`` as that operator.
 """
 
@@ -45,7 +46,19 @@ def _rename_index(ix: Index, names: dict) -> Index:
     return Index(terms, ix.const, ix.div, ix.exact, ix.mod)
 
 
+def _sorted_products(t: Term) -> Term:
+    """``t`` with every Mul and Add flattened and its arguments ordered (accesses by tensor name, then the rest)."""
+    if not isinstance(t, Call):
+        return t
+    args = tuple(_sorted_products(a) for a in t.args)
+    if t.op in ("Mul", "Add"):  # associative too: a product of products is one product
+        args = tuple(b for a in args for b in (a.args if isinstance(a, Call) and a.op == t.op else (a,)))
+        args = tuple(sorted(args, key=lambda a: (0, a.tensor) if isinstance(a, Access) else (1, "")))
+    return Call(t.op, args)
+
+
 def canonical_expr(e: Expr) -> Expr:
+    e = Expr(e.scope, e.sums, _sorted_products(e.body), e.combine)
     names = {i.name: f"o{k}" for k, i in enumerate(e.scope)}
     order = []
     for a in accesses(e.body):
@@ -73,38 +86,53 @@ def _affine(ix: Index) -> bool:
 
 
 def split_summation(p: Program, step: int, over: str, name: str = "split") -> Program | None:
-    """Split summation iterator ``over`` of step ``step`` (a product of two accesses) into its own step."""
+    """Split summation iterator ``over`` of step ``step`` (a product of accesses) into its own step: the factors
+    that read ``over`` are summed over it into ``T`` (indexed by their other iterators: a plain one keeps its
+    name and range, an affine index becomes a fresh iterator over the axis it reads), and the step becomes
+    the product of ``T`` and the other factors, summed over the other iterators."""
     out_name, e = p.steps[step]
-    if not (isinstance(e.body, Call) and e.body.op == "Mul" and len(e.body.args) == 2 and e.combine == "sum"):
+    if e.combine != "sum" or over not in {s.name for s in e.sums}:
         return None
-    factors = e.body.args
+    factors = list(e.body.args) if isinstance(e.body, Call) and e.body.op == "Mul" else [e.body]
     if not all(isinstance(f, Access) and all(_affine(ix) for ix in f.index) for f in factors):
         return None
-    if not all(any(t[0] == over for ix in f.index for t in ix.terms) for f in factors):
+    using = [f for f in factors if any(t[0] == over for ix in f.index for t in ix.terms)]
+    others = [f for f in factors if f not in using]
+    if not using:
         return None
     shapes = dict(p.inputs) | {n: x.shape for n, x in p.steps}
+    extent = {i.name: i.extent for i in (*e.scope, *e.sums)}
     fresh = (f"{name}.i{k}" for k in itertools.count())
     t_scope, outer_index, new_factors = [], [], []
-    for f in factors:
+    for f in using:
         idx = []
-        for ix, extent in zip(f.index, shapes[f.tensor]):
-            if ix.plain() == over:
+        for ix, axis in zip(f.index, shapes[f.tensor]):
+            plain = ix.plain()
+            if plain == over:
                 idx.append(ix)
                 continue
-            # every non-summed index becomes a fresh iterator of T over the axis it reads; T's reader puts it back
-            it = Iter(next(fresh), extent)
-            t_scope.append(it)
-            outer_index.append(ix)
-            idx.append(Index.of(it.name))
+            if any(t[0] == over for t in ix.terms):
+                return None  # the summed iterator inside an affine index: not separable here
+            if plain is None:  # an affine index: a fresh iterator of T over the axis; T's reader puts it back
+                it = Iter(next(fresh), axis)
+                t_scope.append(it)
+                outer_index.append(ix)
+                idx.append(Index.of(it.name))
+                continue
+            if plain not in {i.name for i in t_scope}:
+                t_scope.append(Iter(plain, extent[plain]))
+                outer_index.append(ix)
+            idx.append(ix)
         new_factors.append(Access(f.tensor, tuple(idx), f.pad))
-    over_iter = next(s for s in e.sums if s.name == over)
-    if any(t[0] == over for ix in outer_index for t in ix.terms):
-        return None  # the summed iterator also indexes elsewhere: not separable
-    if len(e.sums) == 1 and all(ix.plain() for ix in outer_index):
+    if len(e.sums) == 1 and not others and all(ix.plain() for ix in outer_index):
         return None  # nothing would be left to the reader but a copy
     t_name = f"{out_name}.{name}"
-    t_expr = Expr(tuple(t_scope), (over_iter,), Call("Mul", tuple(new_factors)))
-    rest = Expr(e.scope, tuple(s for s in e.sums if s.name != over), Access(t_name, tuple(outer_index)))
+    over_iter = next(s for s in e.sums if s.name == over)
+    t_body = new_factors[0] if len(new_factors) == 1 else Call("Mul", tuple(new_factors))
+    t_expr = Expr(tuple(t_scope), (over_iter,), t_body)
+    read = Access(t_name, tuple(outer_index))
+    rest = Expr(e.scope, tuple(s for s in e.sums if s.name != over),
+                read if not others else Call("Mul", (read, *others)))
     steps = list(p.steps)
     steps[step:step + 1] = [(t_name, t_expr), (out_name, rest)]
     return Program(p.inputs, tuple(steps))

@@ -20,6 +20,7 @@ import string
 import numpy as np
 from onnx import helper, numpy_helper
 
+from .tensor_derive import canonical
 from .tensor_expr import Access, Call, Const, Expr, Index, Program
 from .tensor_lower import NotLowerable, lower
 
@@ -48,8 +49,9 @@ class _Out:
 
 
 def _equal(op: str, attrs: dict, inputs, consts: dict, program: Program) -> bool:
+    """Whether the operator's own lowering is the program (up to iterator names and commutation)."""
     try:
-        return lower(op, attrs, inputs, consts).steps == program.steps
+        return canonical(lower(op, attrs, inputs, consts)).steps == canonical(program).steps
     except (NotLowerable, KeyError, ValueError, TypeError, IndexError):
         return False
 
@@ -138,9 +140,10 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
         if fits("Reshape", {}, [*single.inputs, ("shape", (len(e.shape),))], {"shape": target}):
             out.node("Reshape", [ins[0], out.const(target, np.int64)], output)
             return
-    if len(e.sums) == 1 and len(ins) == 2 and fits("MatMul", {}):
-        out.node("MatMul", ins, output)
-        return
+    for pair in (ins, ins[::-1]) if len(e.sums) == 1 and len(ins) == 2 else ():
+        if fits("MatMul", {}, [(n, shapes[n]) for n in pair]):
+            out.node("MatMul", pair, output)
+            return
     for ta, tb in itertools.product((0, 1), repeat=2) if len(e.sums) == 1 and len(ins) == 2 else ():
         if fits("Gemm", {"transA": ta, "transB": tb}):  # a product of transposed matrices
             out.node("Gemm", ins, output, transA=ta, transB=tb)

@@ -241,3 +241,26 @@ def test_every_fixture_program_round_trips_through_the_tables():
         p = lowered(CASES[cid])
         tensor_tables.write(con, tensor_tables.rows_of("case", k, k, p), replace=k == 0)
         assert tensor_tables.load(con, "case", k) == p, cid
+
+
+def test_a_product_chain_derives_every_association_order():
+    """Summation splitting over a chain of products (EinNet's expression splitting): A·B·C comes out as (A·B)·C
+    and A·(B·C), each matched as two MatMuls and equal under ONNX Runtime; A·B·C·D reaches three-product
+    forms (every association order: five binary trees, one of them also in a transposed form)."""
+    shapes = [(2, 3), (3, 4), (4, 2)]
+    ein = lower("Einsum", {"equation": "ij,jk,kl->il"}, [(f"x{k}", s) for k, s in enumerate(shapes)])
+    derived = derive(ein, depth=3)
+    assert len(derived) == 2
+    intermediates = set()
+    for p in derived:
+        nodes, inits = match(p, "y")
+        assert [n.op_type for n in nodes] == ["MatMul", "MatMul"]
+        model = model_of("Einsum", {"equation": "ij,jk,kl->il"}, shapes, {}, 17, nodes=nodes)
+        feeds = feeds_of(shapes, {}, seed=4)
+        want = run(model_of("Einsum", {"equation": "ij,jk,kl->il"}, shapes, {}, 17), feeds)
+        np.testing.assert_allclose(run(model, feeds), want, rtol=1e-5, atol=1e-6)
+        intermediates.add(p.steps[0][1].shape)
+    assert intermediates == {(2, 4), (3, 2)}  # A·B, and B·C
+    four = lower("Einsum", {"equation": "ij,jk,kl,lm->im"}, [("a", (2, 3)), ("b", (3, 4)), ("c", (4, 2)), ("d", (2, 5))])
+    binary = [p for p in derive(four, depth=3) if len(p.steps) == 3 and all(len(e.sums) == 1 for _, e in p.steps)]
+    assert len(binary) >= 5 and all(equivalent(four, p) for p in binary)
