@@ -474,32 +474,6 @@ def zoo_build(name: str = typer.Argument(..., help="a zoo model name, all (TASO'
 QUERY_FORMATS = ("table", "csv", "json")
 
 
-def open_egraph_readonly(db: Path):
-    """A read-only connection to a saved e-graph that reads nothing else: external access off (no
-    COPY TO, ATTACH of other files, read_csv of arbitrary files), extensions neither installed nor
-    autoloaded, and the configuration locked so a query cannot turn these back on."""
-    import duckdb
-
-    if not db.exists():
-        raise RelsatError(f"{db}: no such e-graph database")
-    if not db.is_file():
-        raise RelsatError(f"{db}: is a folder, not an e-graph database")
-    con = duckdb.connect(":memory:")
-    try:  # attached (not opened) so that a connection this process already holds does not conflict
-        from relsat.relations.schema import literal
-
-        con.execute(f"ATTACH {literal(str(db))} AS egraph (READ_ONLY)")
-        con.execute("USE egraph")
-        for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
-                        "autoload_known_extensions = false", "allow_community_extensions = false",
-                        "lock_configuration = true"):
-            con.execute("SET " + setting)
-    except duckdb.Error as e:
-        con.close()
-        raise RelsatError(f"{db}: cannot open it as a DuckDB database: {error_line(e)}") from None
-    return con
-
-
 @app.command(context_settings={"ignore_unknown_options": True})
 def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize --db)"),
           sql: str = typer.Argument(..., help="one SQL query (it may start with a -- comment)"),
@@ -513,6 +487,8 @@ def query(db: Path = typer.Argument(..., help="a saved e-graph (relsat optimize 
         if not sql.strip():
             raise RelsatError("query: the SQL is empty; give one query, e.g. relsat query e.duckdb "
                               "\"SELECT count(*) FROM eclass\"")
+        from relsat.driver.boundary.outputs import open_egraph_readonly
+
         con = open_egraph_readonly(db)
         try:
             cur = con.execute(sql)

@@ -215,24 +215,11 @@ def open_explanations(db: Path) -> Explanations:
     nothing else; a file that is not a relsat e-graph with explanations is a one-line RelsatError."""
     import duckdb
 
-    from relsat.relations.schema import literal
+    from relsat.driver.boundary.outputs import open_egraph_readonly
 
     db = Path(db)
-    if not db.exists():
-        raise RelsatError(f"{db}: no such e-graph database")
-    if not db.is_file():
-        raise RelsatError(f"{db}: is a folder, not an e-graph database")
-    con = duckdb.connect(":memory:")
+    con = open_egraph_readonly(db)
     try:
-        try:  # attached (not opened) so that a connection this process already holds does not conflict
-            con.execute(f"ATTACH {literal(str(db))} AS egraph (READ_ONLY)")
-            con.execute("USE egraph")
-            for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
-                            "autoload_known_extensions = false", "allow_community_extensions = false",
-                            "lock_configuration = true"):
-                con.execute("SET " + setting)
-        except duckdb.Error as e:
-            raise RelsatError(f"{db}: cannot open it as a DuckDB database: {error_line(e)}") from None
         have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'egraph' "
                                           "UNION ALL SELECT view_name FROM duckdb_views() "
                                           "WHERE database_name = 'egraph'").fetchall()}

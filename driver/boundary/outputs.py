@@ -11,6 +11,9 @@ replaces a file it did not write.
 ``save_model_atomic`` writes a model (``write_text_atomic`` a text) through a temporary file and a rename (with a side file of
 tensors above ``EXTERNAL_DATA_BYTES``).
 
+``open_egraph_readonly`` is the one way a saved e-graph is read back (``relsat query``, ``relsat explain``): a
+read-only connection that can read nothing else.
+
 ``EGraphFile`` builds an e-graph beside its destination (a hidden temporary file in the same
 folder) and renames it into place only when the run that built it got that far, so a run that
 fails (or is killed) leaves an earlier e-graph at that path as it was; ``discard_uncommitted``
@@ -34,7 +37,7 @@ import onnx
 
 from relsat.relations.runtime import tensor_bytes
 
-from relsat.driver.errors import RelsatError
+from relsat.driver.errors import RelsatError, error_line
 
 EGRAPH_TABLES = {"meta", "eclass", "uf"}  # every relsat e-graph has these tables
 EXTERNAL_DATA_BYTES = 1_800_000_000  # save_model_atomic puts tensors in a side file above this size
@@ -328,3 +331,29 @@ def write_text_atomic(path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def open_egraph_readonly(db: Path):
+    """A read-only connection to a saved e-graph that reads nothing else: external access off (no
+    COPY TO, ATTACH of other files, read_csv of arbitrary files), extensions neither installed nor
+    autoloaded, and the configuration locked so a query cannot turn these back on."""
+    import duckdb
+
+    if not db.exists():
+        raise RelsatError(f"{db}: no such e-graph database")
+    if not db.is_file():
+        raise RelsatError(f"{db}: is a folder, not an e-graph database")
+    con = duckdb.connect(":memory:")
+    try:  # attached (not opened) so that a connection this process already holds does not conflict
+        from relsat.relations.schema import literal
+
+        con.execute(f"ATTACH {literal(str(db))} AS egraph (READ_ONLY)")
+        con.execute("USE egraph")
+        for setting in ("enable_external_access = false", "autoinstall_known_extensions = false",
+                        "autoload_known_extensions = false", "allow_community_extensions = false",
+                        "lock_configuration = true"):
+            con.execute("SET " + setting)
+    except duckdb.Error as e:
+        con.close()
+        raise RelsatError(f"{db}: cannot open it as a DuckDB database: {error_line(e)}") from None
+    return con
