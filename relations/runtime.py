@@ -63,12 +63,22 @@ def fits_one_buffer(model: onnx.ModelProto) -> bool:
     return tensor_bytes(model) < PROTO_LIMIT - 100_000_000
 
 
+_LOG_SEVERITY = [4]  # fatal only: a failing run raises anyway (a one-node probe of an opaque Gather on random
+# indices printed red ONNX Runtime errors to the user); ``set_log_severity`` (relsat optimize --verbose) lowers it
+
+
+def set_log_severity(level: int) -> None:
+    """The severity from which ONNX Runtime's sessions (made here) and its default logger print: 4 (fatal,
+    the default) keeps its lines out of the user's output, 2 (warnings) is ``--verbose``."""
+    _LOG_SEVERITY[0] = level
+    ort.set_default_logger_severity(level)
+
+
 def session_options(*, threads: int | None = None, optimize: bool = True) -> ort.SessionOptions:
     """Quiet options; ``optimize``: graph optimizations at level ALL (else none); ``threads``: as in
     the module docstring."""
     opts = ort.SessionOptions()
-    opts.log_severity_level = 4  # fatal only: a failing run raises anyway (a one-node probe of an opaque
-    # Gather on random indices printed red ONNX Runtime errors to the user)
+    opts.log_severity_level = _LOG_SEVERITY[0]
     opts.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     if threads is not None:

@@ -166,3 +166,21 @@ def test_rules_generate_off_a_terminal_one_line_per_step_with_its_time(tmp_path)
     assert re.fullmatch(r"relsat: verifying \d+ rules under ONNX Runtime: \d+\.\d\d s", lines[1]), err
     assert len(lines) == 2 and "onnxruntime" not in err.lower()
     assert (tmp_path / "g.rules").exists() and "wrote" in out
+
+
+_RELSAT_SESSION = """
+import sys
+from relsat.driver.app import cli
+from relsat.relations import runtime
+cli._ort_log(sys.argv[1] == "verbose")
+runtime.session(sys.argv[2])  # a session relsat makes: its own log lines follow --verbose too
+"""
+
+
+def test_relsat_s_own_sessions_log_only_with_verbose(tmp_path):
+    path = _noisy(tmp_path)
+    runs = {mode: subprocess.run([sys.executable, "-c", _RELSAT_SESSION, mode, str(path)], capture_output=True,
+                                 text=True) for mode in ("quiet", "verbose")}
+    assert all(r.returncode == 0 for r in runs.values()), runs
+    assert "onnxruntime" not in runs["quiet"].stderr, runs["quiet"].stderr
+    assert "onnxruntime" in runs["verbose"].stderr, runs["verbose"].stderr

@@ -156,11 +156,11 @@ def optimize(
 
 
 def _ort_log(verbose: bool) -> None:
-    """ONNX Runtime's own log lines (its default logger: warnings and errors it prints itself, beside the
-    exceptions relsat reports) only with --verbose."""
-    import onnxruntime as ort
+    """ONNX Runtime's own log lines (its default logger and relsat's sessions: warnings and errors it prints
+    itself, beside the exceptions relsat reports) only with --verbose."""
+    from relsat.relations import runtime
 
-    ort.set_default_logger_severity(2 if verbose else 4)
+    runtime.set_log_severity(2 if verbose else 4)
 
 
 class _Progress:
