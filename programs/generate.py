@@ -32,7 +32,7 @@ import itertools
 import time
 from collections import Counter
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from .enumerate import Enumeration, enumerate_family
@@ -437,15 +437,36 @@ def _check_one(general: str, strict: str, trials: int, prove: bool) -> tuple[str
     return "ok", is_general, "tested", next(p.reason for p in proofs if p.status != "proved")
 
 
-def verify(rules: list[Generated], *, jobs: int = 2, trials: int = TRIALS, prove: bool = True) -> None:
-    """Check every rule (and prove it where it can be) in ``jobs`` worker processes."""
-    args = [[g.text for g in rules], [g.strict or g.text for g in rules], [trials] * len(rules), [prove] * len(rules)]
+def _check_chunk(chunk: list[tuple]) -> list[tuple[str, bool, str, str]]:
+    return [_check_one(*a) for a in chunk]
+
+
+def verify(rules: list[Generated], *, jobs: int = 2, trials: int = TRIALS, prove: bool = True,
+           progress=lambda done, total: None) -> None:
+    """Check every rule (and prove it where it can be) in ``jobs`` worker processes; ``progress(done, total)``
+    hears how many rules are checked so far (first ``(0, total)``, last ``(total, total)``)."""
+    items = [(g.text, g.strict or g.text, trials, prove) for g in rules]
+    total = len(rules)
+    progress(0, total)
+    results: list = [None] * total
     if jobs <= 1:
-        results = list(map(_check_one, *args))
+        for i, a in enumerate(items):
+            results[i] = _check_one(*a)
+            progress(i + 1, total)
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            results = list(pool.map(_check_one, *args, chunksize=8))
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:  # chunks of 8, counted as each chunk ends
+            chunks = {pool.submit(_check_chunk, items[i:i + 8]): i for i in range(0, total, 8)}
+            done = 0
+            try:
+                for f in as_completed(chunks):
+                    chunk = f.result()
+                    results[chunks[f]:chunks[f] + len(chunk)] = chunk
+                    done += len(chunk)
+                    progress(done, total)
+            except BaseException:  # Ctrl-C or a failed chunk: the chunks not begun are not run
+                pool.shutdown(cancel_futures=True)
+                raise
     for g, (verdict, general, proof, reason) in zip(rules, results):
         g.verdict, g.general, g.proof, g.proof_reason = verdict, general, proof, reason
         if verdict == "ok" and not general:
@@ -453,7 +474,10 @@ def verify(rules: list[Generated], *, jobs: int = 2, trials: int = TRIALS, prove
 
 
 def generate(*, max_ops: int = MAX_OPS, families=tuple(FAMILIES), jobs: int = 2, trials: int = TRIALS,
-             prove: bool = True, command: str = "", seed: int = 0, status=lambda text: None) -> Report:
+             prove: bool = True, command: str = "", seed: int = 0, status=lambda text: None,
+             progress=lambda done, total: None) -> Report:
+    """Steps 1-6 over ``families``; ``status(text)`` hears each step as it begins, ``progress(done, total)``
+    the rules verified so far in the long step (verification)."""
     report = Report(command, max_ops, list(families))
     t0 = time.perf_counter()
     rules: list[Generated] = []
@@ -465,7 +489,7 @@ def generate(*, max_ops: int = MAX_OPS, families=tuple(FAMILIES), jobs: int = 2,
     report.seconds["enumerate and prune"] = time.perf_counter() - t0
     status(f"verifying {len(rules)} rules under ONNX Runtime ...")
     t1 = time.perf_counter()
-    verify(rules, jobs=jobs, trials=trials, prove=prove)
+    verify(rules, jobs=jobs, trials=trials, prove=prove, progress=progress)
     report.seconds["verify and prove"] = time.perf_counter() - t1
     _mark_duplicates(rules)
     report.rules = rules

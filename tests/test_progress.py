@@ -184,3 +184,35 @@ def test_relsat_s_own_sessions_log_only_with_verbose(tmp_path):
     assert all(r.returncode == 0 for r in runs.values()), runs
     assert "onnxruntime" not in runs["quiet"].stderr, runs["quiet"].stderr
     assert "onnxruntime" in runs["verbose"].stderr, runs["verbose"].stderr
+
+
+def test_rules_generate_reports_its_verification_count():
+    """The long step of ``rules generate`` (verifying the candidates under ONNX Runtime) reports how many
+    rules are done of how many, for the terminal's bar: counts that rise to the total, in one process and in
+    worker processes."""
+    from relsat.driver.app import cli
+    from relsat.programs import generate as gen
+
+    for jobs in (1, 2):
+        ticks, steps = [], []
+        rep = gen.generate(max_ops=1, families=["matrix"], jobs=jobs, trials=1, prove=False, status=steps.append,
+                           progress=lambda done, total: ticks.append((done, total)))
+        total = len(rep.rules)
+        assert total > 1 and ticks[0] == (0, total) and ticks[-1] == (total, total), ticks
+        assert all(t == total for _, t in ticks) and [d for d, _ in ticks] == sorted({d for d, _ in ticks})
+        assert steps[-1] == f"verifying {total} rules under ONNX Runtime ..."
+
+    # the bar on a terminal shows the count while the step runs, and the line goes at the end
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    with cli._Progress(Console(file=buf, force_terminal=True, width=100)) as p:
+        p.step("verifying 3 rules under ONNX Runtime ...")
+        p.advance(2, 3)
+        shown = p._bar.get_renderable()
+        text = Console(file=io.StringIO(), width=100)
+        text.print(shown)
+        assert "2/3" in text.file.getvalue() and "verifying 3 rules" in text.file.getvalue()
+    assert "relsat: verifying" not in buf.getvalue()

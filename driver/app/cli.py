@@ -585,7 +585,7 @@ def rules_generate(
         _ort_log(False)
         with _Progress(err) as progress:
             rep = gen.generate(max_ops=max_ops, families=families, jobs=jobs, trials=trials, prove=not no_prove,
-                               command=command, status=progress.step)
+                               command=command, status=progress.step, progress=progress.advance)
         write_text_atomic(output, gen.render(rep))
         if report:
             write_text_atomic(report, json.dumps(gen.report_json(rep), indent=2) + "\n")
