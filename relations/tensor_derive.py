@@ -14,6 +14,10 @@ claimed. Implemented here:
   followed by a sum of k^2 shifted slices (the seed's motivating example).
 * **expression merging** (inlining, the way back): a step read by exactly one later step is
   substituted into it, its summation iterators joining the reader's.
+* **variable substitution by blocks** (``split_scope``): ``i = B·ib + ii`` on an output iterator, the
+  blocked tensor then reshaped back; and **access splitting** (``split_access``): an access with a
+  non-plain index becomes a gather step of its own (a Reshape, a window of overlapping blocks), so the
+  rest is a plain product again (a MatMul over blocks).
 
 ``canonical(program)`` orders the factors of products (and terms of sums) by tensor, renames iterators
 by role and order of first use (scope ``o<k>``, summations ``s<k>``) and orders index terms, so that
@@ -98,8 +102,8 @@ def split_summation(p: Program, step: int, over: str, name: str = "split") -> Pr
         return None
     using = [f for f in factors if any(t[0] == over for ix in f.index for t in ix.terms)]
     others = [f for f in factors if f not in using]
-    if not using:
-        return None
+    if not using or any(f.pad != 0.0 for f in using):
+        return None  # T reads 0 outside its range: exact only when the factors it sums pad with 0
     shapes = dict(p.inputs) | {n: x.shape for n, x in p.steps}
     extent = {i.name: i.extent for i in (*e.scope, *e.sums)}
     fresh = (f"{name}.i{k}" for k in itertools.count())
@@ -204,6 +208,68 @@ def inline(p: Program, step: int) -> Program | None:
     return Program(p.inputs, tuple(steps))
 
 
+# -- variable substitution: blocking an iterator, and gathers split out of accesses ------------------------------
+
+
+def split_scope(p: Program, step: int, iterator: str, block: int) -> Program | None:
+    """Variable substitution ``i = block·ib + ii`` of a scope iterator (its extent a multiple of ``block``):
+    the step computes the blocked tensor (``i``'s axis becomes two), and a Reshape step gives the old shape."""
+    name, e = p.steps[step]
+    pos = next((k for k, i in enumerate(e.scope) if i.name == iterator), None)
+    if pos is None or block <= 1 or e.scope[pos].extent % block or e.scope[pos].extent == block:
+        return None
+    ib, ii = f"{iterator}.b", f"{iterator}.i"
+    value = Index(((ib, block), (ii, 1)))
+    try:
+        body = _map_term(e.body, lambda a: Access(a.tensor, tuple(_subst_or_fail(ix, {iterator: value})
+                                                                  for ix in a.index), a.pad))
+    except ValueError:
+        return None
+    n = e.scope[pos].extent
+    scope = (*e.scope[:pos], Iter(ib, n // block), Iter(ii, block), *e.scope[pos + 1:])
+    blocked = f"{name}.blocked"
+    back = tuple(Index.of(f"o{k}") for k in range(pos)) + (
+        Index(((f"o{pos}", 1),), 0, block, False), Index(((f"o{pos}", 1),), 0, 1, False, block)) + tuple(
+        Index.of(f"o{k}") for k in range(pos + 1, len(e.scope)))
+    reshape = Expr(tuple(Iter(f"o{k}", i.extent) for k, i in enumerate(e.scope)), (), Access(blocked, back))
+    steps = list(p.steps)
+    steps[step:step + 1] = [(blocked, Expr(scope, e.sums, body, e.combine)), (name, reshape)]
+    return Program(p.inputs, tuple(steps))
+
+
+def _subst_or_fail(ix: Index, values: dict[str, Index]) -> Index:
+    if not any(t[0] in values for t in ix.terms):
+        return ix
+    got = _substitute(ix, values)
+    if got is None:
+        raise ValueError("not affine")
+    return got
+
+
+def split_access(p: Program, step: int, which: int) -> Program | None:
+    """Expression splitting of one access ``T[τ]`` whose index is not plain: a new step ``G = T[τ]`` over the
+    iterators ``τ`` uses (a gather: a Reshape, a window, a slice), and the access becomes ``G`` read plainly."""
+    name, e = p.steps[step]
+    accs = accesses(e.body)
+    if which >= len(accs) or all(ix.plain() for ix in accs[which].index):
+        return None
+    acc = accs[which]
+    used = []
+    for ix in acc.index:
+        for t in ix.terms:
+            if t[0] not in used:
+                used.append(t[0])
+    extent = {i.name: i.extent for i in (*e.scope, *e.sums)}
+    g_name = f"{name}.gather{which}"
+    gather = Expr(tuple(Iter(n, extent[n]) for n in used), (), acc)
+    plain = Access(g_name, tuple(Index.of(n) for n in used))
+    count = iter(range(len(accs)))
+    body = _map_term(e.body, lambda a: plain if next(count) == which else a)
+    steps = list(p.steps)
+    steps[step:step + 1] = [(g_name, gather), (name, Expr(e.scope, e.sums, body, e.combine))]
+    return Program(p.inputs, tuple(steps))
+
+
 # -- checking and the derivation loop ----------------------------------------------------------------------------
 
 
@@ -222,7 +288,10 @@ RULES = {
     "split-summation": lambda p: [q for k, (_, e) in enumerate(p.steps) for s in e.sums
                                   if (q := split_summation(p, k, s.name, f"split{k}")) is not None],
     "merge": lambda p: [q for k in range(len(p.steps)) if (q := inline(p, k)) is not None],
+    "split-access": lambda p: [q for k, (_, e) in enumerate(p.steps) for j in range(len(accesses(e.body)))
+                               if (q := split_access(p, k, j)) is not None],
 }
+# split_scope (blocking) takes a block size: applied by the derivations that choose one (not in the blind loop)
 
 
 def derive(p: Program, depth: int = 2, rules=tuple(RULES)) -> dict[Program, list[str]]:

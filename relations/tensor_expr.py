@@ -153,6 +153,20 @@ def _term(term: Term, tensors: dict[str, np.ndarray], grid: dict[str, np.ndarray
     return np.where(valid, got, np.asarray(term.pad, t.dtype))
 
 
+def gather_map(e: Expr, source_shape) -> np.ndarray | None:
+    """For an expression that only reads one tensor (a single access, no summation), the row-major position
+    in the source that every output element reads (-1 where it reads the pad): two such expressions with the
+    same map are the same gather, over the whole finite domain. None for any other expression."""
+    if e.sums or not isinstance(e.body, Access):
+        return None
+    flat = np.arange(int(np.prod(source_shape)), dtype=np.int64).reshape(source_shape)
+    iters = e.scope
+    axes = np.indices([i.extent for i in iters], sparse=True) if iters else []
+    grid = {i.name: a for i, a in zip(iters, axes)}
+    got = _term(Access("src", e.body.index, -1), {"src": flat}, grid)
+    return np.broadcast_to(got, e.shape)
+
+
 def evaluate_expr(e: Expr, tensors: dict[str, np.ndarray]) -> np.ndarray:
     iters = (*e.scope, *e.sums)
     axes = np.indices([i.extent for i in iters], sparse=True) if iters else []

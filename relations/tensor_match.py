@@ -21,7 +21,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from .tensor_derive import canonical
-from .tensor_expr import Access, Call, Const, Expr, Index, Program
+from .tensor_expr import Access, Call, Const, Expr, Index, Program, gather_map
 from .tensor_lower import NotLowerable, lower
 
 
@@ -137,8 +137,13 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
             return
     if not e.sums and isinstance(e.body, Access):
         target = np.array(e.shape, np.int64)
-        if fits("Reshape", {}, [*single.inputs, ("shape", (len(e.shape),))], {"shape": target}):
+        src = shapes[ins[0]]
+        if math.prod(src) == math.prod(e.shape) and np.array_equal(
+                gather_map(e, src), gather_map(lower("Reshape", {}, [(ins[0], src), ("shape", (len(e.shape),))],
+                                                     {"shape": target}).result, src)):
             out.node("Reshape", [ins[0], out.const(target, np.int64)], output)
+            return
+        if _window_gather(e, output, shapes, out):
             return
     for pair in (ins, ins[::-1]) if len(e.sums) == 1 and len(ins) == 2 else ():
         if fits("MatMul", {}, [(n, shapes[n]) for n in pair]):
@@ -237,6 +242,91 @@ def _offset_sum(e: Expr, output: str, shapes, out: _Out) -> bool:
     else:
         out.node("Identity", [total], output)
     return True
+
+
+def _window_gather(e: Expr, output: str, shapes, out: _Out) -> bool:
+    """A gather whose axes read a scope iterator each, except one that reads ``B·ob + oj + c`` (overlapping
+    windows of ``oj``'s extent, ``B`` apart: what blocking a banded sum leaves) as Pad, one Slice per window
+    offset reshaped into blocks, Concat, a Slice to the window, and a Transpose to the scope's order.
+    Accepted only when the nodes, run by ONNX Runtime on the source's positions, read exactly what the
+    expression reads (over the whole domain)."""
+    acc = e.body
+    scope = {i.name: i.extent for i in e.scope}
+    axes, window = [], None
+    for k, ix in enumerate(acc.index):
+        if ix.plain() in scope:
+            axes.append([ix.plain()])
+            continue
+        if window is not None or ix.div != 1 or ix.mod is not None or len(ix.terms) != 2 or \
+                any(len(t) != 2 or t[0] not in scope for t in ix.terms):
+            return False
+        (ob, b), (oj, one) = sorted(ix.terms, key=lambda t: -t[1])
+        if one != 1 or b <= 1:
+            return False
+        window = (k, ob, oj, b, ix.const)
+        axes.append([ob, oj])
+    if window is None or sorted(n for a in axes for n in a) != sorted(scope):
+        return False
+    k, ob, oj, b, c = window
+    src_shape = list(shapes[acc.tensor])
+    nb, w, d = scope[ob], scope[oj], src_shape[k]
+    t = -(-w // b)  # windows of b start every b: t of them cover w
+    lo, hi = c, b * (nb - 1) + (t * b - 1) + c  # the source positions the blocks read (before cutting to w)
+    pb, pe = max(0, -lo), max(0, hi - (d - 1))
+    rank = len(src_shape)
+    start = len(out.nodes), len(out.inits)
+    src = acc.tensor
+    if pb or pe:
+        pads = [0] * (2 * rank)
+        pads[k], pads[rank + k] = pb, pe
+        src = out.node("Pad", [src, out.const(np.array(pads, np.int64), np.int64), out.const(acc.pad, np.float32)],
+                       out.fresh("pad"))
+    blocked_shape = src_shape[:k] + [nb, b] + src_shape[k + 1:]
+    parts = []
+    for j in range(t):
+        first = c + pb + j * b
+        piece = out.node("Slice", [src, out.const(np.array([first], np.int64), np.int64),
+                                   out.const(np.array([first + nb * b], np.int64), np.int64),
+                                   out.const(np.array([k], np.int64), np.int64)], out.fresh("win"))
+        parts.append(out.node("Reshape", [piece, out.const(np.array(blocked_shape, np.int64), np.int64)],
+                              out.fresh("blocks")))
+    cat = parts[0] if len(parts) == 1 else out.node("Concat", parts, out.fresh("cat"), axis=k + 1)
+    if t * b != w:
+        cat = out.node("Slice", [cat, out.const(np.array([0], np.int64), np.int64),
+                                 out.const(np.array([w], np.int64), np.int64),
+                                 out.const(np.array([k + 1], np.int64), np.int64)], out.fresh("cut"))
+    order = [n for a in axes for n in a]
+    perm = [order.index(i.name) for i in e.scope]
+    if perm != sorted(perm):
+        out.node("Transpose", [cat], output, perm=perm)
+    else:
+        out.node("Identity", [cat], output)
+    if not _reads_as(e, src_shape, acc.tensor, out.nodes[start[0]:], out.inits[start[1]:], output):
+        del out.nodes[start[0]:], out.inits[start[1]:]
+        return False
+    return True
+
+
+def _reads_as(e: Expr, src_shape, src: str, nodes, inits, output: str) -> bool:
+    """Whether ``nodes`` (run by ONNX Runtime on the source's row-major positions, as float64) read exactly
+    the positions the expression reads (and the pad where it pads)."""
+    from onnx import TensorProto
+
+    from .runtime import session
+
+    want = gather_map(e, src_shape)
+    pos = np.arange(math.prod(src_shape), dtype=np.float64).reshape(src_shape)
+    casted = []
+    for t in inits:
+        a = numpy_helper.to_array(t)
+        casted.append(numpy_helper.from_array(a.astype(np.float64) if a.dtype == np.float32 else a, t.name))
+    graph = helper.make_graph(list(nodes), "gather", [helper.make_tensor_value_info(src, TensorProto.DOUBLE, src_shape)],
+                              [helper.make_tensor_value_info(output, TensorProto.DOUBLE, None)], casted)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    got = session(model).run(None, {src: pos})[0]
+    pad = e.body.pad
+    expect = np.where(want >= 0, want.astype(np.float64), np.float64(pad))
+    return got.shape == want.shape and np.array_equal(got, expect)
 
 
 def _tensors(e: Expr) -> list[str]:
@@ -350,7 +440,7 @@ def match(program: Program, output: str, consts: dict | None = None, prefix: str
 def _rename(e: Expr, names: dict) -> Expr:
     def walk(t):
         if isinstance(t, Access):
-            return Access(names.get(t.tensor, t.tensor), t.index)
+            return Access(names.get(t.tensor, t.tensor), t.index, t.pad)
         if isinstance(t, Call):
             return Call(t.op, tuple(walk(a) for a in t.args))
         return t

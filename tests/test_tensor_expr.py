@@ -264,3 +264,44 @@ def test_a_product_chain_derives_every_association_order():
     four = lower("Einsum", {"equation": "ij,jk,kl,lm->im"}, [("a", (2, 3)), ("b", (3, 4)), ("c", (4, 2)), ("d", (2, 5))])
     binary = [p for p in derive(four, depth=3) if len(p.steps) == 3 and all(len(e.sums) == 1 for _, e in p.steps)]
     assert len(binary) >= 5 and all(equivalent(four, p) for p in binary)
+
+
+def test_blocking_an_iterator_gives_a_blocked_matmul_between_reshapes():
+    """Variable substitution i = 4·ib + ii on a MatMul's rows, then the blocked access split into its own step:
+    matched as Reshape, MatMul over blocks, Reshape back; equal under ONNX Runtime."""
+    from relsat.relations.tensor_derive import split_access, split_scope
+
+    shapes = [(8, 4), (4, 6)]
+    mm = lower("MatMul", {}, [("x0", shapes[0]), ("x1", shapes[1])])
+    blocked = split_access(split_scope(mm, 0, "o0", 4), 0, 0)
+    assert [e.shape for _, e in blocked.steps] == [(2, 4, 4), (2, 4, 6), (8, 6)] and equivalent(mm, blocked)
+    nodes, inits = match(blocked, "y")
+    assert [n.op_type for n in nodes] == ["Reshape", "MatMul", "Reshape"]
+    model = model_of("MatMul", {}, shapes, {}, 17, nodes=nodes)
+    model.graph.initializer.extend(inits)
+    feeds = feeds_of(shapes, {}, seed=6)
+    np.testing.assert_allclose(run(model, feeds), run(model_of("MatMul", {}, shapes, {}, 17), feeds), rtol=1e-5)
+
+
+@pytest.mark.parametrize("block,window,const,order,pad", [
+    (4, 12, -4, "bjk", 0.0),  # blocks of 4 rows, each reading its block and both neighbours (a band of 4)
+    (4, 10, -3, "bkj", float(np.finfo(np.float32).min)),  # a window not a multiple of the block, K^T order, -inf pad
+    (3, 3, 0, "bjk", 0.0),  # no overlap: a plain reshape into blocks
+])
+def test_a_window_of_overlapping_blocks_is_matched_as_pad_slices_and_concat(block, window, const, order, pad):
+    """The gather blocking a banded sum leaves, G[b, j, k] = T[B·b + j + c, k] (pad outside T), matched as Pad,
+    Slices reshaped into blocks, Concat and Transpose: the ONNX nodes read exactly the same elements."""
+    from relsat.relations.tensor_expr import evaluate
+
+    n, d = 12, 3
+    its = {"b": Iter("o0", n // block), "j": Iter("o1" if order == "bjk" else "o2", window),
+           "k": Iter("o2" if order == "bjk" else "o1", d)}
+    scope = tuple(its[c] for c in order)
+    body = Access("x0", (Index(((its["b"].name, block), (its["j"].name, 1)), const), Index.of(its["k"].name)), pad)
+    program = Program((("x0", (n, d)),), (("y", Expr(scope, (), body)),))
+    nodes, inits = match(program, "y")
+    assert "Concat" in {x.op_type for x in nodes} or window == block
+    model = model_of("Identity", {}, [(n, d)], {}, 17, nodes=nodes)
+    model.graph.initializer.extend(inits)
+    x = np.random.default_rng(7).standard_normal((n, d)).astype(np.float32)
+    np.testing.assert_array_equal(run(model, {"x0": x}), evaluate(program, {"x0": x}))
