@@ -61,7 +61,7 @@ class Compiled:
     # new match (semi-naive) while none has a row newer than the rule's last run
     matches: str = MATCHES  # the temp table ``match()``'s rows go into (with a ``mid`` column): what the
     # builds, unions and pairs read
-    witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings) for the matches whose mid is in
+    witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms) for the matches whose mid is in
     # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
     # {until}; the provenance of ``relsat explain`` (see ``witness``)
 
@@ -261,7 +261,9 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
     """``Compiled.witness_sql``: the left side's join restricted to the recorded matches (``{mids}``), each
     variable and root equal to the match row's, over rows of rounds before ``{until}``; one row per match
     with the least ids of the matched e-nodes (term order), the terms' op types, the roots, the e-class
-    variables' classes (a MAP ``?var`` -> e-class) and the other bindings and the ``let`` values as JSON."""
+    variables' classes (a MAP ``?var`` -> e-class), the other bindings and the ``let`` values as JSON, and the
+    e-class each term's e-node was in then (term order: what ``relsat explain`` follows to the unions that made
+    a match possible)."""
     op_type = {op.table: op.op_type for op in OPS}
     table = {f.alias: f.table for f in lhs.froms if not f.analysis}
     names = [op_type[table[a]] for a in lhs.aliases]
@@ -277,7 +279,9 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
             f"any_value([{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]) AS roots",
             f"any_value(map({literal(['?' + v for v in classes])}::VARCHAR[], "
             f"[{', '.join(col[v] for v in classes)}]::BIGINT[])) AS classes",
-            f"any_value(json_object({pairs})) AS bindings"]
+            f"any_value(json_object({pairs})) AS bindings",
+            f"arg_min([{', '.join(f'{a}.out' for a in lhs.aliases)}]::BIGINT[], "
+            f"[{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS terms"]
     froms = ", ".join([f"{MATCHES} m"] + [f.sql() for f in lhs.froms])
     where = lhs.where + conds + on + until + ["m.mid IN ({mids})"]
     return f"SELECT {', '.join(cols)} FROM {froms} WHERE {' AND '.join(where)} GROUP BY m.mid"

@@ -84,6 +84,7 @@ class _Replay:
         self.cmap: dict[int, int] = {}
         for k in sorted(imported):  # the least imported id of a merged e-class first
             self.cmap.setdefault(saved.find(k), k)
+        self.imported = set(imported)  # (a fresh import gives them the same ids)
         self.done: set = set()
 
     def rfind(self, c: int) -> int:
@@ -95,6 +96,8 @@ class _Replay:
         return dict(zip(self.g.find([self.cmap[s] for s in keys]).tolist(), keys))
 
     def mapped(self, saved_class: int) -> int:
+        if saved_class in self.imported:  # itself, as the replay's unions have merged it so far: an imported
+            return self.rfind(saved_class)  # e-class that later unions merged is not yet merged here
         s = self.saved.find(saved_class)
         assert s in self.cmap, f"saved e-class {saved_class} is neither imported nor built by the chain"
         return self.rfind(self.cmap[s])
@@ -274,3 +277,44 @@ def test_an_egraph_without_explanations_is_named(tmp_path):
     g.close()
     with pytest.raises(RelsatError, match="has no explanations .*written_nodes"):
         open_explanations(db)
+
+
+def _clip_of_relu_times_one():
+    """``Clip(Relu(x) * 1, 0, 6)``: mul-one-same unions ``Relu(x) * 1`` with ``Relu(x)`` (round 1); only then
+    does clip-relu's ``(Clip (Relu ?x))`` match the Clip, whose input e-class now holds the Relu (round 2)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = [numpy_helper.from_array(np.ones([4, 8], np.float32), "ones"),
+              numpy_helper.from_array(np.array(0, np.float32), "lo"), numpy_helper.from_array(np.array(6, np.float32), "hi")]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "ones"], ["m"]),
+         helper.make_node("Clip", ["m", "lo", "hi"], ["y"])], "clip_relu_one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], consts)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_chain_follows_the_union_that_made_its_match(tmp_path):
+    """A match that held only because another rule's union brought an e-node into the matched e-class: the
+    chain has that union's application too (before it), and replays; without it the match does not replay."""
+    model = _clip_of_relu_times_one()
+    db = tmp_path / "e.duckdb"
+    res = optimize(model, cost_model="analytic", measure=False, candidates=0, db=db, output=tmp_path / "o.onnx")
+    assert res.report["written"] == "optimized"
+    ex = open_explanations(db)
+    derived = [(w[0], w[3]) for w in ex.written if ex.derived(w[3])]
+    assert [(name, w_op) for (name, w_op, *_) in ex.written] == [("y", "Clip")] and len(derived) == 1
+    chain = ex.chain(derived[0][1])
+    assert [(a.rule, a.round) for a in chain] == [("mul-one-same", 1), ("clip-relu", 2)]
+    union, clip = chain
+    assert not union.added and union.nodes and clip.ops == ("Clip", "Relu")
+    assert clip.nodes[1] not in union.nodes and not ex.derived(clip.nodes[1])  # the Relu: imported, not built
+    text = explain_text(ex)
+    assert "1. round 1, rule mul-one-same" in text and "added nothing new (a union)" in text
+    assert "2. round 2, rule clip-relu" in text
+    rules = {r.name: r for r in load_rule_list(["default"])}
+    rp = _replay(model, db, [derived[0][1]], rules)
+    assert rp.holds(derived[0][1])
+    with pytest.raises(AssertionError, match="clip-relu .* does not match the replay"):
+        _Replay(model, _Saved(db), rules).apply(clip)  # the match needs the union

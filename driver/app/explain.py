@@ -7,9 +7,10 @@ plus one per right-side term; nothing loops over matches):
 
 - ``explain_nodes(op, id, eclass, fresh, rule, round, mid)``: every e-node a rule added, the e-class it
   went into then (``fresh``: an e-class it made), the rule, the round and the match (``mid``);
-- ``explain_matches(rule, round, mid, nodes, ops, roots, classes, bindings)``: every match that added an
-  e-node or queued a union: the e-nodes its left side's terms matched (least ids, term order), their op
-  types, the pattern roots, the e-classes its e-class variables bound and every binding as JSON;
+- ``explain_matches(rule, round, mid, nodes, ops, roots, classes, bindings, terms)``: every match that added
+  an e-node or queued a union: the e-nodes its left side's terms matched (least ids, term order), their op
+  types, the pattern roots, the e-classes its e-class variables bound, every binding as JSON and the e-class
+  each matched e-node was in then (term order; NULL in e-graphs saved before it was recorded);
 - ``explain_unions(rule, round, mid, a, b)``: the unions those matches queued;
 - the view ``explanations``: ``explain_nodes`` with its match and the node's e-class now.
 
@@ -20,8 +21,13 @@ nodes of the extracted graph as ONNX writes them and the e-node each came from, 
 
 The chain of a node (:func:`chain`) is the set of applications it needs: the one that added it, then, for
 every e-node that application matched and every e-class it bound that a rule made, the application that
-added that e-node or made that e-class, down to imported e-nodes and e-classes.  Every step is from an
-earlier round than the one that needs it, so a chain is finite and replays in round order.
+added that e-node or made that e-class, down to imported e-nodes and e-classes; and for every e-class the
+application saw (its roots, its e-class variables, the e-classes of the e-nodes it matched) that unions of
+earlier rounds had made (``explain_unions``: an e-node can be in a matched e-class only because another
+rule's union brought it there, ``x * 1`` with ``x``), the applications that queued those unions: the unions of
+earlier rounds connected to that e-class.  Every step is from an earlier round than the one that needs it,
+so a chain is finite and replays in round order.  (A merge that congruence made while rebuilding, with no
+rule's union of its own, is not recorded: its e-class is followed only through recorded unions.)
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class Application:
     classes: dict  # its e-class variables: ``?name`` -> the e-class bound then
     bindings: dict  # its other variables and lets: ``?name`` -> value
     added: tuple[tuple[str, int, int, bool], ...]  # the e-nodes it added: (op, id, e-class then, made it)
+    terms: tuple[int, ...] = ()  # the e-class of each matched e-node then (term order; () if not recorded)
 
 
 @dataclass
@@ -96,6 +103,7 @@ class Explanations:
     values: dict  # e-class at import -> the input's value names
     written: list  # (name, op_type, outputs, node)
     find: dict = field(default_factory=dict)  # displaced e-class -> its root
+    unions: dict = field(default_factory=dict)  # e-class -> [(other e-class, round, (rule, round, mid))]
 
     @classmethod
     def read(cls, con) -> Explanations:
@@ -109,11 +117,19 @@ class Explanations:
         for nid, (op, ec, fresh, rule, rnd, mid) in sorted(node_rows.items()):
             added.setdefault((rule, rnd, mid), []).append((op, nid, ec, fresh))
         apps = {}
-        for rule, rnd, mid, nodes, ops, roots, classes, bindings in con.execute(
-                "SELECT rule, round, mid, nodes, ops, roots, classes, bindings FROM explain_matches").fetchall():
+        cols = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = "
+                                          "'explain_matches' AND database_name = current_database()").fetchall()}
+        terms = "terms" if "terms" in cols else "NULL::BIGINT[]"  # (not recorded by an older relsat)
+        for rule, rnd, mid, nodes, ops, roots, classes, bindings, ts in con.execute(
+                f"SELECT rule, round, mid, nodes, ops, roots, classes, bindings, {terms} FROM explain_matches"
+                ).fetchall():
             apps[(rule, rnd, mid)] = Application(rule, rnd, mid, tuple(nodes), tuple(ops), tuple(roots),
                                                  dict(classes), json.loads(bindings),
-                                                 tuple(added.get((rule, rnd, mid), ())))
+                                                 tuple(added.get((rule, rnd, mid), ())), tuple(ts or ()))
+        unions: dict = {}
+        for rule, rnd, mid, a, b in con.execute("SELECT rule, round, mid, a, b FROM explain_unions").fetchall():
+            unions.setdefault(a, []).append((b, rnd, (rule, rnd, mid)))
+            unions.setdefault(b, []).append((a, rnd, (rule, rnd, mid)))
         imported = dict(con.execute("SELECT id, op FROM enodes WHERE id NOT IN (SELECT id FROM explain_nodes)"
                                     ).fetchall())
         values: dict = {}
@@ -121,39 +137,57 @@ class Explanations:
             values.setdefault(ec, []).append(name)
         written = con.execute("SELECT name, op_type, outputs, node FROM written_nodes").fetchall()
         return cls(node_rows, creator, apps, imported, values, written,
-                   dict(con.execute("SELECT id, root FROM uf").fetchall()))
+                   dict(con.execute("SELECT id, root FROM uf").fetchall()), unions)
 
     def derived(self, node: int | None) -> bool:
         """Whether e-node ``node`` was added by a rule (not imported)."""
         return node is not None and node in self.node_rows
 
     def app_of(self, node: int) -> Application:
-        """The application that added e-node ``node``; one without a recorded match (a multi-pattern
-        application the cycle filter dropped after its nodes were built) has no matched e-nodes."""
+        """The application that added e-node ``node``."""
         op, ec, fresh, rule, rnd, mid = self.node_rows[node]
-        app = self.apps.get((rule, rnd, mid))
+        return self.app_at((rule, rnd, mid))
+
+    def union_apps(self, eclass: int, before: int) -> list[tuple]:
+        """The applications (keys) whose unions, queued in rounds before ``before``, made e-class
+        ``eclass`` what it was in round ``before``: every recorded union of those rounds connected to it."""
+        keys, seen, stack = [], {eclass}, [eclass]
+        while stack:
+            for other, rnd, key in self.unions.get(stack.pop(), ()):
+                if rnd < before:
+                    keys.append(key)
+                    if other not in seen:
+                        seen.add(other)
+                        stack.append(other)
+        return keys
+
+    def app_at(self, key: tuple) -> Application:
+        """The application ``(rule, round, mid)``; one without a recorded match (a multi-pattern application
+        the cycle filter dropped after its nodes were built) has no matched e-nodes."""
+        app = self.apps.get(key)
         if app is None:
-            added = sorted((r[0], n, r[1], r[2]) for n, r in self.node_rows.items() if r[3:] == (rule, rnd, mid))
-            app = Application(rule, rnd, mid, (), (), (), {}, {}, tuple(sorted(added, key=lambda a: a[1])))
+            added = sorted((r[0], n, r[1], r[2]) for n, r in self.node_rows.items() if r[3:] == key)
+            app = Application(*key, (), (), (), {}, {}, tuple(sorted(added, key=lambda a: a[1])))
         return app
 
     def chain(self, node: int) -> list[Application]:
         """The applications that derive e-node ``node`` from the input, in the order they replay (round,
         rule, match): the one that added it, and recursively those that added the e-nodes it matched or
-        made the e-classes it bound."""
+        made the e-classes it bound, and those whose unions made the e-classes it matched in (each
+        application once: no loops)."""
         seen: dict = {}
-        stack = [node]
+        stack = [self.app_of(node)] if self.derived(node) else []
         while stack:
-            n = stack.pop()
-            if not self.derived(n):
-                continue
-            app = self.app_of(n)
+            app = stack.pop()
             key = (app.rule, app.round, app.mid)
             if key in seen:
                 continue
             seen[key] = app
-            stack += [m for m in app.nodes if self.derived(m)]
-            stack += [self.creator[c] for c in app.roots + tuple(app.classes.values()) if c in self.creator]
+            stack += [self.app_of(m) for m in app.nodes if self.derived(m)]
+            classes = app.roots + tuple(app.classes.values())
+            stack += [self.app_of(self.creator[c]) for c in classes if c in self.creator]
+            for c in dict.fromkeys(classes + app.terms):
+                stack += [self.app_at(k) for k in self.union_apps(c, app.round) if k not in seen]
         return sorted(seen.values(), key=lambda a: (a.round, a.rule, a.mid))
 
     def name_class(self, c: int) -> str:

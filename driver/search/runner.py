@@ -421,8 +421,9 @@ class Runner:
                           "WHERE a <> b")
         mids = (f"SELECT mid FROM explain_nodes WHERE round = {int(rnd)} AND rule = {rule} UNION "
                 f"SELECT mid FROM explain_unions WHERE round = {int(rnd)} AND rule = {rule}")
-        g.con.execute(f"INSERT INTO explain_matches SELECT {rule}, {int(rnd)}, mid, nodes, ops, roots, classes, "
-                      f"bindings FROM ({c.witness(mids, rnd)})")
+        g.con.execute("INSERT INTO explain_matches (rule, round, mid, nodes, ops, roots, classes, bindings, terms) "
+                      f"SELECT {rule}, {int(rnd)}, mid, nodes, ops, roots, classes, bindings, terms "
+                      f"FROM ({c.witness(mids, rnd)})")
 
     def _rebuild(self, r: _Round) -> None:
         """Merge the queued unions, restore congruence; the e-graph's size after it."""
