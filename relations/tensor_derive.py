@@ -246,9 +246,12 @@ def _subst_or_fail(ix: Index, values: dict[str, Index]) -> Index:
     return got
 
 
-def split_access(p: Program, step: int, which: int) -> Program | None:
+def split_access(p: Program, step: int, which: int, order: str = "use") -> Program | None:
     """Expression splitting of one access ``T[τ]`` whose index is not plain: a new step ``G = T[τ]`` over the
-    iterators ``τ`` uses (a gather: a Reshape, a window, a slice), and the access becomes ``G`` read plainly."""
+    iterators ``τ`` uses (a gather: a Reshape, a window, a slice), and the access becomes ``G`` read plainly.
+    ``order`` lays out ``G``'s axes: ``use`` (as ``τ`` first uses them), ``scope`` (the reader's output
+    order, then its summation iterators: a MatMul's left operand), ``sums-last-but-one`` (the summation
+    iterators before the reader's last output iterator: a MatMul's right operand)."""
     name, e = p.steps[step]
     accs = accesses(e.body)
     if which >= len(accs) or all(ix.plain() for ix in accs[which].index):
@@ -259,6 +262,10 @@ def split_access(p: Program, step: int, which: int) -> Program | None:
         for t in ix.terms:
             if t[0] not in used:
                 used.append(t[0])
+    if order != "use":
+        scope = [i.name for i in e.scope if i.name in used]
+        sums = [s.name for s in e.sums if s.name in used]
+        used = scope + sums if order == "scope" or not scope else scope[:-1] + sums + scope[-1:]
     extent = {i.name: i.extent for i in (*e.scope, *e.sums)}
     g_name = f"{name}.gather{which}"
     gather = Expr(tuple(Iter(n, extent[n]) for n in used), (), acc)
@@ -273,11 +280,14 @@ def split_access(p: Program, step: int, which: int) -> Program | None:
 # -- checking and the derivation loop ----------------------------------------------------------------------------
 
 
-def equivalent(a: Program, b: Program, draws: int = 2, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
-    """Whether two programs over the same inputs agree on ``draws`` random inputs (standard normal)."""
+def equivalent(a: Program, b: Program, draws: int = 2, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5,
+               fixed: dict | None = None) -> bool:
+    """Whether two programs over the same inputs agree on ``draws`` random inputs (standard normal), the inputs
+    in ``fixed`` at their given values (a constant the derivation relied on)."""
     rng = np.random.default_rng(seed)
     for _ in range(draws):
         feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in a.inputs}
+        feeds.update(fixed or {})
         x, y = evaluate(a, feeds), evaluate(b, feeds)
         if x.shape != y.shape or not np.allclose(x, y, rtol=rtol, atol=atol):
             return False

@@ -275,3 +275,55 @@ def lower(op_type: str, attrs: dict, inputs, consts: dict | None = None) -> Prog
     if any(d <= 0 for _, s in inputs for d in s):
         raise NotLowerable(f"{op_type}: lowering needs static positive dims, got {[s for _, s in inputs]}")
     return fn(op_type, dict(attrs), inputs, consts or {})
+
+
+def lower_graph(nodes, shapes: dict, consts: dict | None = None) -> Program:
+    """One program for a subgraph: ``nodes`` (ONNX NodeProtos in topological order, one output each) over the
+    tensors of known ``shapes`` (its inputs; ``consts``: those that are constant, by name). Each node's
+    program becomes steps named ``<output>`` (its result) and ``<output>.<step>`` (the others); the last
+    node's output is the program's result. ``NotLowerable`` names the node that has no expression."""
+    from onnx import helper
+
+    consts = dict(consts or {})
+    known = {n: tuple(s) for n, s in shapes.items()}
+    inputs, steps = {}, []
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        args = []
+        for name in node.input:
+            if not name:
+                continue
+            if name not in known:
+                raise NotLowerable(f"node {node.name or node.op_type}: input {name!r} has no known shape")
+            if name not in {s for s, _ in steps} and name not in consts:
+                inputs.setdefault(name, known[name])
+            args.append((name, known[name]))
+        try:
+            p = lower(node.op_type, attrs, args, consts)
+        except NotLowerable as e:
+            raise NotLowerable(f"node {node.name or node.op_type}: {e}") from None
+        out = node.output[0]
+        names = {n: (out if k == len(p.steps) - 1 else f"{out}.{n}") for k, (n, _) in enumerate(p.steps)}
+
+        def rename(t):
+            if isinstance(t, Access):
+                return Access(names.get(t.tensor, t.tensor), t.index, t.pad)
+            if isinstance(t, Call):
+                return Call(t.op, tuple(rename(a) for a in t.args))
+            return t
+
+        for n, e in p.steps:
+            steps.append((names[n], Expr(e.scope, e.sums, rename(e.body), e.combine)))
+        known[out] = p.result.shape
+    for name in list(consts):  # constant inputs the steps read (a mask) are inputs too, with their values known
+        if any(a.tensor == name for _, e in steps for a in _accesses(e.body)) and name not in inputs:
+            inputs[name] = known[name]
+    return Program(tuple(inputs.items()), tuple(steps))
+
+
+def _accesses(term):
+    if isinstance(term, Access):
+        return [term]
+    if isinstance(term, Call):
+        return [a for t in term.args for a in _accesses(t)]
+    return []

@@ -21,7 +21,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from .tensor_derive import canonical
-from .tensor_expr import Access, Call, Const, Expr, Index, Program, gather_map
+from .tensor_expr import Access, Call, Const, Expr, Index, Program, accesses, evaluate_expr, gather_map
 from .tensor_lower import NotLowerable, lower
 
 
@@ -178,6 +178,14 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
         if fits("Einsum", {"equation": eq}, [(f.tensor, shapes[f.tensor]) for f in factors]):
             out.node("Einsum", [f.tensor for f in factors], output, equation=eq)
             return
+    used = {t[0] for a in accesses(e.body) for ix in a.index for t in ix.terms}
+    idle = [k for k, i in enumerate(e.scope) if i.extent == 1 and i.name not in used]
+    if idle and len(idle) < len(e.scope):  # size-1 output axes nothing reads by: matched without them, unsqueezed
+        inner = Expr(tuple(i for k, i in enumerate(e.scope) if k not in idle), e.sums, e.body, e.combine)
+        tmp = out.fresh("core")
+        _step(inner, tmp, {**shapes, tmp: inner.shape}, out)
+        out.node("Unsqueeze", [tmp, out.const(np.array(idle, np.int64), np.int64)], output)
+        return
     raise NoMatch(f"{output}: no ONNX operator here computes {e}")
 
 
@@ -252,10 +260,14 @@ def _window_gather(e: Expr, output: str, shapes, out: _Out) -> bool:
     expression reads (over the whole domain)."""
     acc = e.body
     scope = {i.name: i.extent for i in e.scope}
-    axes, window = [], None
+    axes, window, dropped = [], None, []
     for k, ix in enumerate(acc.index):
         if ix.plain() in scope:
             axes.append([ix.plain()])
+            continue
+        if ix == Index(()) and shapes[acc.tensor][k] == 1:  # a size-1 axis the gather drops
+            axes.append([])
+            dropped.append(k)
             continue
         if window is not None or ix.div != 1 or ix.mod is not None or len(ix.terms) != 2 or \
                 any(len(t) != 2 or t[0] not in scope for t in ix.terms):
@@ -295,6 +307,9 @@ def _window_gather(e: Expr, output: str, shapes, out: _Out) -> bool:
         cat = out.node("Slice", [cat, out.const(np.array([0], np.int64), np.int64),
                                  out.const(np.array([w], np.int64), np.int64),
                                  out.const(np.array([k + 1], np.int64), np.int64)], out.fresh("cut"))
+    if dropped:  # positions after the blocking: axes past the window's moved one on
+        gone = [a if a < k else a + 1 for a in dropped]
+        cat = out.node("Squeeze", [cat, out.const(np.array(gone, np.int64), np.int64)], out.fresh("squeeze"))
     order = [n for a in axes for n in a]
     perm = [order.index(i.name) for i in e.scope]
     if perm != sorted(perm):
@@ -419,8 +434,8 @@ def _consts(t):
 
 def match(program: Program, output: str, consts: dict | None = None, prefix: str | None = None):
     """ONNX nodes and initializers computing ``program``'s result into ``output`` (see the module doc).
-    ``consts`` are values of the program's inputs known to be constant (unused by the matchers today
-    beyond what the expression says)."""
+    ``consts``: values of the program's inputs that are constant (by name): a step that reads only
+    constants is computed here and written as an initializer (the window of a mask, say)."""
     shapes = _shapes(program)
     out = _Out(prefix or output)
     whole = _whole(program, shapes)
@@ -430,11 +445,49 @@ def match(program: Program, output: str, consts: dict | None = None, prefix: str
         return out.nodes, out.inits
     renamed = {name: (output if k == len(program.steps) - 1 else out.fresh(name))
                for k, (name, _) in enumerate(program.steps)}
-    for name, e in program.steps:
-        e = _rename(e, renamed)
-        shapes = {**shapes, **{renamed[n]: shapes[n] for n in renamed}}
-        _step(e, renamed[name], shapes, out)
+    shapes = {**shapes, **{renamed[n]: shapes[n] for n in renamed}}
+    known = dict(consts or {})
+    steps = [(renamed[n], _rename(e, renamed)) for n, e in program.steps]
+    k = 0
+    while k < len(steps):
+        name, e = steps[k]
+        reads = _tensors(e)
+        if reads and all(t in known for t in reads):  # constant: computed now
+            known[name] = evaluate_expr(e, known).astype(np.float32)
+            out.inits.append(numpy_helper.from_array(known[name], name))
+            if name == output:
+                out.node("Identity", [out.const(known[name])], output)
+            k += 1
+            continue
+        softmax = _softmax_at(steps, k, shapes)
+        if softmax is not None:
+            x, axis = softmax
+            out.node("Softmax", [x], steps[k + 3][0], axis=axis)
+            k += 4
+            continue
+        _step(e, name, shapes, out)
+        k += 1
     return out.nodes, out.inits
+
+
+def _softmax_at(steps, k: int, shapes):
+    """``(x, axis)`` when steps ``k .. k+3`` are Softmax's max, exp, sum and divide of ``x`` (read by nothing
+    after them but through the divide)."""
+    if k + 4 > len(steps):
+        return None
+    four = steps[k:k + 4]
+    reads = _tensors(four[0][1])
+    if len(reads) != 1:
+        return None
+    x = reads[0]
+    rename = dict(zip((n for n, _ in four), ("m", "e", "s", "y")))
+    if any(n in rename for _, e in steps[k + 4:] for n in _tensors(e) if n != four[3][0]):
+        return None
+    sub = Program(((x, shapes[x]),), tuple((rename[n], _rename(e, rename)) for n, e in four))
+    for axis in range(len(shapes[x])):
+        if _equal("Softmax", {"axis": axis}, list(sub.inputs), {}, sub):
+            return x, axis
+    return None
 
 
 def _rename(e: Expr, names: dict) -> Expr:
