@@ -77,3 +77,13 @@ def test_no_derivation_where_the_mask_keeps_everything(layer):
     # a mask whose band is wider than claimed by a wrong threshold is caught by the numeric check
     loose = np.where(consts["where_1"] < 0, -3.0, 0.0).astype(np.float32)
     assert band_blocks(program, "where_1", loose, 16, threshold=-1.0) is None
+
+
+def test_the_band_benchmark_runs_and_compares_equal_outputs():
+    import re
+
+    from relsat.benchmarks import bench_band
+
+    line = bench_band.one(128, 16, runs=2)
+    assert float(re.search(r"max \|diff\| ([0-9.e+-]+)", line).group(1)) < 1e-5
+    assert "speedup" in line
