@@ -199,8 +199,10 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
         alias = lhs.eclass(c.var.name)
         if c.kind in FILLS:
             v = FILLS[c.kind]
-            return (f"{alias}.id IN (SELECT w.id FROM op_weight w JOIN weights x ON x.ref = w.ref WHERE x.fill = {v} "
-                    f"UNION ALL SELECT k.id FROM op_constant k WHERE k.value_float = {v})")
+            # the e-classes (``out``) holding such a leaf: comparing the e-class with the leaf's e-node id matched
+            # whatever class shared a number with a zero constant's e-node (found by the fuzzing campaign)
+            return (f"{alias}.id IN (SELECT w.out FROM op_weight w JOIN weights x ON x.ref = w.ref WHERE x.fill = {v} "
+                    f"UNION ALL SELECT k.out FROM op_constant k WHERE k.value_float = {v})")
         return {"const": f"{alias}.is_const", "not-const": f"NOT {alias}.is_const",
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]
     op = "<>" if c.op == "!=" else c.op

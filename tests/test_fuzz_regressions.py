@@ -75,3 +75,19 @@ def test_mcts_honours_its_time_limit_while_expanding_one_node():
     search = res.report.search
     assert search["stop"] == "time limit", search
     assert search["rounds_run"] < 300, search  # was 910: every applicable rule of the root
+
+
+@pytest.mark.parametrize("index,seed", [(1380, 2026007458), (3504, 2026009582)])
+def test_a_value_predicate_tests_the_eclass_not_an_enode_of_the_same_number(index, seed):
+    """Fuzzer, fifth session (``--seed 2026``, models 1380 and 3504, default rules): verification refused the
+    rewritten graph. ``(zeros ?c)`` compared the e-class of ``?c`` with the e-node ids of zero constants: on
+    model 1380, ``x - w`` became ``x + (0 - w)`` (sub-const-as-add), whose e-class 36 had the number of the new
+    ``Constant 0.0`` e-node, so add-zero-one took ``0 - w`` for zero and unioned ``x - w`` with ``x``. The
+    predicate now tests the e-classes that hold a zero leaf. The models are the campaign's own (its generator,
+    its seeds): optimized with the default rules, each is written and equal to its input."""
+    from relsat.benchmarks import fuzz
+
+    model = fuzz.generate(seed)
+    result = optimize(model, rules=["default"], **fuzz.CHEAP)
+    assert result.report["verification"]["ok"], result.report["verification"]
+    assert fuzz.compare(model, result.model, seed) is None
