@@ -109,6 +109,18 @@ def accesses(term: Term) -> list[Access]:
     return []
 
 
+def rename_tensors(e: Expr, names: dict[str, str]) -> Expr:
+    """``e`` reading tensor ``names[t]`` wherever it read ``t`` (others, indices and pads as they were)."""
+    def walk(t: Term) -> Term:
+        if isinstance(t, Access):
+            return Access(names.get(t.tensor, t.tensor), t.index, t.pad)
+        if isinstance(t, Call):
+            return Call(t.op, tuple(walk(a) for a in t.args))
+        return t
+
+    return Expr(e.scope, e.sums, walk(e.body), e.combine)
+
+
 # -- evaluation (NumPy, by the definition) ---------------------------------------------------------------
 
 _FUNCTIONS = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .tensor_expr import FUNCTIONS, Access, Call, Const, Expr, Index, Iter, Program
+from .tensor_expr import FUNCTIONS, Access, Call, Const, Expr, Index, Iter, Program, accesses, rename_tensors
 
 
 class NotLowerable(ValueError):
@@ -305,25 +305,9 @@ def lower_graph(nodes, shapes: dict, consts: dict | None = None) -> Program:
         out = node.output[0]
         names = {n: (out if k == len(p.steps) - 1 else f"{out}.{n}") for k, (n, _) in enumerate(p.steps)}
 
-        def rename(t):
-            if isinstance(t, Access):
-                return Access(names.get(t.tensor, t.tensor), t.index, t.pad)
-            if isinstance(t, Call):
-                return Call(t.op, tuple(rename(a) for a in t.args))
-            return t
-
-        for n, e in p.steps:
-            steps.append((names[n], Expr(e.scope, e.sums, rename(e.body), e.combine)))
+        steps += [(names[n], rename_tensors(e, names)) for n, e in p.steps]
         known[out] = p.result.shape
     for name in list(consts):  # constant inputs the steps read (a mask) are inputs too, with their values known
-        if any(a.tensor == name for _, e in steps for a in _accesses(e.body)) and name not in inputs:
+        if any(a.tensor == name for _, e in steps for a in accesses(e.body)) and name not in inputs:
             inputs[name] = known[name]
     return Program(tuple(inputs.items()), tuple(steps))
-
-
-def _accesses(term):
-    if isinstance(term, Access):
-        return [term]
-    if isinstance(term, Call):
-        return [a for t in term.args for a in _accesses(t)]
-    return []

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensor_derive import equivalent, split_access
-from .tensor_expr import Access, Call, Expr, Index, Iter, Program, Term, accesses
+from .tensor_derive import _map_term, _subst_or_fail, equivalent, split_access
+from .tensor_expr import Access, Expr, Index, Iter, Program, accesses
 
 ANNIHILATING = -1e4  # exp(x + m - max) is 0 in float32 for m at or below this, x - max of moderate size
 
@@ -145,11 +145,11 @@ def band_blocks(p: Program, mask: str, values: np.ndarray, block: int,
                     else:
                         idx.append(Index.of(f"{it}.w"))
                 return Access(a.tensor, tuple(idx), a.pad)
-            idx = tuple(_substitute(ix, sub) for ix in a.index)
+            idx = tuple(_subst_or_fail(ix, sub) for ix in a.index)
             return Access(a.tensor, idx, pad_mask if a.tensor == mask else a.pad)
 
         try:
-            body = _map(e.body, access)
+            body = _map_term(e.body, access)
         except ValueError:
             return None
         new_steps.append((name, Expr(tuple(scope), sums, body, e.combine)))
@@ -191,29 +191,3 @@ def gathers_apart(p: Program) -> Program:
         order = "use" if not e.sums else ("scope" if j == 0 else "sums-last-but-one")
         p = split_access(p, k, j, order)
     return p
-
-
-def _substitute(ix: Index, sub: dict[str, Index]) -> Index:
-    if not any(t[0] in sub for t in ix.terms):
-        return ix
-    if ix.div != 1 or ix.mod is not None or any(len(t) != 2 for t in ix.terms):
-        raise ValueError("not affine")
-    terms: dict[str, int] = {}
-    const = ix.const
-    for n, c in ix.terms:
-        v = sub.get(n)
-        if v is None:
-            terms[n] = terms.get(n, 0) + c
-            continue
-        const += c * v.const
-        for m, d in v.terms:
-            terms[m] = terms.get(m, 0) + c * d
-    return Index(tuple((n, c) for n, c in terms.items() if c), const)
-
-
-def _map(t: Term, fa) -> Term:
-    if isinstance(t, Access):
-        return fa(t)
-    if isinstance(t, Call):
-        return Call(t.op, tuple(_map(a, fa) for a in t.args))
-    return t

@@ -21,7 +21,8 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from .tensor_derive import canonical
-from .tensor_expr import Access, Call, Const, Expr, Index, Program, accesses, evaluate_expr, gather_map
+from .tensor_expr import (Access, Call, Const, Expr, Index, Program, accesses, evaluate_expr, gather_map,
+                          rename_tensors)
 from .tensor_lower import NotLowerable, lower
 
 
@@ -447,7 +448,7 @@ def match(program: Program, output: str, consts: dict | None = None, prefix: str
                for k, (name, _) in enumerate(program.steps)}
     shapes = {**shapes, **{renamed[n]: shapes[n] for n in renamed}}
     known = dict(consts or {})
-    steps = [(renamed[n], _rename(e, renamed)) for n, e in program.steps]
+    steps = [(renamed[n], rename_tensors(e, renamed)) for n, e in program.steps]
     k = 0
     while k < len(steps):
         name, e = steps[k]
@@ -483,19 +484,8 @@ def _softmax_at(steps, k: int, shapes):
     rename = dict(zip((n for n, _ in four), ("m", "e", "s", "y")))
     if any(n in rename for _, e in steps[k + 4:] for n in _tensors(e) if n != four[3][0]):
         return None
-    sub = Program(((x, shapes[x]),), tuple((rename[n], _rename(e, rename)) for n, e in four))
+    sub = Program(((x, shapes[x]),), tuple((rename[n], rename_tensors(e, rename)) for n, e in four))
     for axis in range(len(shapes[x])):
         if _equal("Softmax", {"axis": axis}, list(sub.inputs), {}, sub):
             return x, axis
     return None
-
-
-def _rename(e: Expr, names: dict) -> Expr:
-    def walk(t):
-        if isinstance(t, Access):
-            return Access(names.get(t.tensor, t.tensor), t.index, t.pad)
-        if isinstance(t, Call):
-            return Call(t.op, tuple(walk(a) for a in t.args))
-        return t
-
-    return Expr(e.scope, e.sums, walk(e.body), e.combine)
