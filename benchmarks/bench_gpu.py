@@ -106,11 +106,11 @@ def device_name(device: str) -> str:
 
 def plan(args) -> tuple[list[tuple[str, str, Path | None]], list[str]]:
     """The models to run as (name, set, corpus file or None for zoo), and the lines for those skipped."""
-    names = args.models or (list(DRY_MODELS) if args.dry_run else [*zoo.NAMES, *(e.name for e in corpus.entries())])
+    names = args.models or (list(DRY_MODELS) if args.dry_run else [*zoo.ALL_NAMES, *(e.name for e in corpus.entries())])
     known = {e.name for e in corpus.entries()}
     runs, skipped = [], []
     for name in names:
-        if name in zoo.NAMES:
+        if name in zoo.ALL_NAMES:
             runs.append((name, "zoo" if args.full_zoo else "zoo small", None))
         elif name in known:
             p = corpus.path(name, args.corpus_dir)
@@ -119,7 +119,7 @@ def plan(args) -> tuple[list[tuple[str, str, Path | None]], list[str]]:
             else:
                 skipped.append(f"{name}: not built in {p.parent} (python -m relsat.benchmarks.corpus build {name})")
         else:
-            raise SystemExit(f"bench_gpu: unknown model {name!r} (zoo: {', '.join(zoo.NAMES)}; corpus: "
+            raise SystemExit(f"bench_gpu: unknown model {name!r} (zoo: {', '.join(zoo.ALL_NAMES)}; corpus: "
                              f"{', '.join(sorted(known))})")
     return runs, skipped
 

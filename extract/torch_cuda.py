@@ -68,6 +68,19 @@ def conv(x, w, b, a: dict):
     return getattr(F, f"conv{n}d")(xp, w, b, stride=strides, padding=pad, dilation=dilations, groups=a.get("group", 1))
 
 
+def conv_transpose(x, w, b, a: dict):
+    """ONNX ConvTranspose with explicit pads: the full transposed convolution, ``output_padding`` zeros at
+    the end of each spatial axis, then ``pads`` cropped (as ONNX defines the output), then the bias."""
+    n = w.dim() - 2
+    strides, dilations = a.get("strides") or [1] * n, a.get("dilations") or [1] * n
+    pads, extra = a.get("pads") or [0] * 2 * n, a.get("output_padding") or [0] * n
+    y = getattr(F, f"conv_transpose{n}d")(x, w, None, stride=strides, groups=a.get("group", 1), dilation=dilations)
+    if any(extra):
+        y = F.pad(y, [p for e in reversed(extra) for p in (0, e)])
+    y = y[(slice(None), slice(None)) + tuple(slice(pads[i], y.shape[i + 2] - pads[i + n]) for i in range(n))]
+    return y if b is None else y + b.reshape((1, -1) + (1,) * n)
+
+
 def _window(x, a: dict):
     kernel = a["kernel_shape"]
     n = len(kernel)
@@ -181,8 +194,8 @@ def pad(x, pads, value, mode, axes):
 # attribute name hides one)
 HELPERS: dict[str, object] = {
     "torch": torch, "F": F, "math": math, **{f.__name__: f for f in (
-        conv, max_pool, avg_pool, gemm, matmul_t, div, clip, softmax, reshape, chunks, sliced, squeeze, unsqueeze,
-        gather, pad)}}
+        conv, conv_transpose, max_pool, avg_pool, gemm, matmul_t, div, clip, softmax, reshape, chunks, sliced, squeeze,
+        unsqueeze, gather, pad)}}
 NODE_NAMES = ("attrs", "opset", "outputs")  # bound per node, beside its inputs and attributes
 
 # ------------------------------------------------------------------ the mapping, from the catalog

@@ -293,6 +293,10 @@ class _Draw:
         nsp = ctx.get("nsp", 2)
         choice = functools.partial(self.choice, (o, name))
 
+        if o == "ConvTranspose" and name == "output_padding":
+            return [0] * nsp
+        if o == "ConvTranspose":
+            o = "Conv"  # kernel, strides, pads, dilations and group drawn as a Conv's
         if o in ("Conv", "MaxPool", "AveragePool") and name in ("kernel_shape", "strides", "pads", "dilations"):
             if name == "kernel_shape":
                 return list(ctx["w"][2:]) if ctx.get("w") else [choice(1, 3) if o == "Conv" else choice(2, 3)] * nsp
@@ -411,6 +415,19 @@ class _Draw:
         m = target[1] if target and len(target) > 1 else g * self.pick()
         w = self.kid(w_, (m, x[1] // g, *k))
         return [x, w, self.kid(b_, w[:1])]
+
+    def deconv(self, t: Term, attrs: _Attrs, target):
+        x_, w_, b_ = t.children
+        g = attrs.get("group")
+        x = self.kid(x_, ((target or (1,))[0], g * self.pick(), self.spatial, self.spatial))
+        if len(x) < 3 or x[1] % g:
+            raise _Reject("ConvTranspose input channels do not fit the group")
+        w_known = self.shapes.get(w_.name) if isinstance(w_, Var) else None
+        k = attrs.get("kernel_shape", w=w_known, nsp=len(x) - 2)
+        attrs.get("pads", kernel=k, nsp=len(k))
+        m = target[1] // g if target and len(target) > 1 and target[1] % g == 0 else self.pick()
+        w = self.kid(w_, (x[1], m, *k))
+        return [x, w, self.kid(b_, (w[1] * g,))]
 
     def window(self, t: Term, attrs: _Attrs, target):
         n, c = target[:2] if target and len(target) > 1 else (1, self.pick())
@@ -558,7 +575,7 @@ class _Draw:
 
 
 _PLANNERS = {  # the catalog's ``draw`` names
-    "elementwise": _Draw.elementwise, "conv": _Draw.conv, "window": _Draw.window, "batchnorm": _Draw.batchnorm,
+    "elementwise": _Draw.elementwise, "conv": _Draw.conv, "deconv": _Draw.deconv, "window": _Draw.window, "batchnorm": _Draw.batchnorm,
     "layernorm": _Draw.layernorm, "matmul": _Draw.matmul, "gemm": _Draw.gemm, "concat": _Draw.concat,
     "split": _Draw.split, "getitem": _Draw.getitem, "transpose": _Draw.transpose, "reshaping": _Draw.reshaping,
 }

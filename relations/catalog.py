@@ -195,6 +195,11 @@ CREATE OR REPLACE MACRO window_dim(i, k, s, p0, p1, d, ceil_mode) AS CASE WHEN i
 CREATE OR REPLACE MACRO window_shape(x, channels, k, s, p, d, ceil_mode) AS valid_shape(
     [x[1], channels] || list_transform(range(len(k)), lambda i:
         window_dim(x[i + 3], k[i + 1], s[i + 1], p[i + 1], p[i + 1 + len(k)], d[i + 1], ceil_mode)));
+CREATE OR REPLACE MACRO deconv_dim(i, k, s, p0, p1, d, op) AS CASE WHEN NOT is_sym(i)
+    THEN (i - 1) * s + (k - 1) * d + 1 + op - p0 - p1 WHEN s = 1 THEN sym_add(i, (k - 1) * d + op - p0 - p1) END;
+CREATE OR REPLACE MACRO deconv_shape(x, channels, k, s, p, d, op) AS valid_shape(
+    [x[1], channels] || list_transform(range(len(k)), lambda i:
+        deconv_dim(x[i + 3], k[i + 1], s[i + 1], p[i + 1], p[i + 1 + len(k)], d[i + 1], op[i + 1])));
 CREATE OR REPLACE MACRO norm_axis(axis, rank) AS CASE WHEN axis < 0 THEN axis + rank ELSE axis END;
 CREATE OR REPLACE MACRO concat_shape(shapes, axis) AS CASE
     WHEN list_bool_and(list_transform(shapes, lambda s: len(s) = len(shapes[1])
@@ -246,6 +251,21 @@ OPS: tuple[OpDef, ...] = (
         example=Example(([1, 4, 8, 8], [6, 2, 3, 3], [6]), {"group": 2, "kernel_shape": [3, 3], "strides": [2, 2],
                                                           "pads": [1, 0, 1, 1], "dilations": [1, 1]}),
     ),
+    # W is [C_in, C_out / group, k...]; output_shape and auto_pad are resolved by the import hook or the node is opaque
+    OpDef(
+        "ConvTranspose",
+        (Input("X"), Input("W"), Input("B", optional=True)),
+        (Attr("group", "int", 1),) + _WINDOW[:4] + (Attr("output_padding", "ints"),),
+        shape="CASE WHEN s_x[2] = s_w[1] AND s_w[1] % \"group\" = 0 AND (b = -1 OR s_b = [s_w[2] * \"group\"]) "
+        "AND len(output_padding) = len(kernel_shape) "
+        "THEN deconv_shape(s_x, s_w[2] * \"group\", kernel_shape, strides, pads, dilations, output_padding) END",
+        flops="2 * prod(s_x) * prod(s_w[2:])",
+        draw="deconv",
+        torch="conv_transpose(x, w, b, attrs)",
+        example=Example(([1, 4, 5, 5], [4, 3, 3, 3], [6]), {"group": 2, "kernel_shape": [3, 3], "strides": [2, 2],
+                                                          "pads": [1, 0, 0, 1], "dilations": [1, 1],
+                                                          "output_padding": [1, 0]}),
+    ),
     OpDef("MatMul", _AB, shape="matmul_shape(s_a, s_b)", flops="2 * prod(s_out) * s_a[-1]", draw="matmul",
           torch="torch.matmul(a, b)", example=Example(([2, 3, 4], [4, 5]))),
     OpDef(
@@ -279,6 +299,8 @@ OPS: tuple[OpDef, ...] = (
     _binary("Mul", torch="torch.mul(a, b)", example=Example(([2, 3], [3]))),
     _binary("Div", nonzero=(1,), torch="div(a, b)", example=Example(([2, 3], [2, 3]))),
     _unary("Relu", torch="torch.relu(x)"),
+    OpDef("PRelu", (Input("X"), Input("slope")), shape="CASE WHEN bcast(s_x, s_slope) = s_x THEN s_x END",
+          flops="2 * prod(s_out)", torch="torch.where(x < 0, x * slope, x)", example=Example(([1, 3, 4, 4], [3, 1, 1]))),
     _unary("Sigmoid", flops="4 * prod(s_out)", torch="torch.sigmoid(x)"),
     _unary("Tanh", flops="4 * prod(s_out)", torch="torch.tanh(x)"),
     _unary("Erf", flops="4 * prod(s_out)", torch="torch.erf(x)"),

@@ -1,5 +1,5 @@
 """The PyTorch whole-graph runtime (driver/boundary/torch_runtime.py): its outputs match ONNX Runtime's on
-every zoo model and on a model relsat wrote, element by element under verify's tolerance, on
+every zoo model (EinNet's seed models too) and on a model relsat wrote, element by element under verify's tolerance, on
 PyTorch's CPU device here and on CUDA where a GPU is; nodes it cannot run are refused by name."""
 
 import numpy as np
@@ -20,7 +20,7 @@ from relsat.driver.boundary.verify import verify  # noqa: E402
 CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("name", zoo.NAMES)
+@pytest.mark.parametrize("name", zoo.ALL_NAMES)
 def test_zoo_model_matches_onnx_runtime_on_cpu(name):
     model = zoo.build(name, small=True)
     res = verify(model, TorchSession(model, "cpu"))
@@ -116,7 +116,7 @@ def test_session_interface_matches_onnx_runtime():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU with PyTorch CUDA")
-@pytest.mark.parametrize("name", zoo.NAMES)
+@pytest.mark.parametrize("name", zoo.ALL_NAMES)
 def test_zoo_model_matches_onnx_runtime_on_cuda(name):
     model = zoo.build(name, small=True)
     res = verify(model, TorchSession(model, "cuda"))

@@ -55,16 +55,21 @@ class TorchSession:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         graph = model.graph
-        constants = [n for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")]
-        const_ids = {id(n) for n in constants}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+        self.host = {n: numpy_helper.to_array(t) for t in graph.initializer for n in [t.name]}
+        self.nodes = []
         for k, node in enumerate(graph.node):
-            if not torch_cuda.mapped(node) and id(node) not in const_ids:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                self.host[node.output[0]] = _constant(node)  # Constant nodes are weights too
+            elif (node.domain in ("", "ai.onnx") and any(node.input) and not _subgraphs(node)
+                  and all(not i or i in self.host for i in node.input)):
+                # over constants only (a mask built by Range, Sub, Abs, Where): folded once, here, as ONNX Runtime does
+                self.host.update(_reference(model, node, self.host))
+            elif torch_cuda.mapped(node):
+                self.nodes.append(node)
+            else:
                 raise RelsatError(f"the PyTorch runtime cannot run node {node.name or k} "
                                   f"({node.domain or 'ai.onnx'}::{node.op_type}): no mapping for this operator")
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-        self.nodes = [n for n in graph.node if id(n) not in const_ids]
-        self.host = {n: numpy_helper.to_array(t) for t in graph.initializer for n in [t.name]}
-        self.host.update({n.output[0]: _constant(n) for n in constants})  # Constant nodes are weights too
         self.weights = {n: torch.from_numpy(np.array(a)).to(device) for n, a in self.host.items()}
         self.inputs = [_value(i) for i in graph.input if i.name not in self.host]
         self.outputs = [_value(o) for o in graph.output]
@@ -77,12 +82,23 @@ class TorchSession:
 
     def run(self, output_names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs (all, or those named) as numpy arrays, for the inputs in ``feeds``."""
+        host = {name: np.asarray(array) for name, array in feeds.items()}
+        values = self._execute({n: self.torch.from_numpy(np.array(a)).to(self.device) for n, a in host.items()}, host)
+        names = output_names or [o.name for o in self.outputs]
+        return [values[n].detach().cpu().numpy() for n in names]
+
+    def run_on_device(self, feeds: dict) -> list:
+        """The outputs as torch tensors left on the device, for inputs already there (no host copies:
+        what a kernel benchmark times), the device synchronized at the end."""
+        values = self._execute(dict(feeds), {})
+        return [values[o.name] for o in self.outputs]
+
+    def _execute(self, inputs: dict, host: dict) -> dict:
+        """Every value of one run: the weights, ``inputs`` (device tensors), and each node's outputs."""
         torch = self.torch
         values = dict(self.weights)
-        host = dict(self.host)
-        for name, array in feeds.items():
-            host[name] = np.asarray(array)
-            values[name] = torch.from_numpy(np.array(array)).to(self.device)
+        values.update(inputs)
+        host = dict(self.host) | host
         with torch.inference_mode():
             for node in self.nodes:
                 shape_args = self.ops.SHAPE_ARGS.get(node.op_type, set())
@@ -95,14 +111,30 @@ class TorchSession:
                         values[name] = t
             if self.device != "cpu":
                 torch.cuda.synchronize()
-        names = output_names or [o.name for o in self.outputs]
-        return [values[n].detach().cpu().numpy() for n in names]
+        return values
 
     def _host(self, name: str, host: dict, values: dict) -> np.ndarray:
         """A shape-like input on the host: an initializer or feed as given, a computed one copied back."""
         if name not in host:
             host[name] = values[name].detach().cpu().numpy()
         return host[name]
+
+
+def _subgraphs(node) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _reference(model: onnx.ModelProto, node, host: dict) -> dict[str, np.ndarray]:
+    """The outputs of ``node``, whose inputs are all in ``host``, by ONNX's reference evaluator."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [i for i in node.input if i]
+    g = helper.make_graph([node], "one", [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(
+        host[i].dtype), host[i].shape) for i in ins], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o])
+    one = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    outs = ReferenceEvaluator(one).run(None, {i: host[i] for i in ins})
+    return {o: np.asarray(v) for o, v in zip([o for o in node.output if o], outs)}
 
 
 def _constant(node) -> np.ndarray:

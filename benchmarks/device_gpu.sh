@@ -1,0 +1,32 @@
+#!/bin/bash
+# The GPU checks in one device call (this workplace's device tool; see benchmarks/RESULTS.md "GPU"), about 9
+# minutes: relsat laid out as its installed package (PYTHONPATH, no build step), the carried cp312 wheels
+# (.whl: duckdb, highspy, platformdirs, onnxsim) and shipped corpus models (.corpus), then
+#   1. the GPU tests (-m gpu: catalog ops, the zoo and the seed models on CUDA against ONNX Runtime, profiling);
+#   2. banded attention derived from a band mask (issue 28), both graphs on CUDA with PyTorch;
+#   3. bench_gpu: EinNet's seed models, TASO's zoo (small) and the carried corpus models end to end with
+#      --provider cuda, against the original and onnxsim, timed on the GPU.
+# Everything it reports goes to $OUT (gpu.txt, tests.txt, band.txt, gpu_section.md, results.json, bench.log).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/relsat_device_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+mkdir -p /tmp/pkg/relsat && cp driver/_root/__init__.py /tmp/pkg/relsat/
+for d in relations programs driver extract benchmarks; do ln -sfn "$PWD/$d" "/tmp/pkg/relsat/$d"; done
+export PYTHONPATH=/tmp/site:/tmp/pkg
+mkdir -p /tmp/corpus && cp -n .corpus/*.onnx /tmp/corpus/ 2>/dev/null
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; python3 -V
+  python3 -c "import torch, onnxruntime, onnx, duckdb, highspy, relsat; print('torch', torch.__version__, 'ort',
+onnxruntime.__version__, 'onnx', onnx.__version__, 'duckdb', duckdb.__version__, 'relsat', relsat.__file__)"; date -u; } \
+  2>&1 | tee "$OUT/gpu.txt"
+timeout 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_torch_ops.py tests/test_torch_runtime.py \
+  tests/test_profile.py tests/test_costs_e2e.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+timeout 100 python3 -m relsat.benchmarks.bench_band --seq 1024 2048 --window 128 --device cuda --runs 30 2>&1 \
+  | tee "$OUT/band.txt"
+timeout 320 python3 -m relsat.benchmarks.bench_gpu --corpus-dir /tmp/corpus --total-budget 270 --out /tmp/relsat_gpu \
+  --markdown "$OUT/gpu_section.md" --models dcgan infogan fsrcnn csrnet gcn resnet18 longformer squeezenet \
+  mobilenet_v2 resnet50 bert bert_encoder nasrnn resnext50 inception_v3 nasnet_a vgg19 ppocr_det_v4 ppocr_rec_v4 \
+  ppocr_cls_v2 silero_vad_16k doc_orientation 2>&1 | tail -60 > "$OUT/bench.log"
+cp /tmp/relsat_gpu/results.json "$OUT/" 2>/dev/null
+tail -30 "$OUT/bench.log"
