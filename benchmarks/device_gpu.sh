@@ -27,6 +27,6 @@ timeout 100 python3 -m relsat.benchmarks.bench_band --seq 1024 2048 --window 128
 timeout 320 python3 -m relsat.benchmarks.bench_gpu --corpus-dir /tmp/corpus --total-budget 270 --out /tmp/relsat_gpu \
   --markdown "$OUT/gpu_section.md" --models dcgan infogan fsrcnn csrnet gcn resnet18 longformer squeezenet \
   mobilenet_v2 resnet50 bert bert_encoder nasrnn resnext50 inception_v3 nasnet_a vgg19 ppocr_det_v4 ppocr_rec_v4 \
-  ppocr_cls_v2 silero_vad_16k doc_orientation 2>&1 | tail -60 > "$OUT/bench.log"
+  ppocr_cls_v2 silero_vad_16k 2>&1 | tail -60 > "$OUT/bench.log"
 cp /tmp/relsat_gpu/results.json "$OUT/" 2>/dev/null
 tail -30 "$OUT/bench.log"
