@@ -7,7 +7,11 @@
 #   3. bench_gpu: EinNet's seed models, TASO's zoo (small) and the carried corpus models end to end with
 #      --provider cuda, against the original and onnxsim, timed on the GPU.
 # Everything it reports goes to $OUT (gpu.txt, tests.txt, band.txt, gpu_section.md, results.json, bench.log).
+# STEPS (default "tests band bench"), BUDGET (bench_gpu's --total-budget, default 270) and MODELS choose.
 set -u
+STEPS=${STEPS:-tests band bench}; BUDGET=${BUDGET:-270}
+MODELS=${MODELS:-dcgan infogan fsrcnn csrnet gcn resnet18 longformer squeezenet mobilenet_v2 resnet50 bert bert_encoder \
+nasrnn resnext50 inception_v3 nasnet_a vgg19 ppocr_det_v4 ppocr_rec_v4 ppocr_cls_v2 silero_vad_16k}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/relsat_device_out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -20,13 +24,13 @@ mkdir -p /tmp/corpus && cp -n .corpus/*.onnx /tmp/corpus/ 2>/dev/null
   python3 -c "import torch, onnxruntime, onnx, duckdb, highspy, relsat; print('torch', torch.__version__, 'ort',
 onnxruntime.__version__, 'onnx', onnx.__version__, 'duckdb', duckdb.__version__, 'relsat', relsat.__file__)"; date -u; } \
   2>&1 | tee "$OUT/gpu.txt"
-timeout 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_torch_ops.py tests/test_torch_runtime.py \
+[[ $STEPS == *tests* ]] && timeout 130 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_torch_ops.py tests/test_torch_runtime.py \
   tests/test_profile.py tests/test_costs_e2e.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
-timeout 100 python3 -m relsat.benchmarks.bench_band --seq 1024 2048 --window 128 --device cuda --runs 30 2>&1 \
+[[ $STEPS == *band* ]] && timeout 100 python3 -m relsat.benchmarks.bench_band --seq 1024 2048 --window 128 --device cuda --runs 30 2>&1 \
   | tee "$OUT/band.txt"
-timeout 320 python3 -m relsat.benchmarks.bench_gpu --corpus-dir /tmp/corpus --total-budget 270 --out /tmp/relsat_gpu \
-  --markdown "$OUT/gpu_section.md" --models dcgan infogan fsrcnn csrnet gcn resnet18 longformer squeezenet \
-  mobilenet_v2 resnet50 bert bert_encoder nasrnn resnext50 inception_v3 nasnet_a vgg19 ppocr_det_v4 ppocr_rec_v4 \
-  ppocr_cls_v2 silero_vad_16k 2>&1 | tail -60 > "$OUT/bench.log"
+# shellcheck disable=SC2086
+[[ $STEPS == *bench* ]] && timeout $((BUDGET + 50)) python3 -m relsat.benchmarks.bench_gpu --corpus-dir /tmp/corpus \
+  --total-budget "$BUDGET" --out /tmp/relsat_gpu --markdown "$OUT/gpu_section.md" --models $MODELS 2>&1 \
+  | tail -60 > "$OUT/bench.log"
 cp /tmp/relsat_gpu/results.json "$OUT/" 2>/dev/null
 tail -30 "$OUT/bench.log"
