@@ -15,7 +15,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # what default.rules takes from each file, block by block, in its order
 DEFAULT_BLOCKS = [
     ("runtime", None),  # all of it (issue 25)
-    ("fold", ["bn-fold-conv-bias", "bn-fold-conv", "bn-fold-convtranspose-bias", "bn-fold-convtranspose"]),
+    ("fold", ["bn-fold-conv-bias", "bn-fold-conv", "bn-fold-convtranspose-bias", "bn-fold-convtranspose",
+              "bn-fold-gemm-t", "bn-fold-gemm"]),
     ("taso", ["matmul-add-distrib-right-rev", "conv-weight-distrib-rev"]),
     ("fold", ["identity", "reshape-reshape", "reshape-noop", "squeeze-unsqueeze", "pad-zero-3", "pad-zero-4",
               "add-zero-one", "add-zero-vector", "add-zero-same", "mul-one-one", "mul-one-vector", "mul-one-same",
@@ -44,7 +45,7 @@ def test_default_is_unchanged_by_the_move_to_includes():
     merge = {r.name for r in load_rules(RULES_DIR / "merge.rules").rules}  # left out since issue 25
     later = {"pad-zero-3", "pad-zero-4", "add-zero-one", "add-zero-vector", "add-zero-same", "mul-one-one",
              "mul-one-vector", "mul-one-same",  # added since (issue 25: Swin's zero padding, zero biases)
-             "bn-fold-convtranspose-bias", "bn-fold-convtranspose"}  # (issue 28: DCGAN, once ConvTranspose was cataloged)
+             "bn-fold-convtranspose-bias", "bn-fold-convtranspose", "bn-fold-gemm-t", "bn-fold-gemm"}  # (issue 28: DCGAN, once ConvTranspose was cataloged)
     before = tuple(r for r in load_rules(FIXTURES / "default_before_include.rules").rules if r.name not in merge)
     after = [r for r in load_rules(RULES_DIR / "default.rules").rules
              if Path(r.source.file).name != "runtime.rules" and r.name not in later]

@@ -105,18 +105,21 @@ def test_relsat_optimizes_a_seed_model_and_verifies_it(name, tmp_path):
     np.testing.assert_allclose(y1, y0, rtol=1e-3, atol=1e-4)
 
 
-def test_dcgan_batchnorms_fold_into_its_conv_transposes(tmp_path):
-    """ConvTranspose is a catalog operator: DCGAN's BatchNormalizations after its ConvTransposes fold into their
-    weights and biases (bn-fold-convtranspose, weight axis 1), and the written model computes the same."""
+@pytest.mark.parametrize("name", ["dcgan", "infogan"])
+def test_generator_batchnorms_fold_into_conv_transposes_and_gemms(name, tmp_path):
+    """ConvTranspose is a catalog operator: the BatchNormalizations after DCGAN's and InfoGAN's ConvTransposes
+    (bn-fold-convtranspose, weight axis 1) and InfoGAN's Gemms (bn-fold-gemm-t) fold into their weights and
+    biases, and the written model computes the same."""
     from relsat import optimize
 
-    src = tmp_path / "dcgan.onnx"
-    model = zoo.build("dcgan", small=True)
+    src = tmp_path / f"{name}.onnx"
+    model = zoo.build(name, small=True)
     zoo.save(model, src)
     rep = optimize(str(src), output=str(tmp_path / "out.onnx"), cost_model="analytic", measure=False).report
     written = onnx.load(tmp_path / "out.onnx")
     assert len(convs(model, "BatchNormalization")) > 0 and not convs(written, "BatchNormalization")
-    assert len(convs(written, "ConvTranspose")) == len(convs(model, "ConvTranspose"))
+    for op in ("ConvTranspose", "Gemm"):
+        assert len(convs(written, op)) == len(convs(model, op))
     assert rep["verification"]["ok"]
     np.testing.assert_allclose(run(written, 3, seed=7), run(model, 3, seed=7), rtol=1e-4, atol=1e-5)
 
