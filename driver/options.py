@@ -158,6 +158,9 @@ class Options:
         "candidate graphs timed as whole models for the final choice, with costs refined in context (0: one-node "
         "costs and the guard only)"))
     context_rounds: int = field(default=2, metadata=flag("extract-profile rounds refining the in-context costs"))
+    derive: bool = field(default=True, metadata=flag(
+        "skip EinNet-style derivations (a masked Softmax computed only over its mask's band)", name="--no-derive",
+        negate=True))  # relsat.driver.app.derive: derived subgraphs enter the e-graph as alternatives
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules or ()))

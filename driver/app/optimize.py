@@ -124,6 +124,9 @@ class Report(Mapping):
     measured: dict | None = None  # the input model and the written (or fastest) graph timed: medians, spread
     limits: list = field(default_factory=list)  # every limit that cut the run: which, its value, how much it cut
     verdict: str = ""  # what was written and why, in one line (the summary's "result")
+    # derived subgraphs added to the e-graph as alternatives before saturation (driver/app/derive.py): where,
+    # how, the ops they became, how they were checked; and the chains found but not derived, with why
+    derivations: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # keys callers add (the CLI: output)
 
     def as_dict(self) -> dict:
@@ -240,6 +243,8 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
         price = phases.pricer(run, prepared, imported)
         with timer("profile", "profile (the input graph)"):
             input_priced = phases.price_input(run, imported, price)
+        with timer("derive"):
+            derived = phases.derive(run, imported)
         with timer("saturate"):
             saturated = phases.saturate(run, prepared, imported, price)
         with timer("profile"):
@@ -266,7 +271,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
                 timed = _time(run, imported, exported.model, timer)
             outcome = phases.decide(imported, exported, verified, timed, db=db)
         report = _report(run, prepared, imported, saturated, priced, extracted, outcome, search=search,
-                         overhead=overhead, phases_s=timer.seconds, input_cost=input_priced.cost)
+                         overhead=overhead, phases_s=timer.seconds, input_cost=input_priced.cost, derived=derived)
         _write(run, g, outcome, output)
     finally:
         g = _close(g, dbfile, complete, keep_egraph)
@@ -304,7 +309,7 @@ def _cost_label(run: phases.Run, prepared: phases.Prepared, priced: phases.Price
 
 def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Imported, saturated: phases.Saturated,
             priced: phases.Priced, extracted: phases.Extracted, outcome: phases.Outcome, *, search, overhead,
-            phases_s: dict, input_cost: float | None = None) -> Report:
+            phases_s: dict, input_cost: float | None = None, derived: phases.Derived | None = None) -> Report:
     """The ``Report`` from the phases' results (``search``: the in-context ``Search``, None without it;
     ``overhead``: the call overhead's check)."""
     o, sat, searched, p, best = run.opts, saturated.sat, saturated.searched, priced.profile, extracted.best
@@ -331,11 +336,13 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
                     "fallbacks": outcome.fallbacks},
         latency=outcome.latency, extracted=outcome.extracted, written=outcome.written,
         verification=check.as_report(),
-        notices=list(imported.graph.notices) + list(prepared.notices) + list(priced.notices) + list(outcome.notices),
+        notices=(list(imported.graph.notices) + list(derived.notices if derived is not None else ())
+                 + list(prepared.notices) + list(priced.notices) + list(outcome.notices)),
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
         fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None,
         predicted=_predicted(run, prepared, priced, input_cost, outcome, search),
-        measured=measured, limits=_limits(o, sat, searched, best), verdict=_verdict(outcome, measured))
+        measured=measured, limits=_limits(o, sat, searched, best), verdict=_verdict(outcome, measured),
+        derivations=derived.as_dict() if derived is not None else {})
 
 
 def _table_cost(priced: phases.Priced, choice: dict) -> float:

@@ -262,6 +262,59 @@ class Saturated:
         return self.searched is not None and self.searched.strategy == "backtrack"
 
 
+@dataclass(frozen=True)
+class Derived:
+    applied: tuple = ()  # derive.Derivation, each added to the e-graph
+    skipped: tuple = ()  # (root, why) of the chains found but not derived
+    notices: tuple = ()
+
+    def as_dict(self) -> dict:
+        return {"applied": [d.as_dict() for d in self.applied],
+                "skipped": [{"root": r, "why": w} for r, w in self.skipped]}
+
+
+def derive(run: Run, imported: Imported) -> Derived:
+    """EinNet-style derivations (``relsat.driver.app.derive``): each derived subgraph checked, the derived
+    model imported into the e-graph and its subgraphs' results unioned with the originals' (``--no-derive``:
+    none)."""
+    from relsat.driver.app import derive as dv
+
+    if not run.opts.derive:
+        return Derived()
+    model = imported.model
+    chains = dv.find_chains(model)
+    if not chains:
+        return Derived()
+    run.status(f"deriving {len(chains)} subgraph(s) ...")
+    skipped, applied = [], []
+    types = imported.graph.types
+    ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])]
+    skipped += [(c.root, "its inputs have dynamic dims (derived forms fix sizes)") for c in chains if c not in ok]
+    if ok:
+        values = dv.model_values(model, [n for c in ok for n in (*c.inputs, *c.consts)],
+                                 imported.binding.costed, run.opts.threads)
+        for c in ok:
+            d = dv.derive_chain(c, values, run.opts.threads)
+            (applied.append((c, d)) if isinstance(d, dv.Derivation) else skipped.append((c.root, d)))
+    notices = [f"derivation skipped at {r}: {w}" for r, w in skipped]
+    if applied:
+        derived_model = model
+        for c, d in applied:
+            derived_model = dv.derived_model(derived_model, c, d)
+        g = imported.g
+        o = run.opts
+        res = import_model(derived_model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
+        g.union([imported.graph.values[c.root] for c, _ in applied], [res.values[c.root] for c, _ in applied])
+        g.rebuild()
+        same = g.find(imported.roots).tolist() == g.find([cid for _, cid in res.outputs]).tolist()
+        if not same:
+            notices.append("derived model's outputs did not join the input's e-classes after the union")
+        notices += [f"derived at {d.root}: {d.detail}; {sum(d.ops.values())} nodes "
+                    f"({', '.join(f'{k} x{v}' for k, v in sorted(d.ops.items()))}) for {len(d.replaced)}; checked "
+                    f"under ONNX Runtime, max abs error {d.max_error:.1e}; {d.seconds:.1f} s" for _, d in applied]
+    return Derived(tuple(d for _, d in applied), tuple(skipped), tuple(notices))
+
+
 def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
     """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
     o, g = run.opts, imported.g

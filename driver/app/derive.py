@@ -1,0 +1,239 @@
+"""EinNet-style derivations inside ``relsat optimize`` (issue 28): derived forms of subgraphs enter the
+e-graph as alternatives, priced by the same costs as every rewrite, before saturation.
+
+Owns finding the subgraphs a derivation applies to, deriving them, checking them, and adding them to the
+e-graph. Today one derivation runs here: **mask-aware blocking** (``relations/tensor_mask.py``). A
+``Softmax`` whose input adds a constant mask to a product ``MatMul(A, B)`` (scaled by a constant or not),
+and whose result is read by a ``MatMul`` alone, is lowered to one tensor-expression program
+(``tensor_lower.lower_graph``); ``band_blocks`` reads the mask's values, finds the band outside which they
+annihilate the Softmax, and rewrites the whole program to iterate only over it, in blocks; the result is
+split into gathers (``gathers_apart``) and matched back to ONNX operators (``tensor_match.match``). Nothing
+here knows attention or bands: the mask's values decide, and a mask with no band to skip derives nothing.
+
+Every derived subgraph is checked numerically before use: the matched ONNX nodes against the original
+nodes under ONNX Runtime, on the values the model itself produces at the costed binding plus random draws,
+the mask at its real values (the NumPy evaluation by definition that the tensor tests use does not scale to
+a sequence of 4096). Only subgraphs whose inputs have static shapes are derived (the derived gathers fix
+the sizes). The derived model (the input with the subgraph replaced) is then imported into the same e-graph,
+where everything it shares with the input hash-conses to the same e-classes, and the subgraph's result is
+unioned with the original's: extraction chooses between them by cost, and the written model is verified
+against the input as always.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.relations import runtime
+from relsat.relations.tensor_lower import NotLowerable, lower_graph
+from relsat.relations.tensor_mask import band, band_blocks, gathers_apart
+from relsat.relations.tensor_match import NoMatch, match
+
+RTOL, ATOL = 1e-4, 1e-5  # the derived subgraph against the original, as tensor_derive.equivalent
+DRAWS = 2  # random draws beside the model's own values
+MIN_BLOCK = 32  # rows per block at least (smaller blocks cost more in gathers than they save)
+
+
+@dataclass
+class Chain:
+    """A masked Softmax between two MatMuls: ``nodes`` in order, ``root`` the last MatMul's output,
+    ``mask`` the constant mask's name, ``inputs`` the other tensors it reads (non-constant first)."""
+
+    nodes: list
+    root: str
+    mask: str
+    consts: list[str]
+    inputs: list[str]
+
+
+@dataclass
+class Derivation:
+    """One derived subgraph: where, how, what it became, and how it was checked."""
+
+    root: str
+    kind: str
+    replaced: list[str]  # the original nodes' names
+    ops: dict[str, int]  # the derived nodes' op types
+    detail: str
+    max_error: float
+    seconds: float
+    nodes: list = field(default_factory=list, repr=False)
+    inits: list = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        return {"root": self.root, "kind": self.kind, "replaced": self.replaced, "ops": self.ops,
+                "detail": self.detail, "max_error": self.max_error, "seconds": round(self.seconds, 3)}
+
+
+def _constants(graph: onnx.GraphProto) -> set[str]:
+    """Values computed from initializers and Constant nodes alone (default-domain nodes without subgraphs)."""
+    init = {t.name for t in graph.initializer}
+    real_inputs = {v.name for v in graph.input} - init
+    const = set(init)
+    for n in graph.node:
+        if n.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                                 for a in n.attribute):
+            continue
+        if all(not i or (i in const and i not in real_inputs) for i in n.input):
+            const.update(o for o in n.output if o)
+    return const
+
+
+def find_chains(model: onnx.ModelProto) -> list[Chain]:
+    """Every ``MatMul -> [Mul|Div by a constant] -> Add(constant mask) -> Softmax -> MatMul`` whose inner values
+    are read by the chain alone."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    for o in g.output:
+        readers[o.name] = readers.get(o.name, 0) + 1
+    const = _constants(g)
+    out = []
+    for sm in g.node:
+        if sm.op_type != "Softmax" or sm.domain not in ("", "ai.onnx"):
+            continue
+        add = producer.get(sm.input[0])
+        if add is None or add.op_type != "Add":
+            continue
+        masks = [i for i in add.input if i in const]
+        if len(masks) != 1:
+            continue
+        mask, (x,) = masks[0], [i for i in add.input if i not in const]
+        chain, consts = [add, sm], [mask]
+        scale = producer.get(x)
+        if scale is not None and scale.op_type in ("Mul", "Div") and scale.input[1] in const \
+                and scale.input[0] not in const:
+            chain.insert(0, scale)
+            consts.append(scale.input[1])
+            x = scale.input[0]
+        mm1 = producer.get(x)
+        if mm1 is None or mm1.op_type != "MatMul" or any(i in const for i in mm1.input):
+            continue
+        chain.insert(0, mm1)
+        mm2 = [n for n in g.node if sm.output[0] in n.input]
+        if len(mm2) != 1 or mm2[0].op_type != "MatMul" or list(mm2[0].input).index(sm.output[0]) != 0 \
+                or mm2[0].input[1] in const:
+            continue
+        chain.append(mm2[0])
+        if any(readers.get(n.output[0], 0) != 1 for n in chain[:-1]):
+            continue  # an inner value read elsewhere: it must stay computed
+        out.append(Chain(chain, mm2[0].output[0], mask, consts, [*mm1.input, mm2[0].input[1]]))
+    return out
+
+
+def _probe(model: onnx.ModelProto, names: list[str], feeds: dict, threads: int) -> dict[str, np.ndarray]:
+    """The values of ``names`` when the model runs on ``feeds`` (ONNX Runtime, no graph optimizations)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
+    sess = runtime.session(m, threads=threads, optimize=False)
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    return {n: got[n] for n in names}
+
+
+def model_values(model: onnx.ModelProto, names: list[str], shapes: dict, threads: int) -> dict[str, np.ndarray]:
+    """The values of ``names`` when the model runs on seeded random inputs at ``shapes`` (the costed binding)."""
+    from relsat.driver.boundary.verify import random_inputs
+
+    sess = runtime.session(model, threads=threads, optimize=False)
+    return _probe(model, sorted(set(names)), random_inputs([sess], input_shapes=shapes), threads)
+
+
+def _subgraph(nodes, inits, inputs: dict, root: str) -> onnx.ModelProto:
+    g = helper.make_graph(list(nodes), "derived", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, a.shape)
+                                                   for n, a in inputs.items()],
+                          [helper.make_tensor_value_info(root, onnx.TensorProto.FLOAT, None)], list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _block(n: int, half: int) -> int:
+    """Rows per block: the largest divisor of ``n`` at most the band's half-width (at least MIN_BLOCK)."""
+    cap = max(half, MIN_BLOCK)
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def derive_chain(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0) -> Derivation | str:
+    """The banded form of ``c`` checked against it, or why there is none (one line)."""
+    t0 = time.perf_counter()
+    mask = values[c.mask]
+    m2 = mask.reshape(mask.shape[-2:]) if mask.ndim >= 2 and int(np.prod(mask.shape[:-2])) == 1 else None
+    if m2 is None:
+        return f"mask {c.mask} of shape {list(mask.shape)} is not one 2-D mask"
+    half = band(m2, 1)
+    if half is None:
+        return f"mask {c.mask} keeps no column in some row"
+    block = _block(m2.shape[0], max(half))
+    shapes = {n: values[n].shape for n in [*c.inputs, *c.consts]}
+    consts = {n: values[n] for n in c.consts}
+    try:
+        p = lower_graph(c.nodes, shapes, consts)
+    except NotLowerable as e:
+        return str(e)
+    q = band_blocks(p, c.mask, mask, block, check=False)
+    if q is None:
+        return f"mask {c.mask}: no band to skip (half-widths {half[0]} and {half[1]} of {m2.shape[1]} columns)"
+    try:
+        nodes, inits = match(gathers_apart(q), c.root, consts, prefix=f"{c.root}.banded")
+    except NoMatch as e:
+        return f"the banded program did not match ONNX operators ({e})"
+    ins = {n: values[n] for n in c.inputs}
+    const_inits = [numpy_helper.from_array(np.asarray(values[n], dtype=np.float32), n) for n in c.consts]
+    used = {i for n in nodes for i in n.input}
+    orig = runtime.session(_subgraph(c.nodes, const_inits, ins, c.root), threads=threads)
+    new = runtime.session(_subgraph(nodes, [*inits, *(t for t in const_inits if t.name in used)], ins, c.root),
+                          threads=threads)
+    rng = np.random.default_rng(seed)
+    err = 0.0
+    for k in range(DRAWS + 1):
+        feeds = ins if k == 0 else {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in ins.items()}
+        (y0,), (y1,) = orig.run(None, feeds), new.run(None, feeds)
+        if y0.shape != y1.shape or not np.allclose(y1, y0, rtol=RTOL, atol=ATOL):
+            return f"the banded form disagrees with the original (max abs error {float(np.abs(y1 - y0).max()):.2e})"
+        err = max(err, float(np.abs(y1 - y0).max()))
+    ops: dict[str, int] = {}
+    for n in nodes:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    lo, hi = half
+    detail = (f"mask {c.mask}: rows {m2.shape[0]} in blocks of {block}, each over a window of "
+              f"{block + lo + hi} of {m2.shape[1]} columns (band -{lo}/+{hi})")
+    return Derivation(c.root, "mask-band-blocks", [n.name or n.output[0] for n in c.nodes], ops, detail, err,
+                      time.perf_counter() - t0, nodes, inits)
+
+
+def derived_model(model: onnx.ModelProto, c: Chain, d: Derivation) -> onnx.ModelProto:
+    """``model`` with the chain's nodes replaced by the derived ones (placed where the chain's last node was)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    drop = {id(n) for n in c.nodes}
+    names = {n.output[0] for n in c.nodes}
+    kept = []
+    for n in model.graph.node:
+        if n.output and n.output[0] in names:
+            if n.output[0] == c.root:
+                kept.extend(d.nodes)
+            continue
+        kept.append(n)
+    del drop
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    m.graph.initializer.extend(d.inits)
+    return m
+
+
+def static(types: dict, names: list[str]) -> bool:
+    """Whether every value in ``names`` has a fully known, concrete shape in import's ``types``."""
+    for n in names:
+        shape = (types.get(n) or (None, None))[1]
+        if shape is None or any(not isinstance(s, int) or s < 0 for s in shape):
+            return False
+    return True
