@@ -102,7 +102,8 @@ def test_results_are_frozen():
 def _spy(monkeypatch) -> list:
     """Record every phase function's name and result type, in the order they run."""
     seen = []
-    for name in ("prepare", "load", "read", "check_overhead", "saturate", "profile", "extract", "search_candidates",
+    for name in ("prepare", "load", "read", "check_overhead", "derive", "saturate", "profile", "extract",
+                 "search_candidates",
                  "choose", "export", "verify_export", "guard", "decide"):
         real = getattr(phases, name)
 
@@ -119,10 +120,11 @@ def test_phases_run_in_order_and_return_typed_results(monkeypatch, tmp_path):
     seen = _spy(monkeypatch)
     res = optimize(_tiny(), cost_model="analytic", measure=False, output=tmp_path / "o.onnx")
     assert seen == [("prepare", "Prepared"), ("load", "Loaded"), ("read", "Imported"),
-                    ("check_overhead", "NoneType"), ("saturate", "Saturated"), ("profile", "Priced"),
+                    ("check_overhead", "NoneType"), ("derive", "Derived"), ("saturate", "Saturated"),
+                    ("profile", "Priced"),
                     ("extract", "Extracted"), ("export", "Exported"), ("verify_export", "Verified"),
                     ("decide", "Outcome")]
-    assert list(res.report.phases_s) == ["import", "profile", "saturate", "extract", "export", "verify"]
+    assert list(res.report.phases_s) == ["import", "profile", "derive", "saturate", "extract", "export", "verify"]
     assert res.report.written == "optimized" and [n.op_type for n in res.model.graph.node] == ["Relu"]
     assert [n.op_type for n in onnx.load(tmp_path / "o.onnx").graph.node] == ["Relu"]
 

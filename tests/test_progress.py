@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
-PHASE = re.compile(r"^relsat: (import|profile|profile \(the [a-z ]+\)|saturate|extract|export|verify|latency|context|choose): \d+\.\d\d s$")
+PHASE = re.compile(r"^relsat: (import|profile|profile \(the [a-z ]+\)|derive|saturate|extract|export|verify|latency|context|choose): \d+\.\d\d s$")
 
 
 def _relus(n: int = 5) -> onnx.ModelProto:
