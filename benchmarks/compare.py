@@ -816,7 +816,10 @@ def chart(results: list[ModelResult], path: str | Path, metric: str = "cpu") -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--models", nargs="+", default=list(zoo.NAMES), help="zoo models (default: all)")
+    ap.add_argument("--models", nargs="+", default=list(zoo.NAMES),
+                    help="zoo models (default: TASO's ten; EinNet's seed models by name)")
+    ap.add_argument("--systems", nargs="+", default=None, choices=[m for m in MAKERS if m != "original"],
+                    help="the systems beside the original (default: all)")
     ap.add_argument("--small", action="store_true", help="the reduced zoo variants")
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
     ap.add_argument("--node-limit", type=int, default=None,
@@ -832,9 +835,10 @@ def main(argv=None) -> int:
                     help="folder of RESULTS.md and compare.png (default: benchmarks/)")
     ap.add_argument("--no-write", action="store_true", help="print the Markdown, write nothing")
     args = ap.parse_args(argv)
-    unknown = [m for m in args.models if m not in zoo.NAMES]
+    unknown = [m for m in args.models if m not in zoo.ALL_NAMES]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; zoo: {', '.join(zoo.NAMES)}")
+        ap.error(f"unknown model(s) {', '.join(unknown)}; zoo: {', '.join(zoo.ALL_NAMES)}")
+    systems = {k: MAKERS[k] for k in args.systems} if args.systems else None
     opts = Options(threads=args.threads, node_limit=args.node_limit, time_limit=args.time_limit,
                    cost_model=args.cost_model, budget_s=args.budget, min_runs=args.min_runs)
     command = "python -m relsat.benchmarks.compare " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
@@ -843,7 +847,8 @@ def main(argv=None) -> int:
     results = []
     for name in args.models:
         print(f"{name}:", flush=True)
-        results.append(compare_model(name, small=args.small, opts=opts, progress=lambda s: print(s, flush=True)))
+        results.append(compare_model(name, small=args.small, opts=opts, systems=systems,
+                                     progress=lambda s: print(s, flush=True)))
         print("  " + (results[-1].error or verdicts(results[-1])), flush=True)
     ac_rows, ac_note = ([], "not run (--no-ac-add)") if args.no_ac_add else ac_add(args.ac_add_n)
     load1 = os.getloadavg()[0]
