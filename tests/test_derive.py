@@ -123,3 +123,62 @@ def test_the_zoo_longformer_at_4096_is_derived_within_a_minute(tmp_path):
                    measure=False).report
     assert len(rep["derivations"]["applied"]) == 2 and rep["verification"]["ok"]
     assert rep["phases_s"]["derive"] + rep["phases_s"]["extract"] <= 60
+
+
+def _conv_model(w: np.ndarray, size: int = 32, **attrs) -> onnx.ModelProto:
+    m, c = w.shape[:2]
+    b = np.random.default_rng(1).standard_normal(m).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", kernel_shape=list(w.shape[2:]), **attrs)
+    g = helper.make_graph([node, helper.make_node("Relu", ["y"], ["z"], name="relu")], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, size, size])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", m, None, None])],
+                          [numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _low_rank(m: int, c: int, k: int, r: int, seed: int = 0) -> np.ndarray:
+    """W[m, c, i, j] = sum_r A[m, r, j] B[r, c, i]: a k x 1 then a 1 x k convolution through r channels, merged."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, r, k)), rng.standard_normal((r, c, k))
+    return np.einsum("mrj,rci->mcij", a, b) / k
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [3, 3, 3, 3]}, {"pads": [1, 3, 2, 0], "strides": [2, 1],
+                                                                  "dilations": [1, 2]}])
+def test_a_low_rank_kernel_splits_into_two_one_dimensional_convolutions(tmp_path, attrs):
+    """EinNet's low-rank derivation: a 7x7 kernel of rank 3 over 8 -> 8 channels (what a merged k x 1 / 1 x k pair
+    is) becomes a 7x1 Conv into 3 channels and a 1x7 Conv, found from the weight's singular values alone, at any
+    pads, strides and dilations; the written model computes the same (dynamic batch kept)."""
+    model = _conv_model(_low_rank(8, 8, 7, 3), **attrs)
+    src = tmp_path / "c.onnx"
+    onnx.save(model, src)
+    rep = optimize(str(src), output=str(tmp_path / "o.onnx"), cost_model="analytic", measure=False).report
+    (d,) = rep["derivations"]["applied"]
+    assert d["kind"] == "low-rank-conv" and d["root"] == "y" and "has rank 3" in d["detail"]
+    assert rep["written"] == "optimized" and rep["verification"]["ok"]
+    written = onnx.load(tmp_path / "o.onnx")
+    kernels = sorted(tuple(helper.get_attribute_value(a)) for n in written.graph.node if n.op_type == "Conv"
+                     for a in n.attribute if a.name == "kernel_shape")
+    assert kernels == [(1, 7), (7, 1)]
+    assert written.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    x = np.random.default_rng(2).standard_normal((2, 8, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(written, x), _run(model, x), rtol=1e-3, atol=1e-4)
+
+
+def test_a_full_rank_kernel_derives_nothing_and_says_nothing(tmp_path):
+    src = tmp_path / "c.onnx"
+    onnx.save(_conv_model(np.random.default_rng(0).standard_normal((8, 8, 3, 3))), src)
+    rep = optimize(str(src), cost_model="analytic", measure=False).report
+    assert rep["derivations"] == {"applied": [], "skipped": []}
+    assert not any("derivation" in n or "derived" in n for n in rep["notices"])
+
+
+def test_a_rank_that_saves_nothing_is_not_split():
+    """Rank 6 of a 3x3 kernel over 4 -> 4 channels: 6 * (4*3 + 4*3) = 144 multiplications per position against
+    4*4*9 = 144: no split."""
+    m = _conv_model(_low_rank(4, 4, 3, 6))
+    (c,) = dv.find_convs(m)
+    values = dv.model_values(m, [*c.inputs, *c.consts], {"x": [1, 4, 32, 32]}, threads=1)
+    assert dv.derive(c, values, threads=1) is None
+    assert isinstance(dv.derive(dv.find_convs(_conv_model(_low_rank(4, 4, 3, 1)))[0], values | {
+        "w": _low_rank(4, 4, 3, 1).astype(np.float32)}, threads=1), dv.Derivation)

@@ -2,13 +2,19 @@
 e-graph as alternatives, priced by the same costs as every rewrite, before saturation.
 
 Owns finding the subgraphs a derivation applies to, deriving them, checking them, and adding them to the
-e-graph. Today one derivation runs here: **mask-aware blocking** (``relations/tensor_mask.py``). A
-``Softmax`` whose input adds a constant mask to a product ``MatMul(A, B)`` (scaled by a constant or not),
+e-graph. Two derivations run here, both removing computation whose result the constants decide:
+
+**Mask-aware blocking** (``relations/tensor_mask.py``). A ``Softmax`` whose input adds a constant mask to a product ``MatMul(A, B)`` (scaled by a constant or not),
 and whose result is read by a ``MatMul`` alone, is lowered to one tensor-expression program
 (``tensor_lower.lower_graph``); ``band_blocks`` reads the mask's values, finds the band outside which they
 annihilate the Softmax, and rewrites the whole program to iterate only over it, in blocks; the result is
 split into gathers (``gathers_apart``) and matched back to ONNX operators (``tensor_match.match``). Nothing
 here knows attention or bands: the mask's values decide, and a mask with no band to skip derives nothing.
+
+**Low-rank kernels** (``derive_low_rank``). A k x k ``Conv`` whose constant weight has low rank as a matrix over
+(output channel, kernel column) x (input channel, kernel row) is a k x 1 convolution into R channels followed by
+a 1 x k one (what GCN's separable kernels are, merged): found from the weight's singular values, used only where
+the rank-R product gives the weight back exactly and costs fewer multiplications.
 
 Every derived subgraph is checked numerically before use: the matched ONNX nodes against the original
 nodes under ONNX Runtime, on the values the model itself produces at the costed binding plus random draws,
@@ -38,18 +44,22 @@ from relsat.relations.tensor_match import NoMatch, match
 RTOL, ATOL = 1e-4, 1e-5  # the derived subgraph against the original, as tensor_derive.equivalent
 DRAWS = 2  # random draws beside the model's own values
 MIN_BLOCK = 32  # rows per block at least (smaller blocks cost more in gathers than they save)
+SVD_WORK = 1e9  # a weight's SVD costs about min(rows, cols)^2 * max(rows, cols): larger ones are not tried
+SVD_SECONDS = 5.0  # all weights' SVDs in one run together, at most (the rest are not tried)
 
 
 @dataclass
 class Chain:
-    """A masked Softmax between two MatMuls: ``nodes`` in order, ``root`` the last MatMul's output,
-    ``mask`` the constant mask's name, ``inputs`` the other tensors it reads (non-constant first)."""
+    """A subgraph a derivation applies to: ``nodes`` in order, ``root`` the last node's output (the value the
+    derived form replaces), the constants it reads (``consts``: values the derivation uses) and its other
+    inputs; ``mask`` the constant mask's name for a masked Softmax, empty for a convolution."""
 
     nodes: list
     root: str
     mask: str
     consts: list[str]
     inputs: list[str]
+    kind: str = "mask-band-blocks"
 
 
 @dataclass
@@ -130,6 +140,77 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
     return out
 
 
+def find_convs(model: onnx.ModelProto) -> list[Chain]:
+    """Every 2-D ``Conv`` (group 1, explicit pads) whose k x k kernel (both sides above 1) is a constant: where
+    its weight has low rank as a matrix over (output channel, kernel column) x (input channel, kernel row),
+    the convolution splits into a k x 1 and a 1 x k one (``derive_low_rank``)."""
+    g = model.graph
+    const = _constants(g)
+    inits = {t.name: t for t in g.initializer}
+    out = []
+    for n in g.node:
+        if n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        dims = list(inits[n.input[1]].dims)
+        if len(dims) != 4 or a.get("group", 1) != 1 or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
+                or min(dims[2:]) < 2 or n.input[0] in const:
+            continue
+        bias = [n.input[2]] if len(n.input) > 2 and n.input[2] else []
+        if bias and bias[0] not in inits:
+            continue
+        out.append(Chain([n], n.output[0], "", [n.input[1], *bias], [n.input[0]], kind="low-rank-conv"))
+    return out
+
+
+def svd_work(c: Chain, values: dict) -> float:
+    """What the SVD of ``c``'s weight costs, in multiply-adds (roughly)."""
+    m, ch, kh, kw = values[c.consts[0]].shape
+    a, b = sorted((m * kw, ch * kh))
+    return float(a) * a * b
+
+
+def derive_low_rank(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
+                    rtol: float = 1e-6) -> Derivation | str | None:
+    """The convolution of ``c`` as a k x 1 convolution into ``R`` channels and a 1 x k one out of them, where
+    its weight ``W[m, c, i, j] = sum_r A[m, r, j] B[r, c, i]`` exactly (the singular values of W as an
+    (m, j) x (c, i) matrix past the first ``R`` are below ``rtol`` of the largest, and the rank-R product
+    gives W back to float32 rounding) and the split does fewer multiplications; why not (one line) where the
+    weight has such a rank but the split fails; None where it has not."""
+    t0 = time.perf_counter()
+    conv = c.nodes[0]
+    w = np.asarray(values[c.consts[0]], dtype=np.float64)
+    m, ch, kh, kw = w.shape
+    u, sv, vt = np.linalg.svd(w.transpose(0, 3, 1, 2).reshape(m * kw, ch * kh), full_matrices=False)
+    r = int((sv > sv[0] * rtol).sum()) if sv.size and sv[0] > 0 else 0
+    if r == 0 or r * (ch * kh + m * kw) >= m * ch * kh * kw:
+        return None  # full rank, or too little saved: nothing to derive (not worth a notice)
+    a_ = (u[:, :r] * sv[:r]).reshape(m, kw, r).transpose(0, 2, 1)[:, :, None, :]  # [M, R, 1, kw]
+    b_ = vt[:r].reshape(r, ch, kh)[:, :, :, None]  # [R, C, kh, 1]
+    back = np.einsum("mrj,rci->mcij", a_[:, :, 0, :], b_[:, :, :, 0])
+    if np.abs(back - w).max() > 1e-6 * max(np.abs(w).max(), 1e-30):
+        return f"weight {c.consts[0]}: rank {r} does not give it back exactly"
+    at = {x.name: helper.get_attribute_value(x) for x in conv.attribute}
+    pads = list(at.get("pads") or [0, 0, 0, 0])
+    strides, dil = list(at.get("strides") or [1, 1]), list(at.get("dilations") or [1, 1])
+    pre = f"{c.root}.split"
+    inits = [numpy_helper.from_array(b_.astype(np.float32), f"{pre}.w_rows"),
+             numpy_helper.from_array(a_.astype(np.float32), f"{pre}.w_cols")]
+    nodes = [helper.make_node("Conv", [conv.input[0], f"{pre}.w_rows"], [f"{pre}.rows"], name=f"{pre}.rows",
+                              kernel_shape=[kh, 1], pads=[pads[0], 0, pads[2], 0], strides=[strides[0], 1],
+                              dilations=[dil[0], 1]),
+             helper.make_node("Conv", [f"{pre}.rows", f"{pre}.w_cols", *c.consts[1:]], [c.root], name=f"{pre}.cols",
+                              kernel_shape=[1, kw], pads=[0, pads[1], 0, pads[3]], strides=[1, strides[1]],
+                              dilations=[1, dil[1]])]
+    err = check(c, nodes, inits, values, threads, seed)
+    if isinstance(err, str):
+        return err
+    detail = (f"weight {c.consts[0]} [{m}, {ch}, {kh}, {kw}] has rank {r}: a {kh}x1 Conv into {r} channels, then "
+              f"a 1x{kw} Conv ({r * (ch * kh + m * kw)} of {m * ch * kh * kw} multiplications per position)")
+    return Derivation(c.root, c.kind, [conv.name or conv.output[0]], {"Conv": 2}, detail, float(err),
+                      time.perf_counter() - t0, nodes, inits)
+
+
 def _probe(model: onnx.ModelProto, names: list[str], feeds: dict, threads: int) -> dict[str, np.ndarray]:
     """The values of ``names`` when the model runs on ``feeds`` (ONNX Runtime, no graph optimizations)."""
     m = onnx.ModelProto()
@@ -145,8 +226,13 @@ def model_values(model: onnx.ModelProto, names: list[str], shapes: dict, threads
     """The values of ``names`` when the model runs on seeded random inputs at ``shapes`` (the costed binding)."""
     from relsat.driver.boundary.verify import random_inputs
 
-    sess = runtime.session(model, threads=threads, optimize=False)
-    return _probe(model, sorted(set(names)), random_inputs([sess], input_shapes=shapes), threads)
+    inits = {t.name: t for t in model.graph.initializer}
+    got = {n: numpy_helper.to_array(inits[n]) for n in set(names) if n in inits}
+    rest = sorted(set(names) - set(got))
+    if rest:
+        sess = runtime.session(model, threads=threads, optimize=False)
+        got.update(_probe(model, rest, random_inputs([sess], input_shapes=shapes), threads))
+    return got
 
 
 def _subgraph(nodes, inits, inputs: dict, root: str) -> onnx.ModelProto:
@@ -160,6 +246,12 @@ def _block(n: int, half: int) -> int:
     """Rows per block: the largest divisor of ``n`` at most the band's half-width (at least MIN_BLOCK)."""
     cap = max(half, MIN_BLOCK)
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def derive(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0) -> Derivation | str | None:
+    """``c``'s derived form by its kind, checked against it, why there is none (one line), or None where the
+    derivation does not apply (nothing worth reporting)."""
+    return (derive_low_rank if c.kind == "low-rank-conv" else derive_chain)(c, values, threads, seed)
 
 
 def derive_chain(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0) -> Derivation | str:
@@ -195,7 +287,7 @@ def derive_chain(c: Chain, values: dict[str, np.ndarray], threads: int, seed: in
     lo, hi = half
     detail = (f"mask {c.mask}: rows {m2.shape[0]} in blocks of {block}, each over a window of "
               f"{block + lo + hi} of {m2.shape[1]} columns (band -{lo}/+{hi})")
-    return Derivation(c.root, "mask-band-blocks", [n.name or n.output[0] for n in c.nodes], ops, detail, float(err),
+    return Derivation(c.root, c.kind, [n.name or n.output[0] for n in c.nodes], ops, detail, float(err),
                       time.perf_counter() - t0, nodes, inits)
 
 

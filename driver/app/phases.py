@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -283,19 +284,33 @@ def derive(run: Run, imported: Imported) -> Derived:
         return Derived()
     model = imported.model
     chains = dv.find_chains(model)
-    if not chains:
+    convs = dv.find_convs(model)
+    if not chains and not convs:
         return Derived()
-    run.status(f"deriving {len(chains)} subgraph(s) ...")
+    run.status(f"deriving {len(chains) + len(convs)} subgraph(s) ...")
     skipped, applied = [], []
     types = imported.graph.types
-    ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])]
+    ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])] + convs  # split convs fix no size
     skipped += [(c.root, "its inputs have dynamic dims (derived forms fix sizes)") for c in chains if c not in ok]
     if ok:
         values = dv.model_values(model, [n for c in ok for n in (*c.inputs, *c.consts)],
                                  imported.binding.costed, run.opts.threads)
+        svd_s, untried = 0.0, 0
         for c in ok:
-            d = dv.derive_chain(c, values, run.opts.threads)
-            (applied.append((c, d)) if isinstance(d, dv.Derivation) else skipped.append((c.root, d)))
+            if c.kind == "low-rank-conv" and (svd_s > dv.SVD_SECONDS or dv.svd_work(c, values) > dv.SVD_WORK):
+                untried += 1
+                continue
+            t0 = time.perf_counter()
+            d = dv.derive(c, values, run.opts.threads)
+            if c.kind == "low-rank-conv":
+                svd_s += time.perf_counter() - t0
+            if isinstance(d, dv.Derivation):
+                applied.append((c, d))
+            elif d is not None:
+                skipped.append((c.root, d))
+        if untried:
+            skipped.append(("(convolutions)", f"{untried} weight(s) not tried for low rank (SVD too large, or "
+                                              f"past {dv.SVD_SECONDS:g} s of SVDs in this run)"))
     notices = [f"derivation skipped at {r}: {w}" for r, w in skipped]
     if applied:
         derived_model = model
