@@ -154,7 +154,7 @@ def test_a_low_rank_kernel_splits_into_two_one_dimensional_convolutions(tmp_path
     onnx.save(model, src)
     rep = optimize(str(src), output=str(tmp_path / "o.onnx"), cost_model="analytic", measure=False).report
     (d,) = rep["derivations"]["applied"]
-    assert d["kind"] == "low-rank-conv" and d["root"] == "y" and "has rank 3" in d["detail"]
+    assert d["kind"] == "low-rank-conv" and d["root"] == "y" and "has rank 3: a 7x1 Conv" in d["detail"]
     assert rep["written"] == "optimized" and rep["verification"]["ok"]
     written = onnx.load(tmp_path / "o.onnx")
     kernels = sorted(tuple(helper.get_attribute_value(a)) for n in written.graph.node if n.op_type == "Conv"
@@ -163,6 +163,21 @@ def test_a_low_rank_kernel_splits_into_two_one_dimensional_convolutions(tmp_path
     assert written.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
     x = np.random.default_rng(2).standard_normal((2, 8, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(_run(written, x), _run(model, x), rtol=1e-3, atol=1e-4)
+
+
+def test_the_other_order_splits_too(tmp_path):
+    """W[m, c, i, j] = sum_r A[m, r, i] B[r, c, j] (a 1 x k Conv first, then a k x 1 one, merged): rank 2 over
+    (out channel, kernel row) x (in channel, kernel column); 5x3 kernel, stride 2 down the rows."""
+    rng = np.random.default_rng(4)
+    w = np.einsum("mri,rcj->mcij", rng.standard_normal((6, 2, 5)), rng.standard_normal((2, 4, 3)))
+    model = _conv_model(w, pads=[2, 1, 2, 1], strides=[2, 1])
+    src = tmp_path / "c.onnx"
+    onnx.save(model, src)
+    rep = optimize(str(src), output=str(tmp_path / "o.onnx"), cost_model="analytic", measure=False).report
+    (d,) = rep["derivations"]["applied"]
+    assert "has rank 2: a 1x3 Conv into 2 channels, then a 5x1 Conv" in d["detail"] and rep["verification"]["ok"]
+    x = np.random.default_rng(5).standard_normal((1, 4, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(onnx.load(tmp_path / "o.onnx"), x), _run(model, x), rtol=1e-3, atol=1e-4)
 
 
 def test_a_full_rank_kernel_derives_nothing_and_says_nothing(tmp_path):

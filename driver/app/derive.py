@@ -167,46 +167,72 @@ def svd_work(c: Chain, values: dict) -> float:
     """What the SVD of ``c``'s weight costs, in multiply-adds (roughly)."""
     m, ch, kh, kw = values[c.consts[0]].shape
     a, b = sorted((m * kw, ch * kh))
-    return float(a) * a * b
+    c_, d_ = sorted((m * kh, ch * kw))
+    return float(a) * a * b + float(c_) * c_ * d_  # both orders
+
+
+def _factor(w: np.ndarray, rows_first: bool, rtol: float):
+    """``(R, first, second)``: ``w`` [M, C, kh, kw] as a kh x 1 Conv ``first`` [R, C, kh, 1] then a 1 x kw Conv
+    ``second`` [M, R, 1, kw] (``rows_first``), or a 1 x kw then a kh x 1 one, through the fewest channels R that
+    give it back exactly (None where that is more than it saves)."""
+    m, ch, kh, kw = w.shape
+    if rows_first:  # W[m, c, i, j] = sum_r A[m, r, j] B[r, c, i]: rows (m, j), columns (c, i)
+        mat, a_k, b_k = w.transpose(0, 3, 1, 2).reshape(m * kw, ch * kh), kw, kh
+    else:  # W[m, c, i, j] = sum_r A[m, r, i] B[r, c, j]: rows (m, i), columns (c, j)
+        mat, a_k, b_k = w.transpose(0, 2, 1, 3).reshape(m * kh, ch * kw), kh, kw
+    u, sv, vt = np.linalg.svd(mat, full_matrices=False)
+    r = int((sv > sv[0] * rtol).sum()) if sv.size and sv[0] > 0 else 0
+    if r == 0 or r * (ch * b_k + m * a_k) >= m * ch * kh * kw:
+        return None
+    a = (u[:, :r] * sv[:r]).reshape(m, a_k, r).transpose(0, 2, 1)  # [M, R, a_k]
+    b = vt[:r].reshape(r, ch, b_k)  # [R, C, b_k]
+    back = np.einsum("mrj,rci->mcij" if rows_first else "mri,rcj->mcij", a, b)
+    if np.abs(back - w).max() > 1e-6 * max(np.abs(w).max(), 1e-30):
+        return None
+    if rows_first:
+        return r, b[:, :, :, None], a[:, :, None, :]
+    return r, b[:, :, None, :], a[:, :, :, None]
 
 
 def derive_low_rank(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
                     rtol: float = 1e-6) -> Derivation | str | None:
-    """The convolution of ``c`` as a k x 1 convolution into ``R`` channels and a 1 x k one out of them, where
-    its weight ``W[m, c, i, j] = sum_r A[m, r, j] B[r, c, i]`` exactly (the singular values of W as an
-    (m, j) x (c, i) matrix past the first ``R`` are below ``rtol`` of the largest, and the rank-R product
-    gives W back to float32 rounding) and the split does fewer multiplications; why not (one line) where the
-    weight has such a rank but the split fails; None where it has not."""
+    """The convolution of ``c`` as two one-dimensional convolutions through ``R`` channels (a kh x 1 one then a
+    1 x kw one, or the other way round, whichever needs fewer), where its weight factors exactly so (the
+    singular values of W as an (m, j) x (c, i) or an (m, i) x (c, j) matrix past the first ``R`` below ``rtol``
+    of the largest, the rank-R product giving W back to float32 rounding) and the split does fewer
+    multiplications; why not (one line) where the weight factors but the split fails its check; None where it
+    does not factor."""
     t0 = time.perf_counter()
     conv = c.nodes[0]
     w = np.asarray(values[c.consts[0]], dtype=np.float64)
     m, ch, kh, kw = w.shape
-    u, sv, vt = np.linalg.svd(w.transpose(0, 3, 1, 2).reshape(m * kw, ch * kh), full_matrices=False)
-    r = int((sv > sv[0] * rtol).sum()) if sv.size and sv[0] > 0 else 0
-    if r == 0 or r * (ch * kh + m * kw) >= m * ch * kh * kw:
+    found = [f for f in (_factor(w, True, rtol), _factor(w, False, rtol)) if f is not None]
+    if not found:
         return None  # full rank, or too little saved: nothing to derive (not worth a notice)
-    a_ = (u[:, :r] * sv[:r]).reshape(m, kw, r).transpose(0, 2, 1)[:, :, None, :]  # [M, R, 1, kw]
-    b_ = vt[:r].reshape(r, ch, kh)[:, :, :, None]  # [R, C, kh, 1]
-    back = np.einsum("mrj,rci->mcij", a_[:, :, 0, :], b_[:, :, :, 0])
-    if np.abs(back - w).max() > 1e-6 * max(np.abs(w).max(), 1e-30):
-        return f"weight {c.consts[0]}: rank {r} does not give it back exactly"
+    r, w1, w2 = min(found, key=lambda f: f[0] * (ch * f[1].shape[2] * f[1].shape[3] + m * f[2].shape[2]
+                                                   * f[2].shape[3]))
+    k1, k2 = list(w1.shape[2:]), list(w2.shape[2:])
+    rows = k1[1] == 1  # the first one runs down the rows (kh x 1)
     at = {x.name: helper.get_attribute_value(x) for x in conv.attribute}
     pads = list(at.get("pads") or [0, 0, 0, 0])
     strides, dil = list(at.get("strides") or [1, 1]), list(at.get("dilations") or [1, 1])
+    p1 = [pads[0], 0, pads[2], 0] if rows else [0, pads[1], 0, pads[3]]
+    p2 = [0, pads[1], 0, pads[3]] if rows else [pads[0], 0, pads[2], 0]
+    s1, s2 = ([strides[0], 1], [1, strides[1]]) if rows else ([1, strides[1]], [strides[0], 1])
+    d1, d2 = ([dil[0], 1], [1, dil[1]]) if rows else ([1, dil[1]], [dil[0], 1])
     pre = f"{c.root}.split"
-    inits = [numpy_helper.from_array(b_.astype(np.float32), f"{pre}.w_rows"),
-             numpy_helper.from_array(a_.astype(np.float32), f"{pre}.w_cols")]
-    nodes = [helper.make_node("Conv", [conv.input[0], f"{pre}.w_rows"], [f"{pre}.rows"], name=f"{pre}.rows",
-                              kernel_shape=[kh, 1], pads=[pads[0], 0, pads[2], 0], strides=[strides[0], 1],
-                              dilations=[dil[0], 1]),
-             helper.make_node("Conv", [f"{pre}.rows", f"{pre}.w_cols", *c.consts[1:]], [c.root], name=f"{pre}.cols",
-                              kernel_shape=[1, kw], pads=[0, pads[1], 0, pads[3]], strides=[1, strides[1]],
-                              dilations=[1, dil[1]])]
+    inits = [numpy_helper.from_array(w1.astype(np.float32), f"{pre}.w1"),
+             numpy_helper.from_array(w2.astype(np.float32), f"{pre}.w2")]
+    nodes = [helper.make_node("Conv", [conv.input[0], f"{pre}.w1"], [f"{pre}.first"], name=f"{pre}.first",
+                              kernel_shape=k1, pads=p1, strides=s1, dilations=d1),
+             helper.make_node("Conv", [f"{pre}.first", f"{pre}.w2", *c.consts[1:]], [c.root], name=f"{pre}.second",
+                              kernel_shape=k2, pads=p2, strides=s2, dilations=d2)]
     err = check(c, nodes, inits, values, threads, seed)
     if isinstance(err, str):
         return err
-    detail = (f"weight {c.consts[0]} [{m}, {ch}, {kh}, {kw}] has rank {r}: a {kh}x1 Conv into {r} channels, then "
-              f"a 1x{kw} Conv ({r * (ch * kh + m * kw)} of {m * ch * kh * kw} multiplications per position)")
+    mults = r * (ch * k1[0] * k1[1] + m * k2[0] * k2[1])
+    detail = (f"weight {c.consts[0]} [{m}, {ch}, {kh}, {kw}] has rank {r}: a {k1[0]}x{k1[1]} Conv into {r} channels, "
+              f"then a {k2[0]}x{k2[1]} Conv ({mults} of {m * ch * kh * kw} multiplications per position)")
     return Derivation(c.root, c.kind, [conv.name or conv.output[0]], {"Conv": 2}, detail, float(err),
                       time.perf_counter() - t0, nodes, inits)
 
