@@ -284,7 +284,7 @@ def derive(run: Run, imported: Imported) -> Derived:
         return Derived()
     model = imported.model
     chains = dv.find_chains(model)
-    convs = dv.find_convs(model)
+    convs = sorted(dv.find_convs(model), key=lambda c: -dv.kernel_area(c, model))  # the largest savings first
     if not chains and not convs:
         return Derived()
     run.status(f"deriving {len(chains) + len(convs)} subgraph(s) ...")
