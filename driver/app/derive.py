@@ -201,23 +201,32 @@ def _factor(w: np.ndarray, rows_first: bool, rtol: float):
     return r, b[:, :, None, :], a[:, :, :, None]
 
 
+def low_rank_form(c: Chain, values: dict[str, np.ndarray], rtol: float = 1e-6):
+    """``(R, first weight, second weight)`` of the cheaper exact split of ``c``'s Conv weight (``_factor``, both
+    orders), or None: the weight alone decides (no input value needed)."""
+    w = np.asarray(values[c.consts[0]], dtype=np.float64)
+    m, ch = w.shape[:2]
+    found = [f for f in (_factor(w, True, rtol), _factor(w, False, rtol)) if f is not None]
+    if not found:
+        return None
+    return min(found, key=lambda f: f[0] * (ch * f[1].shape[2] * f[1].shape[3] + m * f[2].shape[2] * f[2].shape[3]))
+
+
 def derive_low_rank(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
-                    rtol: float = 1e-6) -> Derivation | str | None:
+                    rtol: float = 1e-6, form=None) -> Derivation | str | None:
     """The convolution of ``c`` as two one-dimensional convolutions through ``R`` channels (a kh x 1 one then a
     1 x kw one, or the other way round, whichever needs fewer), where its weight factors exactly so (the
     singular values of W as an (m, j) x (c, i) or an (m, i) x (c, j) matrix past the first ``R`` below ``rtol``
     of the largest, the rank-R product giving W back to float32 rounding) and the split does fewer
     multiplications; why not (one line) where the weight factors but the split fails its check; None where it
-    does not factor."""
+    does not factor. ``form``: ``low_rank_form``'s result when already computed."""
     t0 = time.perf_counter()
     conv = c.nodes[0]
-    w = np.asarray(values[c.consts[0]], dtype=np.float64)
-    m, ch, kh, kw = w.shape
-    found = [f for f in (_factor(w, True, rtol), _factor(w, False, rtol)) if f is not None]
-    if not found:
+    m, ch, kh, kw = values[c.consts[0]].shape
+    form = form if form is not None else low_rank_form(c, values, rtol)
+    if form is None:
         return None  # full rank, or too little saved: nothing to derive (not worth a notice)
-    r, w1, w2 = min(found, key=lambda f: f[0] * (ch * f[1].shape[2] * f[1].shape[3] + m * f[2].shape[2]
-                                                   * f[2].shape[3]))
+    r, w1, w2 = form
     k1, k2 = list(w1.shape[2:]), list(w2.shape[2:])
     rows = k1[1] == 1  # the first one runs down the rows (kh x 1)
     at = {x.name: helper.get_attribute_value(x) for x in conv.attribute}

@@ -290,28 +290,36 @@ def derive(run: Run, imported: Imported) -> Derived:
     run.status(f"deriving {len(chains) + len(convs)} subgraph(s) ...")
     skipped, applied = [], []
     types = imported.graph.types
-    ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])] + convs  # split convs fix no size
+    ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])]
     skipped += [(c.root, "its inputs have dynamic dims (derived forms fix sizes)") for c in chains if c not in ok]
+    # low-rank kernels: the weights alone decide (SVDs within a budget, the largest kernels first); only the
+    # convolutions that factor need their input's value
+    weights = dv.model_values(model, [c.consts[0] for c in convs], {}, run.opts.threads)
+    forms, svd_s, untried = {}, 0.0, 0
+    for c in convs:
+        if svd_s > dv.SVD_SECONDS or dv.svd_work(c, weights) > dv.SVD_WORK:
+            untried += 1
+            continue
+        t0 = time.perf_counter()
+        form = dv.low_rank_form(c, weights)
+        svd_s += time.perf_counter() - t0
+        if form is not None:
+            forms[c.root] = form
+            ok.append(c)
+    if untried:
+        skipped.append(("(convolutions)", f"{untried} weight(s) not tried for low rank (SVD too large, or past "
+                                          f"{dv.SVD_SECONDS:g} s of SVDs in this run)"))
     if ok:
         values = dv.model_values(model, [n for c in ok for n in (*c.inputs, *c.consts)],
                                  imported.binding.costed, run.opts.threads)
-        svd_s, untried = 0.0, 0
         for c in ok:
-            if c.kind == "low-rank-conv" and (svd_s > dv.SVD_SECONDS or dv.svd_work(c, values) > dv.SVD_WORK):
-                untried += 1
-                continue
-            t0 = time.perf_counter()
-            d = dv.derive(c, values, run.opts.threads)
-            if c.kind == "low-rank-conv":
-                svd_s += time.perf_counter() - t0
+            d = (dv.derive_low_rank(c, values, run.opts.threads, form=forms[c.root]) if c.kind == "low-rank-conv"
+                 else dv.derive_chain(c, values, run.opts.threads))
             if isinstance(d, dv.Derivation):
                 applied.append((c, d))
             elif d is not None:
                 skipped.append((c.root, d))
-        if untried:
-            skipped.append(("(convolutions)", f"{untried} weight(s) not tried for low rank (SVD too large, or "
-                                              f"past {dv.SVD_SECONDS:g} s of SVDs in this run)"))
-    notices = [f"derivation skipped at {r}: {w}" for r, w in skipped]
+    notices = [f"derivation skipped at {r}: {w}" for r, w in skipped if r != "(convolutions)"]  # that one: report
     if applied:
         derived_model = model
         for c, d in applied:
