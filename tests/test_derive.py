@@ -197,3 +197,15 @@ def test_a_rank_that_saves_nothing_is_not_split():
     assert dv.derive(c, values, threads=1) is None
     assert isinstance(dv.derive(dv.find_convs(_conv_model(_low_rank(4, 4, 3, 1)))[0], values | {
         "w": _low_rank(4, 4, 3, 1).astype(np.float32)}, threads=1), dv.Derivation)
+
+
+def test_an_overridable_initializer_is_not_a_constant_to_derive_from():
+    """A mask or weight that is also a graph input (ONNX IR >= 4: a caller may feed another value) is not derived
+    from: its default value decides nothing."""
+    m = _attention(128, _band(128, 16))
+    m.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [128, 128]))
+    assert dv.find_chains(m) == []
+    c = _conv_model(_low_rank(8, 8, 7, 3))
+    assert len(dv.find_convs(c)) == 1
+    c.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 8, 7, 7]))
+    assert dv.find_convs(c) == []

@@ -82,17 +82,20 @@ class Derivation:
 
 
 def _constants(graph: onnx.GraphProto) -> set[str]:
-    """Values computed from initializers and Constant nodes alone (default-domain nodes without subgraphs)."""
-    init = {t.name for t in graph.initializer}
-    real_inputs = {v.name for v in graph.input} - init
-    const = set(init)
+    """Values computed from initializers and Constant nodes alone (default-domain nodes without subgraphs). An
+    initializer also listed as a graph input is not one: a caller may override it (ONNX IR >= 4)."""
+    const = _fixed_initializers(graph)
     for n in graph.node:
         if n.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                                  for a in n.attribute):
             continue
-        if all(not i or (i in const and i not in real_inputs) for i in n.input):
+        if all(not i or i in const for i in n.input):
             const.update(o for o in n.output if o)
     return const
+
+
+def _fixed_initializers(graph: onnx.GraphProto) -> set[str]:
+    return {t.name for t in graph.initializer} - {v.name for v in graph.input}
 
 
 def find_chains(model: onnx.ModelProto) -> list[Chain]:
@@ -146,7 +149,8 @@ def find_convs(model: onnx.ModelProto) -> list[Chain]:
     the convolution splits into a k x 1 and a 1 x k one (``derive_low_rank``)."""
     g = model.graph
     const = _constants(g)
-    inits = {t.name: t for t in g.initializer}
+    fixed = _fixed_initializers(g)
+    inits = {t.name: t for t in g.initializer if t.name in fixed}
     out = []
     for n in g.node:
         if n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or len(n.input) < 2 or n.input[1] not in inits:
