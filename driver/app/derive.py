@@ -157,7 +157,7 @@ def find_convs(model: onnx.ModelProto) -> list[Chain]:
             continue
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
         dims = list(inits[n.input[1]].dims)
-        if len(dims) != 4 or a.get("group", 1) != 1 or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
+        if inits[n.input[1]].data_type != onnx.TensorProto.FLOAT or len(dims) != 4 or a.get("group", 1) != 1 or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
                 or min(dims[2:]) < 2 or n.input[0] in const:
             continue
         bias = [n.input[2]] if len(n.input) > 2 and n.input[2] else []

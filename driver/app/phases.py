@@ -278,10 +278,20 @@ def derive(run: Run, imported: Imported) -> Derived:
     """EinNet-style derivations (``relsat.driver.app.derive``): each derived subgraph checked, the derived
     model imported into the e-graph and its subgraphs' results unioned with the originals' (``--no-derive``:
     none)."""
-    from relsat.driver.app import derive as dv
-
     if not run.opts.derive:
         return Derived()
+    try:
+        return _derive(run, imported)
+    except RelsatError:
+        raise
+    except Exception as e:  # a derivation is an optional alternative: its failure never stops the run
+        return Derived(skipped=(("(all)", f"derivations failed: {error_line(e)}"),),
+                       notices=(f"derivations skipped: {error_line(e)}",))
+
+
+def _derive(run: Run, imported: Imported) -> Derived:
+    from relsat.driver.app import derive as dv
+
     model = imported.model
     chains = dv.find_chains(model)
     convs = sorted(dv.find_convs(model), key=lambda c: -dv.kernel_area(c, model))  # the largest savings first
