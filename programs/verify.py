@@ -403,31 +403,25 @@ class _Draw:
                 ref = kids[i]
         return kids
 
-    def conv(self, t: Term, attrs: _Attrs, target):
+    def conv(self, t: Term, attrs: _Attrs, target, transposed: bool = False):
         x_, w_, b_ = t.children
         g = attrs.get("group")
         x = self.kid(x_, ((target or (1,))[0], g * self.pick(), self.spatial, self.spatial))
         if len(x) < 3 or x[1] % g:
-            raise _Reject("Conv input channels do not fit the group")
+            raise _Reject(f"{t.op} input channels do not fit the group")
         w_known = self.shapes.get(w_.name) if isinstance(w_, Var) else None
         k = attrs.get("kernel_shape", w=w_known, nsp=len(x) - 2)
         attrs.get("pads", kernel=k, nsp=len(k))
+        if transposed:  # ConvTranspose's weight is [C_in, C_out / group, k...]
+            m = target[1] // g if target and len(target) > 1 and target[1] % g == 0 else self.pick()
+            w = self.kid(w_, (x[1], m, *k))
+            return [x, w, self.kid(b_, (w[1] * g,))]
         m = target[1] if target and len(target) > 1 else g * self.pick()
         w = self.kid(w_, (m, x[1] // g, *k))
         return [x, w, self.kid(b_, w[:1])]
 
     def deconv(self, t: Term, attrs: _Attrs, target):
-        x_, w_, b_ = t.children
-        g = attrs.get("group")
-        x = self.kid(x_, ((target or (1,))[0], g * self.pick(), self.spatial, self.spatial))
-        if len(x) < 3 or x[1] % g:
-            raise _Reject("ConvTranspose input channels do not fit the group")
-        w_known = self.shapes.get(w_.name) if isinstance(w_, Var) else None
-        k = attrs.get("kernel_shape", w=w_known, nsp=len(x) - 2)
-        attrs.get("pads", kernel=k, nsp=len(k))
-        m = target[1] // g if target and len(target) > 1 and target[1] % g == 0 else self.pick()
-        w = self.kid(w_, (x[1], m, *k))
-        return [x, w, self.kid(b_, (w[1] * g,))]
+        return self.conv(t, attrs, target, transposed=True)
 
     def window(self, t: Term, attrs: _Attrs, target):
         n, c = target[:2] if target and len(target) > 1 else (1, self.pick())

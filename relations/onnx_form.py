@@ -295,7 +295,8 @@ def _clamp(v: int, lo: int, hi: int) -> int:
 def _window(ctx, node, attrs, data, shapes) -> bool:
     x = shapes[0]
     sp = len(x) - 2
-    k = attrs.get("kernel_shape") or (list(shapes[1][2:]) if node.op_type == "Conv" and len(shapes) > 1 else None)
+    k = attrs.get("kernel_shape") or (list(shapes[1][2:]) if node.op_type in ("Conv", "ConvTranspose")
+                                      and len(shapes) > 1 else None)
     if sp < 1 or not k or len(k) != sp:
         return False
     s = attrs.get("strides") or [1] * sp
@@ -319,20 +320,14 @@ def _window(ctx, node, attrs, data, shapes) -> bool:
 
 
 def _conv_transpose(ctx, node, attrs, data, shapes) -> bool:
-    """ConvTranspose with explicit pads (``auto_pad`` NOTSET or VALID): kernel, strides, dilations, pads and
-    output_padding made explicit; ``output_shape`` (whose pads ONNX derives) is left opaque."""
-    x, w = shapes[0], shapes[1] if len(shapes) > 1 else None
-    sp = len(x) - 2
-    k = attrs.get("kernel_shape") or (list(w[2:]) if w is not None else None)
-    if sp < 1 or not k or len(k) != sp or "output_shape" in attrs:
+    """ConvTranspose with explicit pads (``auto_pad`` NOTSET or VALID), read as a Conv's window, with
+    output_padding made explicit; ``output_shape`` and ``auto_pad`` SAME (whose pads ONNX derives from the output
+    size) are left opaque."""
+    if "output_shape" in attrs or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return False
-    auto = attrs.pop("auto_pad", "NOTSET")
-    if auto not in ("NOTSET", "VALID"):
+    if not _window(ctx, node, attrs, data, shapes):
         return False
-    pads = [0] * (2 * sp) if auto == "VALID" else attrs.get("pads") or [0] * (2 * sp)
-    attrs.update(kernel_shape=list(k), strides=list(attrs.get("strides") or [1] * sp), pads=list(pads),
-                 dilations=list(attrs.get("dilations") or [1] * sp),
-                 output_padding=list(attrs.get("output_padding") or [0] * sp))
+    attrs["output_padding"] = list(attrs.get("output_padding") or [0] * len(attrs["kernel_shape"]))
     return True
 
 
@@ -457,6 +452,7 @@ def _pad(ctx, node, attrs, data, shapes) -> bool:
     return pads is not None and len(pads) == 2 * rank
 
 
-IMPORT_HOOKS = {"Conv": _window, "ConvTranspose": _conv_transpose, "MaxPool": _window, "AveragePool": _window, "Softmax": _softmax,
+IMPORT_HOOKS = {"Conv": _window, "ConvTranspose": _conv_transpose, "MaxPool": _window, "AveragePool": _window,
+          "Softmax": _softmax,
           "BatchNormalization": _batchnorm, "Split": _split, "Slice": _slice, "Transpose": _transpose,
           "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad, "Gather": _gather}

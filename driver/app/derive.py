@@ -38,6 +38,7 @@ from onnx import helper, numpy_helper
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.boundary.verify import compare_output
 from relsat.relations import runtime
+from relsat.relations.onnx_form import subgraphs
 from relsat.relations.tensor_lower import NotLowerable, lower_graph
 from relsat.relations.tensor_mask import band, band_blocks, gathers_apart
 from relsat.relations.tensor_match import NoMatch, match
@@ -86,8 +87,7 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     initializer also listed as a graph input is not one: a caller may override it (ONNX IR >= 4)."""
     const = _fixed_initializers(graph)
     for n in graph.node:
-        if n.domain not in ("", "ai.onnx") or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                                 for a in n.attribute):
+        if n.domain not in ("", "ai.onnx") or any(subgraphs(n)):
             continue
         if all(not i or i in const for i in n.input):
             const.update(o for o in n.output if o)
@@ -156,22 +156,15 @@ def find_convs(model: onnx.ModelProto) -> list[Chain]:
         if n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or len(n.input) < 2 or n.input[1] not in inits:
             continue
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
-        dims = list(inits[n.input[1]].dims)
-        if inits[n.input[1]].data_type != onnx.TensorProto.FLOAT or len(dims) != 4 or a.get("group", 1) != 1 or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
-                or min(dims[2:]) < 2 or n.input[0] in const:
+        w = inits[n.input[1]]
+        if w.data_type != onnx.TensorProto.FLOAT or len(w.dims) != 4 or min(w.dims[2:]) < 2 or a.get("group", 1) != 1 \
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or n.input[0] in const:
             continue
         bias = [n.input[2]] if len(n.input) > 2 and n.input[2] else []
         if bias and bias[0] not in inits:
             continue
         out.append(Chain([n], n.output[0], "", [n.input[1], *bias], [n.input[0]], kind="low-rank-conv"))
     return out
-
-
-def kernel_area(c: Chain, model: onnx.ModelProto) -> int:
-    """kh * kw of ``c``'s Conv weight (the SVD budget goes to the largest kernels first: a 3x3 kernel only splits
-    at a rank below 1.5x its channels, which trained weights never have)."""
-    dims = next(list(t.dims) for t in model.graph.initializer if t.name == c.consts[0])
-    return int(dims[2] * dims[3])
 
 
 def svd_work(c: Chain, values: dict) -> float:
@@ -257,27 +250,25 @@ def derive_low_rank(c: Chain, values: dict[str, np.ndarray], threads: int, seed:
                       time.perf_counter() - t0, nodes, inits)
 
 
-def _probe(model: onnx.ModelProto, names: list[str], feeds: dict, threads: int) -> dict[str, np.ndarray]:
-    """The values of ``names`` when the model runs on ``feeds`` (ONNX Runtime, no graph optimizations)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
-    sess = runtime.session(m, threads=threads, optimize=False)
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    return {n: got[n] for n in names}
-
-
 def model_values(model: onnx.ModelProto, names: list[str], shapes: dict, threads: int) -> dict[str, np.ndarray]:
-    """The values of ``names`` when the model runs on seeded random inputs at ``shapes`` (the costed binding)."""
+    """The values of ``names``: initializers as stored, the others as the model computes them on seeded random
+    inputs at ``shapes`` (the costed binding; ONNX Runtime, no graph optimizations, one session whose outputs
+    include them)."""
     from relsat.driver.boundary.verify import random_inputs
 
     inits = {t.name: t for t in model.graph.initializer}
     got = {n: numpy_helper.to_array(inits[n]) for n in set(names) if n in inits}
     rest = sorted(set(names) - set(got))
     if rest:
-        sess = runtime.session(model, threads=threads, optimize=False)
-        got.update(_probe(model, rest, random_inputs([sess], input_shapes=shapes), threads))
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        have = {o.name for o in m.graph.output}
+        m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                              for n in rest if n not in have)
+        sess = runtime.session(m, threads=threads, optimize=False)
+        outs = dict(zip([o.name for o in sess.get_outputs()],
+                        sess.run(None, random_inputs([sess], input_shapes=shapes))))
+        got.update((n, outs[n]) for n in rest)
     return got
 
 
@@ -294,10 +285,13 @@ def _block(n: int, half: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def derive(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0) -> Derivation | str | None:
+def derive(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
+           form=None) -> Derivation | str | None:
     """``c``'s derived form by its kind, checked against it, why there is none (one line), or None where the
-    derivation does not apply (nothing worth reporting)."""
-    return (derive_low_rank if c.kind == "low-rank-conv" else derive_chain)(c, values, threads, seed)
+    derivation does not apply (nothing worth reporting). ``form``: a convolution's ``low_rank_form``."""
+    if c.kind == "low-rank-conv":
+        return derive_low_rank(c, values, threads, seed, form=form)
+    return derive_chain(c, values, threads, seed)
 
 
 def derive_chain(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0) -> Derivation | str:

@@ -294,7 +294,7 @@ def _derive(run: Run, imported: Imported) -> Derived:
 
     model = imported.model
     chains = dv.find_chains(model)
-    convs = sorted(dv.find_convs(model), key=lambda c: -dv.kernel_area(c, model))  # the largest savings first
+    convs = dv.find_convs(model)
     if not chains and not convs:
         return Derived()
     run.status(f"deriving {len(chains) + len(convs)} subgraph(s) ...")
@@ -305,6 +305,9 @@ def _derive(run: Run, imported: Imported) -> Derived:
     # low-rank kernels: the weights alone decide (SVDs within a budget, the largest kernels first); only the
     # convolutions that factor need their input's value
     weights = dv.model_values(model, [c.consts[0] for c in convs], {}, run.opts.threads)
+    # the SVD budget goes to the largest kernels first: a 3x3 kernel only splits at a rank below 1.5x its
+    # channels, which trained weights never have
+    convs.sort(key=lambda c: -int(np.prod(weights[c.consts[0]].shape[2:])))
     forms, svd_s, untried = {}, 0.0, 0
     for c in convs:
         if svd_s > dv.SVD_SECONDS or dv.svd_work(c, weights) > dv.SVD_WORK:
@@ -323,8 +326,7 @@ def _derive(run: Run, imported: Imported) -> Derived:
         values = dv.model_values(model, [n for c in ok for n in (*c.inputs, *c.consts)],
                                  imported.binding.costed, run.opts.threads)
         for c in ok:
-            d = (dv.derive_low_rank(c, values, run.opts.threads, form=forms[c.root]) if c.kind == "low-rank-conv"
-                 else dv.derive_chain(c, values, run.opts.threads))
+            d = dv.derive(c, values, run.opts.threads, form=forms.get(c.root))
             if isinstance(d, dv.Derivation):
                 applied.append((c, d))
             elif d is not None:

@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from relsat.driver.errors import RelsatError
+from relsat.relations.onnx_form import subgraphs
 
 _TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
           onnx.TensorProto.FLOAT16: "tensor(float16)", onnx.TensorProto.INT64: "tensor(int64)",
@@ -61,7 +62,7 @@ class TorchSession:
         for k, node in enumerate(graph.node):
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 self.host[node.output[0]] = _constant(node)  # Constant nodes are weights too
-            elif (node.domain in ("", "ai.onnx") and any(node.input) and not _subgraphs(node)
+            elif (node.domain in ("", "ai.onnx") and any(node.input) and not any(subgraphs(node))
                   and all(not i or i in self.host for i in node.input)):
                 # over constants only (a mask built by Range, Sub, Abs, Where): folded once, here, as ONNX Runtime does
                 self.host.update(_reference(model, node, self.host))
@@ -118,10 +119,6 @@ class TorchSession:
         if name not in host:
             host[name] = values[name].detach().cpu().numpy()
         return host[name]
-
-
-def _subgraphs(node) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _reference(model: onnx.ModelProto, node, host: dict) -> dict[str, np.ndarray]:
