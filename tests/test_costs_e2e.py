@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from relsat.driver.boundary import zoo
 from relsat.driver.boundary import latency
+from relsat.driver.boundary.latency import judge
 from relsat.driver.app.cli import app
 from relsat.driver.errors import RelsatError
 from relsat.driver.boundary.onnx_import import import_model
@@ -24,7 +25,7 @@ from relsat.extract.cost_cache import CostCache, CostRow
 from relsat.extract.extraction import dag_cost, greedy_extract, ilp_extract, is_acyclic, validate_choice
 from relsat.extract.measured import collect_samples, measured_costs
 from relsat.extract.profile import MIN_REPEATS, OpSample, profile
-from relsat.relations.backend import available
+from relsat.relations.backend import CPU, available
 from relsat.relations.egraph import EGraph
 
 HERE = Path(__file__).parent
@@ -190,6 +191,21 @@ def test_guard_tells_a_much_slower_model_apart():
     assert res.keep_optimized and res.metric == "cpu" and res.original.runs >= latency.MIN_RUNS
     assert res.cpu_speedup > 2 and res.original.cpu_ms > 0
     assert not latency.guard(fast, slow).keep_optimized
+
+
+def test_the_race_stops_timing_a_model_that_can_no_longer_pass_the_guard():
+    """After the first session block, a model whose block medians already overlap the reference's is not
+    run again (it keeps two blocks) and the guard rejects it; one still apart runs the second block too."""
+    ref, fast, slower = chain(24), chain(1), chain(48)
+    race = latency.undecided(threads=1, backend=CPU)
+    t_ref, t_fast, t_slow = latency.time_models([ref, fast, slower], race=race)
+    assert len(t_ref.blocks_cpu_ms) == 4 and len(t_fast.blocks_cpu_ms) == 4 and len(t_slow.blocks_cpu_ms) == 2
+    assert t_slow.runs < t_ref.runs
+    assert judge(t_ref, t_fast, threads=1, backend=CPU).keep_optimized
+    assert not judge(t_ref, t_slow, threads=1, backend=CPU).keep_optimized
+    # nothing left to decide after the first block: the second is not run at all
+    t_ref, t_slow = latency.time_models([ref, slower], race=race)
+    assert len(t_ref.blocks_cpu_ms) == 2 == len(t_slow.blocks_cpu_ms)
 
 
 def test_guard_writes_the_original_graph_when_not_faster(cache_env, tmp_path):

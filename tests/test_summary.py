@@ -101,7 +101,8 @@ def test_a_model_timed_against_itself_is_not_faster_and_its_spread_is_recorded()
     m = _relus()
     res = latency.guard(m, m, budget_s=0.1)
     assert not res.keep_optimized
-    assert len(res.original.blocks_ms) == 4 and len(res.optimized.blocks_cpu_ms) == 4
+    # the second session block runs only while the first left the two apart (the race: ``latency.undecided``)
+    assert len(res.original.blocks_ms) == len(res.optimized.blocks_cpu_ms) in (2, 4)
     lo, hi = res.spread["original_ms"]
     assert lo <= hi and res.spread["noise"] >= 0
 

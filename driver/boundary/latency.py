@@ -34,6 +34,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -114,12 +115,17 @@ def session(model_or_path, *, threads: int = 1, backend: Backend = CPU) -> ort.I
 
 def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shapes: dict | None = None,
                 budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0,
-                roles: dict | None = None) -> list[Latency]:
+                roles: dict | None = None, race: Callable[[list[Latency]], list[bool]] | None = None) -> list[Latency]:
     """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved.
 
     The runs are made in two blocks with fresh sessions, created in the given order and then in
     the reverse order: the sessions a process creates first ran a few percent slower here,
-    whatever the model, which is as large as the differences the guard has to judge."""
+    whatever the model, which is as large as the differences the guard has to judge.
+
+    ``race``: given the timings after the first block, which models still need the second (the first
+    model, the reference, runs in it while any other does); a model left out keeps its first block's
+    timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
+    of the guard's decision: a model whose blocks already overlap the reference's cannot pass it."""
     # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
     models = [m.SerializeToString() if isinstance(m, onnx.ModelProto) and runtime.fits_one_buffer(m) else m
               for m in models]
@@ -127,23 +133,36 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     cpu: list[list[float]] = [[] for _ in models]
     feeds = None
     blocks: list[list[tuple[int, int]]] = [[] for _ in models]  # each block's runs: (first, end) in times
+    active = list(range(len(models)))
     for block in range(2):
         starts = [len(t) for t in times]
-        order = list(range(len(models)))[::1 if block == 0 else -1]
         try:
-            made = {k: session(models[k], threads=threads, backend=backend) for k in order}
+            made = {k: session(models[k], threads=threads, backend=backend) for k in active[::1 - 2 * block]}
         except RelsatError:
             raise
         except Exception as e:
             raise RelsatError(f"ONNX Runtime cannot load a model to time it: {error_line(e)}") from None
-        sessions = [made[k] for k in range(len(models))]
+        sessions = [made[k] for k in active]
         if feeds is None:  # the same inputs for both blocks
             feeds = random_inputs(sessions, seed=seed, input_shapes=input_shapes, roles=roles)
         runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
-        _timed_block(runs, times, cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
-        for k, a in enumerate(starts):  # the block's runs in two halves, in time order
+        sub_times, sub_cpu = [times[k] for k in active], [cpu[k] for k in active]
+        _timed_block(runs, sub_times, sub_cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
+        del made, sessions, runs
+        for k in active:  # the block's runs in two halves, in time order
+            a = starts[k]
             b, mid = len(times[k]), a + (len(times[k]) - a + 1) // 2
             blocks[k] += [(a, mid), (mid, b)] if b - a >= 2 else [(a, b)]
+        if block == 0 and race is not None:
+            need = race(_latencies(times, cpu, blocks))
+            rest = [k for k in active[1:] if need[k]]
+            if not rest:
+                break
+            active = [0, *rest]
+    return _latencies(times, cpu, blocks)
+
+
+def _latencies(times, cpu, blocks) -> list[Latency]:
     out = []
     for t, c, bl in zip(times, cpu, blocks):
         q1, med, q3 = np.percentile(np.asarray(t) * 1e3, [25, 50, 75])
@@ -151,6 +170,16 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
                            [float(np.median(t[a:b]) * 1e3) for a, b in bl if b > a],
                            [float(np.median(c[a:b]) * 1e3) for a, b in bl if b > a]))
     return out
+
+
+def undecided(*, threads: int, backend: Backend, threshold: float = GUARD_THRESHOLD
+              ) -> Callable[[list[Latency]], list[bool]]:
+    """The race (:func:`time_models`) of :func:`judge` against the first model: a model still needs runs
+    while its blocks are apart from the reference's. More blocks can only raise a model's slowest block
+    median and lower the reference's fastest, so one whose blocks already overlap cannot be kept by
+    ``judge`` whatever the second block gives: dropping it changes no decision, it only saves the time."""
+    metric = backend.metric(threads)
+    return lambda t: [True] + [spread(t[0], x, metric, threshold)["apart"] for x in t[1:]]
 
 
 def _timed_block(runs, times, cpu, budget_s: float, min_runs: int) -> None:
@@ -187,8 +216,9 @@ def guard(original, optimized, *, threads: int = 1, backend: Backend = CPU, inpu
     """Time both models interleaved; keep the optimized one only if it is faster beyond ``threshold``
     (CPU time of the calling thread with one CPU thread, else wall clock; see the module docstring).
     ``roles``: what the integer inputs must hold (``relsat.driver.boundary.feeds.input_roles``)."""
-    orig, opt = time_models([original, optimized], threads=threads, backend=backend,
-                            input_shapes=input_shapes, budget_s=budget_s, roles=roles)
+    orig, opt = time_models([original, optimized], threads=threads, backend=backend, input_shapes=input_shapes,
+                            budget_s=budget_s, roles=roles,
+                            race=undecided(threads=threads, backend=backend, threshold=threshold))
     return judge(orig, opt, threads=threads, backend=backend, threshold=threshold)
 
 

@@ -60,7 +60,7 @@ from relsat.relations.backend import Backend
 
 from relsat.driver.boundary import feeds
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import Latency, judge, judged_ms, time_models
+from relsat.driver.boundary.latency import Latency, judge, judged_ms, time_models, undecided
 from relsat.driver.boundary.onnx_export import export_graph
 from relsat.driver.boundary.verify import VerifyResult, verify
 
@@ -288,12 +288,14 @@ class Search:
         return [c for c in self.candidates if c.model is not None]
 
     # ------------------------------------------------------------------ check and choice
-    def _time(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings) -> None:
-        """Time the input model and ``cands`` interleaved (the input model alone when there are none)."""
+    def _time(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings, threshold: float) -> None:
+        """Time the input model and ``cands`` interleaved (the input model alone when there are none); a
+        candidate whose first block already overlaps the input model's is not run in the second
+        (:func:`~relsat.driver.boundary.latency.undecided`: it cannot be written whatever that block gives)."""
         shapes = bindings[0]  # timed at the costed binding
         res = time_models(self._blobs([input_model] + [c.model for c in cands]), threads=self.threads,
-                          backend=self.backend,
-                          input_shapes=shapes, roles=feeds.input_roles(input_model, shapes))
+                          backend=self.backend, input_shapes=shapes, roles=feeds.input_roles(input_model, shapes),
+                          race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
         orig = self.original
         orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.backend), \
             res[0].median_ms
@@ -375,7 +377,7 @@ class Search:
             cands = self.usable()
             status(("timing the input model" + (f" and {len(cands)} candidate graph(s)" if cands else "")
                     + (" again" if attempt else "") + " ..."))
-            self._time(input_model, cands, bindings)
+            self._time(input_model, cands, bindings, threshold)
             measured.append(self.original.measured_ms)
             lo, hi = min(measured), max(measured)
             self._drift = hi / lo - 1 if lo > 0 else 0.0
@@ -432,7 +434,8 @@ class Search:
         status(f"timing the {c.label} graph against the input model again ...")
         shapes = bindings[0]
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
-                                  input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1)
+                                  input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1,
+                                  race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
         held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
         c.confirm = held.as_dict()
         if held.keep_optimized:
