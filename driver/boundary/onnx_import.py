@@ -26,6 +26,7 @@ of the graph.  ``_Leaves`` writes the leaves, ``_Planner`` plans the nodes and `
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -457,6 +458,24 @@ def _safe_merge(merged, kept) -> bool:
     return isinstance(kept, str) and isinstance(merged, str) and not merged.isidentifier() and kept.isidentifier()
 
 
+@functools.cache
+def _symbolic_shape_inference() -> type:
+    """ONNX Runtime's ``SymbolicShapeInference``, loaded from its file. Importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs that package's ``__init__``, which imports PyTorch when it
+    is installed (2.3 s of every Swin-T import here, for a module that needs only onnx, numpy and sympy)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnxruntime")
+    path = Path(spec.origin).parent / "tools" / "symbolic_shape_infer.py" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        return SymbolicShapeInference
+    module_spec = importlib.util.spec_from_file_location("_relsat_ort_symbolic_shape_infer", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference of ``model``, or None when it fails or runs past
     ``SYMBOLIC_S`` of this process's CPU time (its sympy arithmetic can explode: Faster R-CNN with a dynamic
@@ -471,7 +490,7 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     previous = signal.signal(signal.SIGVTALRM, stop)
     signal.setitimer(signal.ITIMER_VIRTUAL, SYMBOLIC_S)
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        SymbolicShapeInference = _symbolic_shape_inference()
 
         def run(auto_merge: bool):
             # SymbolicShapeInference.infer_shapes, less its ending: when some shapes stay unknown it saves
@@ -526,23 +545,28 @@ def _elementwise(op: str, a, b):
     return a // b if op == "Div" else a % b
 
 
-def _partial_values(nodes, types: dict, consts: dict) -> dict[str, tuple[list, bool]]:
+def _partial_values(nodes, types: dict, consts: dict, memo: dict | None = None) -> dict[str, tuple[list, bool]]:
     """The shape computations over dynamic dims, element by element: ``name -> (elements, scalar)`` for
     the integer scalars and vectors that ``Shape`` of a partly static value starts, followed through
     ``Gather``, ``Slice``, ``Concat``, ``Unsqueeze``, ``Squeeze``, ``Cast``, ``Identity`` and integer
     ``Add``/``Sub``/``Mul``/``Div``/``Mod``; an element is a number, a dynamic dim's symbol, or None
     (unknown). Every rule is exact: a number here is what the node computes for every size of the
-    dynamic dims (Swin's window padding ``(7 - W % 7) % 7`` over a static W beside a dynamic batch)."""
+    dynamic dims (Swin's window padding ``(7 - W % 7) % 7`` over a static W beside a dynamic batch).
+    ``memo``: the constants' elements read so far (a caller that asks again as ``consts`` grows passes the
+    same dict: a constant's value never changes)."""
     vals: dict[str, tuple[list, bool]] = {}
+    memo = {} if memo is None else memo
 
     def get(name):
         if name in vals:
             return vals[name]
-        t = consts.get(name)
-        if t is None or t.data_type not in _INT_TYPES or len(t.dims) > 1 or np.prod(t.dims) > _PARTIAL_MOST:
-            return None
-        a = numpy_helper.to_array(t)
-        return [int(x) for x in a.reshape(-1)], a.ndim == 0
+        if name not in memo:
+            t = consts.get(name)
+            if t is None or t.data_type not in _INT_TYPES or len(t.dims) > 1 or np.prod(t.dims) > _PARTIAL_MOST:
+                return None  # not memoized: it may become a constant later
+            a = numpy_helper.to_array(t)
+            memo[name] = [int(x) for x in a.reshape(-1)], a.ndim == 0
+        return memo[name]
 
     def ints(name):
         v = get(name) if name else None
@@ -594,11 +618,11 @@ def _partial_values(nodes, types: dict, consts: dict) -> dict[str, tuple[list, b
     return vals
 
 
-def _static_parts(nodes, types: dict, consts: dict, failed: set) -> dict[str, np.ndarray]:
+def _static_parts(nodes, types: dict, consts: dict, failed: set, memo: dict | None = None) -> dict[str, np.ndarray]:
     """The outputs of shape computations over dynamic dims that are numbers whatever those dims are
     (``_partial_values``), as arrays of their inferred dtype: constants for the import."""
     out = {}
-    for name, (elements, scalar) in _partial_values(nodes, types, consts).items():
+    for name, (elements, scalar) in _partial_values(nodes, types, consts, memo).items():
         dtype = (types.get(name) or (None, None))[0]
         if (name in consts or name in failed or dtype not in _INT_TYPES or not elements
                 or any(e is None or is_sym(e) for e in elements)):
@@ -642,6 +666,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
     folded: dict[str, np.ndarray] = {}
     failed: set[str] = set()  # outputs of nodes ONNX Runtime could not evaluate
     typed: dict[str, onnx.ValueInfoProto] = {}  # outputs of other domains' catalog ops, typed by the catalog
+    memo: dict = {}  # the integer constants' elements, read once (``_partial_values``)
     while True:
         light = helper.make_model(
             helper.make_graph(nodes, g.name, inputs, g.output, list(consts.values()),
@@ -663,7 +688,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
                 continue
             ready.append(n)
             known.add(n.output[0])
-        shape_values.update(_static_parts(nodes, types, consts, failed))
+        shape_values.update(_static_parts(nodes, types, consts, failed, memo))
         if not ready and grown:
             continue  # inference again, from the outputs the catalog typed
         if not ready and not shape_values:
