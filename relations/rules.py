@@ -48,7 +48,7 @@ def _is_sourced_leaf(op: OpDef) -> bool:
 def rule_select(op: OpDef, source: str, *, given: Iterable[str], carry: Iterable[str] = (),
                 exprs: Mapping[str, str] | None = None, analyses: str = "eclass", check_canon: bool = False,
                 valid_only: bool = False) -> str:
-    if analyses not in ("eclass", "eclass_bound", "given"):
+    if analyses not in ("eclass", "eclass_bound", "bound", "given"):
         raise ValueError(f"analyses={analyses!r}")
     """A SELECT of (rid, the key columns with canonical attributes, o_shape, o_dtype, o_const,
     o_tshapes, o_tdtypes[, canon_ok], the ``carry`` columns[, the ``exprs``]) over ``source``.
