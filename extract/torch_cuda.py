@@ -147,14 +147,19 @@ def chunks(x, split, axis, a: dict, outputs: int):
 
 
 def sliced(x, starts, ends, axes, steps):
+    """ONNX Slice, whose clamping is Python's; a negative step (which torch indexing lacks) as an index_select."""
     axes = axes if axes is not None else list(range(len(starts)))
     steps = steps if steps is not None else [1] * len(starts)
-    if any(s < 0 for s in steps):
-        raise NotImplementedError("Slice with negative steps has no PyTorch equivalent")
-    index = [slice(None)] * x.dim()
+    index, backwards = [slice(None)] * x.dim(), []
     for ax, s, e, st in zip(axes, starts, ends, steps):
-        index[ax] = slice(int(s), int(e), int(st))
-    return x[tuple(index)].contiguous()
+        if st > 0:
+            index[ax] = slice(int(s), int(e), int(st))
+        else:
+            backwards.append((ax, slice(int(s), int(e), int(st))))
+    x = x[tuple(index)]
+    for ax, sl in backwards:
+        x = x.index_select(ax, torch.arange(*sl.indices(x.shape[ax]), device=x.device))
+    return x.contiguous()
 
 
 def squeeze(x, axes):

@@ -108,8 +108,12 @@ def _one(node, inputs, outputs, inits=(), opset=18):
     _one(helper.make_node("Clip", ["x", "", "hi"], ["y"]), [("x", [2, 3])], [("y", [2, 3])],
          [numpy_helper.from_array(np.array(0.25, np.float32), "hi")]),
     _one(helper.make_node("Split", ["x"], ["y"], axis=1, num_outputs=2), [("x", [2, 7])], [("y", [2, 4])]),
+    # Slice with negative steps (Swin's reversals), to the start (INT64_MIN) and between clamped bounds
+    _one(helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"]), [("x", [4, 5, 6])], [("y", [4, 2, 3])],
+         [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+          [("s", [-1, 9, 4]), ("e", [-2 ** 63, 1, -9]), ("a", [0, 1, 2]), ("st", [-1, -2, -2])]]),
 ], ids=["pad-axes", "softmax-opset11-axis1", "softmax-opset11-default", "gather-index-tensor", "clip-max-only",
-        "split-num-outputs"])
+        "split-num-outputs", "slice-negative-steps"])
 def test_onnx_spellings(model):
     if model.graph.node[0].op_type == "Split":
         model.graph.node[0].output.append("z")
