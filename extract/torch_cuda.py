@@ -5,13 +5,16 @@ graphs by :mod:`relsat.driver.boundary.torch_runtime`, and one node's timing wit
 used by :mod:`relsat.extract.profile`). The mapping itself is the catalog's: each operator's
 ``OpDef.torch`` is a Python expression, evaluated here over the node's inputs and attributes
 (``_namespace``) and the helpers below for the operators whose ONNX spellings need code (auto_pad,
-opset-dependent defaults, parameter inputs). ``MAPPED`` holds every catalog operator by (domain,
-op_type), so a com.microsoft op and a default-domain op of the same name are never confused.
-The inputs that hold parameters (``OpDef.host_inputs``: lifted inputs such as Reshape's shape, and
-Pad's axes) are read on the host as numpy arrays (``host_inputs``; ``SHAPE_ARGS`` by op_type).
-tests/test_torch_ops.py runs every catalog operator's example through this mapping and compares it
-with ONNX Runtime. Imported lazily; importing it needs torch, which is not a relsat dependency. A
-node without a mapping raises ``NotImplementedError``, which the profiler records as the sample's
+opset-dependent defaults, parameter inputs). The operators the catalog leaves opaque that real models
+need (Shape, Cast, Range, Resize, reductions, ...) have entries of the same form, with their helpers, in
+:mod:`relsat.extract.torch_opaque`. ``MAPPED`` holds both by (domain, op_type), so a com.microsoft op and
+a default-domain op of the same name are never confused. The inputs that hold parameters
+(``OpDef.host_inputs``: lifted inputs such as Reshape's shape, Pad's axes, Resize's sizes) are read on
+the host as numpy arrays (``host_inputs``; ``SHAPE_ARGS`` by op_type). tests/test_torch_ops.py runs
+every catalog operator's example through this mapping and compares it with ONNX Runtime,
+tests/test_torch_opaque.py every opaque operator's cases. Imported lazily; importing it needs torch,
+which is not a relsat dependency. A node without a mapping, or with attributes its mapping does not
+implement (``refusal``), raises ``NotImplementedError``, which the profiler records as the sample's
 failure reason and the runtime reports naming the node.
 """
 
@@ -27,6 +30,8 @@ import torch.nn.functional as F
 from onnx import helper
 
 from relsat.relations.catalog import BY_ONNX, REQUIRED, OpDef
+
+from . import torch_opaque
 
 
 def available() -> bool:
@@ -198,13 +203,14 @@ def pad(x, pads, value, mode, axes):
 # the names an expression sees besides the node's own (tests/test_torch_ops.py checks that no catalog input or
 # attribute name hides one)
 HELPERS: dict[str, object] = {
-    "torch": torch, "F": F, "math": math, **{f.__name__: f for f in (
+    "torch": torch, "F": F, "math": math, "functools": functools, **{f.__name__: f for f in (
         conv, conv_transpose, max_pool, avg_pool, gemm, matmul_t, div, clip, softmax, reshape, chunks, sliced, squeeze,
-        unsqueeze, gather, pad)}}
-NODE_NAMES = ("attrs", "opset", "outputs")  # bound per node, beside its inputs and attributes
+        unsqueeze, gather, pad)}, **torch_opaque.HELPERS}
+NODE_NAMES = ("attrs", "opset", "outputs", "device")  # bound per node, beside its inputs and attributes
 
-# ------------------------------------------------------------------ the mapping, from the catalog
-MAPPED: dict[tuple[str, str], OpDef] = {key: op for key, op in BY_ONNX.items() if op.torch}
+# ------------------------------------------------------------------ the mapping: the catalog's and the opaque ones'
+MAPPED: dict[tuple[str, str], OpDef] = {key: op for key, op in BY_ONNX.items() if op.torch} | {
+    (op.domain, op.op_type): op for op in torch_opaque.OPAQUE}
 SHAPE_ARGS: dict[str, set[int]] = {op.op_type: set(op.host_inputs) for op in MAPPED.values() if op.host_inputs}
 
 
@@ -218,8 +224,17 @@ def _op(node) -> OpDef | None:
 
 
 def mapped(node) -> bool:
-    """Whether ``node`` has a PyTorch mapping (its domain and op_type a catalog operator's)."""
+    """Whether ``node`` has a PyTorch mapping (its domain and op_type a catalog or ``torch_opaque`` operator's)."""
     return _op(node) is not None
+
+
+def refusal(node, opset: int) -> str | None:
+    """Why ``node`` cannot run here (no mapping; attributes its mapping does not implement), or None.
+    ``opset``: the default domain's."""
+    if not mapped(node):
+        return "no mapping for this operator"
+    check = torch_opaque.REFUSALS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return check({a.name: _attr(a) for a in node.attribute}, opset) if check else None
 
 
 def host_inputs(node) -> set[int]:
@@ -244,10 +259,11 @@ def _parameter(value, kind: str):
     return arr
 
 
-def _namespace(op: OpDef, node, args: list, opset: int) -> dict:
-    """The names ``op.torch`` is evaluated over for ``node`` (see ``OpDef.torch``)."""
+def _namespace(op: OpDef, node, args: list, opset: int, device) -> dict:
+    """The names ``op.torch`` is evaluated over for ``node`` (see ``OpDef.torch``; ``device``: where an
+    operator without data inputs, Range or ConstantOfShape, puts its output)."""
     attrs = {a.name: _attr(a) for a in node.attribute}
-    ns = dict(HELPERS, attrs=attrs, opset=opset, outputs=len(node.output))
+    ns = dict(HELPERS, attrs=attrs, opset=opset, outputs=len(node.output), device=device)
     ns.update((a.name, attrs.get(a.name, None if a.default is REQUIRED else a.default)) for a in op.attrs)
     ns.update((name, None) for _, name in op.host)
     lifted, extra = {lf.input_index: lf for lf in op.lifted}, dict(op.host)
@@ -273,8 +289,8 @@ def _namespace(op: OpDef, node, args: list, opset: int) -> dict:
     return ns
 
 
-def node_call(node, args: list, opset: int) -> Callable[[], object]:
-    """A closure computing ``node`` from ``args`` (torch tensors on one device; numpy arrays for the
+def node_call(node, args: list, opset: int, device) -> Callable[[], object]:
+    """A closure computing ``node`` from ``args`` (torch tensors on ``device``; numpy arrays for the
     inputs in ``host_inputs``; None for an omitted input): a tensor, or a list for Split.
     ``opset``: the default domain's opset (Softmax before 13)."""
     op = _op(node)
@@ -283,7 +299,7 @@ def node_call(node, args: list, opset: int) -> Callable[[], object]:
     args = list(args)
     while args and args[-1] is None:
         args.pop()
-    code, ns = _code(op.torch), _namespace(op, node, args, opset)
+    code, ns = _code(op.torch), _namespace(op, node, args, opset, device)
     return lambda: eval(code, ns)
 
 
@@ -294,13 +310,14 @@ def build(sample, values: dict[str, np.ndarray], device: str = "cuda") -> Callab
     on the host as numpy arrays; data inputs are copied to the device once, here.
     """
     node = sample.node
-    if not mapped(node):
-        raise NotImplementedError(f"no PyTorch mapping for {node.domain or 'ai.onnx'}::{node.op_type}")
+    why = refusal(node, sample.opset)
+    if why:
+        raise NotImplementedError(f"{node.domain or 'ai.onnx'}::{node.op_type}: {why}")
     host = host_inputs(node)
     args = [None if not name else values[name] if i in host
             else torch.tensor(values[name], device=device)
             for i, name in enumerate(node.input)]
-    return node_call(node, args, sample.opset)
+    return node_call(node, args, sample.opset, device)
 
 
 def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) -> float:

@@ -16,13 +16,14 @@ from catalog_cases import IDS, OPERATORS, example_model  # noqa: E402
 
 from relsat.driver.boundary.torch_runtime import TorchSession  # noqa: E402
 from relsat.driver.boundary.verify import verify  # noqa: E402
-from relsat.extract import torch_cuda  # noqa: E402
+from relsat.extract import torch_cuda, torch_opaque  # noqa: E402
 from relsat.relations.catalog import BY_ONNX, OPS  # noqa: E402
 from relsat.relations.runtime import session  # noqa: E402
 
 
 def test_every_catalog_operator_is_mapped_by_domain_and_op():
-    assert set(torch_cuda.MAPPED) == set(BY_ONNX)
+    """The catalog's operators and the opaque ones of extract/torch_opaque.py (tests/test_torch_opaque.py)."""
+    assert set(torch_cuda.MAPPED) == set(BY_ONNX) | {(op.domain, op.op_type) for op in torch_opaque.OPAQUE}
     assert all(op.torch and op.example for op in BY_ONNX.values())
     node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft")
     assert torch_cuda.mapped(node)
@@ -33,7 +34,7 @@ def test_every_catalog_operator_is_mapped_by_domain_and_op():
 def test_expressions_compile_and_see_the_helpers():
     """Every expression compiles, and no catalog input or attribute name hides a helper or the per-node names."""
     reserved = set(torch_cuda.HELPERS) | set(torch_cuda.NODE_NAMES)
-    for op in BY_ONNX.values():
+    for op in torch_cuda.MAPPED.values():
         compile(op.torch, op.op_type, "eval")
         names = {i.column for i in op.inputs} | {a.name for a in op.attrs} | {n for _, n in op.host}
         assert not names & reserved, (op.op_type, names & reserved)

@@ -7,8 +7,21 @@ ONNX Runtime's ``InferenceSession`` interface that timing and verification use (
 with it, interleaved as it does ONNX Runtime sessions. A run ends with the device synchronized, so
 wall-clock times are the kernels' (CUDA events would time the same span). Which runtime times whole
 models for a backend here is ``relsat.relations.backend.Backend.whole_graph``. torch is not a relsat dependency: it is
-imported when a session is made, and a node without a mapping (an opaque node, a catalog-less
-operator) is refused with a one-line ``RelsatError`` naming the node.
+imported when a session is made, and a node without a mapping (an operator neither the catalog nor
+``torch_opaque`` maps), or whose attributes its mapping does not implement (a Resize mode), is refused
+with a one-line ``RelsatError`` naming the node.
+
+Shape arithmetic stays on the host. Exported models compute reshape targets, masks and anchor grids
+from the input's dims (Shape -> Gather -> Concat -> Reshape, Range -> Expand, ...). A node's outputs
+are *host values* when it is a Shape node (which reads only dims, never data) or when every input is a
+host value or a constant and at least one is a host value: the session decides this once, when it is
+made (``Step.on_host``). Such nodes run on PyTorch's CPU device over numpy memory (the same mapping,
+no second implementation), and their results stay numpy arrays. A parameter input (``host_inputs``:
+Reshape's shape, Expand's shape, Resize's sizes) that is a host value is read without any transfer,
+so a run has no device-to-host synchronisation for them; only a host value that a device node reads
+as data (an anchor grid added to a feature map, an index tensor) is copied to the device, once per
+run. A parameter computed on the device (which the corpus does not have) is still copied back.
+Constant-only nodes are folded once, when the session is made, as ONNX Runtime does.
 """
 
 from __future__ import annotations
@@ -37,6 +50,16 @@ class Value:
     type: str
 
 
+@dataclass(frozen=True)
+class Step:
+    """One node of the run, as decided when the session is made."""
+
+    node: onnx.NodeProto
+    name: str  # how errors name it: its name or position, and its operator
+    on_host: bool  # its outputs are host values (module docstring)
+    params: frozenset  # the positions of its inputs read on the host as numpy arrays (``host_inputs``)
+
+
 def _value(vi: onnx.ValueInfoProto) -> Value:
     t = vi.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
@@ -58,7 +81,8 @@ class TorchSession:
         graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self.host = {n: numpy_helper.to_array(t) for t in graph.initializer for n in [t.name]}
-        self.nodes = []
+        self.steps: list[Step] = []
+        derived: set[str] = set()  # the host values computed from shapes (module docstring)
         for k, node in enumerate(graph.node):
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 self.host[node.output[0]] = _constant(node)  # Constant nodes are weights too
@@ -66,11 +90,16 @@ class TorchSession:
                   and all(not i or i in self.host for i in node.input)):
                 # over constants only (a mask built by Range, Sub, Abs, Where): folded once, here, as ONNX Runtime does
                 self.host.update(_reference(model, node, self.host))
-            elif torch_cuda.mapped(node):
-                self.nodes.append(node)
             else:
-                raise RelsatError(f"the PyTorch runtime cannot run node {node.name or k} "
-                                  f"({node.domain or 'ai.onnx'}::{node.op_type}): no mapping for this operator")
+                why = torch_cuda.refusal(node, self.opset)
+                if why:
+                    raise RelsatError(f"the PyTorch runtime cannot run {_named(node, k)}: {why}")
+                ins = [i for i in node.input if i]
+                on_host = (node.op_type == "Shape" and node.domain in ("", "ai.onnx")) or (
+                    all(i in derived or i in self.host for i in ins) and any(i in derived for i in ins))
+                if on_host:
+                    derived.update(o for o in node.output if o)
+                self.steps.append(Step(node, _named(node, k), on_host, frozenset(torch_cuda.host_inputs(node))))
         self.weights = {n: torch.from_numpy(np.array(a)).to(device) for n, a in self.host.items()}
         self.inputs = [_value(i) for i in graph.input if i.name not in self.host]
         self.outputs = [_value(o) for o in graph.output]
@@ -95,30 +124,58 @@ class TorchSession:
         return [values[o.name] for o in self.outputs]
 
     def _execute(self, inputs: dict, host: dict) -> dict:
-        """Every value of one run: the weights, ``inputs`` (device tensors), and each node's outputs."""
+        """Every device value of one run: the weights, ``inputs`` (device tensors), each device node's outputs
+        and the graph outputs; the host values (constants, feeds, host nodes' outputs) go to ``host``."""
         torch = self.torch
         values = dict(self.weights)
         values.update(inputs)
         host = dict(self.host) | host
         with torch.inference_mode():
-            for node in self.nodes:
-                shape_args = self.ops.SHAPE_ARGS.get(node.op_type, set())
-                args = [None if not name else self._host(name, host, values) if i in shape_args else values[name]
+            for step in self.steps:
+                node = step.node
+                args = [None if not name else self._host(name, host, values) if i in step.params
+                        else self._cpu(name, host, values) if step.on_host else self._device(name, host, values)
                         for i, name in enumerate(node.input)]
-                out = self.ops.node_call(node, args, self.opset)()
+                try:
+                    out = self.ops.node_call(node, args, self.opset, "cpu" if step.on_host else self.device)()
+                except NotImplementedError as e:  # what the mapping finds only when it runs (a Pad mode)
+                    raise RelsatError(f"the PyTorch runtime cannot run {step.name}: {e}") from None
                 outs = out if isinstance(out, (list, tuple)) else [out]
                 for name, t in zip(node.output, outs):
                     if name:
-                        values[name] = t
+                        if step.on_host:
+                            host[name] = t.numpy()
+                        else:
+                            values[name] = t
+            for o in self.outputs:
+                self._device(o.name, host, values)
             if self.device != "cpu":
                 torch.cuda.synchronize()
         return values
 
     def _host(self, name: str, host: dict, values: dict) -> np.ndarray:
-        """A shape-like input on the host: an initializer or feed as given, a computed one copied back."""
+        """A parameter input on the host: a constant, feed or host value as it is, a device value copied back."""
         if name not in host:
             host[name] = values[name].detach().cpu().numpy()
         return host[name]
+
+    def _cpu(self, name: str, host: dict, values: dict):
+        """A host node's data input: a host value as a CPU tensor over its memory (a read-only constant
+        copied); a device value (what a Shape node reads the dims of) as it is."""
+        if name not in host:
+            return values[name]
+        a = host[name]
+        return self.torch.from_numpy(a) if a.flags.writeable else self.torch.tensor(a)
+
+    def _device(self, name: str, host: dict, values: dict):
+        """A device node's data input; a host value is copied to the device once per run."""
+        if name not in values:
+            values[name] = self.torch.from_numpy(np.array(host[name])).to(self.device)
+        return values[name]
+
+
+def _named(node, k: int) -> str:
+    return f"node {node.name or k} ({node.domain or 'ai.onnx'}::{node.op_type})"
 
 
 def _reference(model: onnx.ModelProto, node, host: dict) -> dict[str, np.ndarray]:
