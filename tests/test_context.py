@@ -81,6 +81,15 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     again = profile_graph(exported, feeds, weights, threads=1, cache=cache)
     assert again.cached and again.kernels - again.unnamed == 1  # one kernel named after a node: the fused one
     assert again.latency_ms == pytest.approx(cand.profiled_ms)
+    # the model keeps its node names; the graph as profiled (nodes renamed) comes back serialized, and the
+    # candidate's timing uses those bytes rather than serializing the model again
+    assert [n.name for n in exported.graph.node] == [n.name for n in export_graph(imported, orig)[0].graph.node]
+    profiled = onnx.load_from_string(again.blob)
+    assert [n.name for n in profiled.graph.node] == ["RELSATN0_", "RELSATN1_", "RELSATN2_"]
+    assert [(n.op_type, list(n.input), list(n.output)) for n in profiled.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in exported.graph.node]
+    s.candidates.append(cand)
+    assert s._blobs([cand.model]) == [cand.blob] and cand.blob is not None
 
 
 def test_no_good_cuts_find_the_next_best_choice():

@@ -88,6 +88,7 @@ class Candidate:
     profile_key: str | None = None  # the cost cache key of its whole-graph profile
     profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
+    blob: bytes | None = None  # the graph as its profile serialized it (node names aside, what is written)
 
     def as_dict(self) -> dict:
         return {"label": self.label, "predicted_ms": self.predicted_ms, "profiled_ms": self.profiled_ms,
@@ -202,7 +203,7 @@ class Search:
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
-        cand.profile_key = prof.key
+        cand.profile_key, cand.blob = prof.key, prof.blob
         if prof.cached:
             self.profiles_cached += 1
             cand.profile_source = "cache"
@@ -305,10 +306,15 @@ class Search:
 
     def _blobs(self, models: list[onnx.ModelProto]) -> list:
         """Each model serialized once per :meth:`choose` (every timing makes two sessions of each model, and
-        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); one over 2 GiB stays a model."""
+        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); a candidate's profile has
+        serialized its graph already (:attr:`Candidate.blob`); one over 2 GiB stays a model."""
+        done = {id(c.model): c.blob for c in self.usable() if c.blob is not None}
         for m in models:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
-                self._serialized[id(m)] = (m, m.SerializeToString() if runtime.fits_one_buffer(m) else m)
+                blob = done.get(id(m))
+                if blob is None:
+                    blob = m.SerializeToString() if runtime.fits_one_buffer(m) else m
+                self._serialized[id(m)] = (m, blob)
         return [self._serialized[id(m)][1] for m in models]
 
     def _agreement(self, profiled_ms: float, timing: Latency) -> dict:
