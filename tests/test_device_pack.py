@@ -1,0 +1,56 @@
+"""Corpus models carried to the device with float16 weights (benchmarks/device_pack.py): the unpacked model
+is the original graph with float32 weights within float16's rounding, zeros and ones exact, and runs to
+the same outputs under ONNX Runtime within that rounding."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.benchmarks import device_pack
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(np.ones((1, 8, 1, 1), np.float32), "s"),
+             numpy_helper.from_array(np.array([1, 8, 36], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "s"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 36])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_pack_halves_the_weights_and_unpack_restores_the_graph(tmp_path):
+    original = _model()
+    packed, clipped = device_pack.pack(_model())
+    assert clipped == 0
+    assert {t.name: t.data_type for t in packed.graph.initializer} == {
+        "w": TensorProto.FLOAT16, "b": TensorProto.FLOAT16, "s": TensorProto.FLOAT16, "shape": TensorProto.INT64}
+    assert packed.ByteSize() < original.ByteSize()
+    back = device_pack.unpack(onnx.load_from_string(packed.SerializeToString()))
+    assert not any(p.key == device_pack.KEY for p in back.metadata_props)
+    assert back.graph.node == original.graph.node and back.graph.input == original.graph.input
+    for a, b in zip(original.graph.initializer, back.graph.initializer):
+        x, y = numpy_helper.to_array(a), numpy_helper.to_array(b)
+        assert a.name == b.name and x.dtype == y.dtype and x.shape == y.shape
+        assert np.all(np.abs(x - y) <= np.abs(x) * 2.0 ** -11)
+    assert np.all(numpy_helper.to_array(back.graph.initializer[1]) == 0)
+    assert np.all(numpy_helper.to_array(back.graph.initializer[2]) == 1)
+    feed = {"x": np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)}
+    want = ort.InferenceSession(original.SerializeToString()).run(None, feed)[0]
+    got = ort.InferenceSession(back.SerializeToString()).run(None, feed)[0]
+    assert np.allclose(got, want, rtol=1e-2, atol=1e-2) and not np.array_equal(got, want)
+    # the command line: pack into a folder, unpack from it
+    src = tmp_path / "m.onnx"
+    onnx.save(original, str(src))
+    device_pack.main(["pack", str(tmp_path / "packed"), str(src)])
+    device_pack.main(["unpack", str(tmp_path / "packed"), str(tmp_path / "out")])
+    assert onnx.load(str(tmp_path / "out" / "m.onnx")).graph == back.graph
+
+
+def test_an_unpacked_model_is_left_as_it_is():
+    m = _model()
+    assert device_pack.unpack(m).graph == _model().graph
