@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU checks in one device call (this workplace's device tool; see benchmarks/RESULTS.md "GPU"), about 9
 # minutes: relsat laid out as its installed package (PYTHONPATH, no build step), the carried cp312 wheels
-# (.whl: duckdb, highspy, platformdirs, onnxsim) and shipped corpus models (.corpus), then
+# (.whl: duckdb, highspy, platformdirs, onnxsim) and corpus models (.corpus, packed by benchmarks/device_pack.py), then
 #   1. the GPU tests (-m gpu: catalog ops, the zoo and the seed models on CUDA against ONNX Runtime, profiling);
 #   2. banded attention derived from a band mask (issue 28), both graphs on CUDA with PyTorch;
 #   3. bench_gpu: EinNet's seed models, TASO's zoo (small) and the carried corpus models end to end with
@@ -10,8 +10,7 @@
 # STEPS (default "tests band bench"), BUDGET (bench_gpu's --total-budget, default 270) and MODELS choose.
 set -u
 STEPS=${STEPS:-tests band bench}; BUDGET=${BUDGET:-270}
-MODELS=${MODELS:-dcgan infogan fsrcnn csrnet gcn resnet18 longformer squeezenet mobilenet_v2 resnet50 bert bert_encoder \
-nasrnn resnext50 inception_v3 nasnet_a vgg19 ppocr_det_v4 ppocr_rec_v4 ppocr_cls_v2 silero_vad_16k}
+MODELS=${MODELS:-infogan ppocr_cls_v2 ppocr_det_v3_en ppocr_det_v4 ppocr_det_v5 ppocr_rec_v4 doc_orientation yolo11n}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/relsat_device_out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -19,7 +18,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 mkdir -p /tmp/pkg/relsat && cp driver/_root/__init__.py /tmp/pkg/relsat/
 for d in relations programs driver extract benchmarks; do ln -sfn "$PWD/$d" "/tmp/pkg/relsat/$d"; done
 export PYTHONPATH=/tmp/site:/tmp/pkg
-mkdir -p /tmp/corpus && cp -n .corpus/*.onnx /tmp/corpus/ 2>/dev/null
+# corpus models travel with float16-stored weights (benchmarks/device_pack.py): widened back to float32 here
+mkdir -p /tmp/corpus && python3 -m relsat.benchmarks.device_pack unpack .corpus /tmp/corpus > "$OUT/unpack.txt" 2>&1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; python3 -V
   python3 -c "import torch, onnxruntime, onnx, duckdb, highspy, relsat; print('torch', torch.__version__, 'ort',
 onnxruntime.__version__, 'onnx', onnx.__version__, 'duckdb', duckdb.__version__, 'relsat', relsat.__file__)"; date -u; } \

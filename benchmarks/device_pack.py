@@ -2,8 +2,9 @@
 
 The device machine of this workplace (``benchmarks/device_gpu.sh``) has no network and takes at most 64 MiB
 of files with the repository, 38 MB of which are the wheels it lacks: the corpus models it runs travel here.
-``pack`` writes each model with every float32 initializer stored as float16 (half the bytes) and the
-names of those initializers in the model's ``metadata_props`` (``relsat.packed_float16``); ``unpack``
+``pack`` writes each model with every float32 weight of 1 KB or more (initializers and Constant nodes'
+values) stored as float16 (half the bytes) and their names in the model's ``metadata_props``
+(``relsat.packed_float16``); ``unpack``
 widens exactly those back to float32. The graph, its shapes and its run-time dtypes are the model's own;
 each weight value is rounded to float16 (relative error at most 2**-11; zeros and ones exact, values
 beyond float16's range clipped to +-65504, where any is, ``pack`` says so). A GPU latency does not
@@ -27,17 +28,29 @@ KEY = "relsat.packed_float16"
 F16_MAX = float(np.finfo(np.float16).max)
 
 
-def pack(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """The model with its float32 initializers stored as float16 (in place), and how many values were
-    beyond float16's range (clipped)."""
-    names, clipped = [], 0
+def _weights(model: onnx.ModelProto):
+    """(name, TensorProto) of every weight: the initializers and the ``value`` of Constant nodes (Paddle's
+    exports keep their weights there), the latter named after the node's output."""
     for t in model.graph.initializer:
-        if t.data_type != TensorProto.FLOAT or t.data_location == TensorProto.EXTERNAL:
+        yield t.name, t
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    yield n.output[0], a.t
+
+
+def pack(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """The model with its float32 weights (initializers, Constant nodes) stored as float16 (in place), and
+    how many values were beyond float16's range (clipped)."""
+    names, clipped = [], 0
+    for name, t in _weights(model):
+        if t.data_type != TensorProto.FLOAT or t.data_location == TensorProto.EXTERNAL or t.ByteSize() < 1024:
             continue
         a = numpy_helper.to_array(t)
         clipped += int(np.count_nonzero(np.abs(a) > F16_MAX))
         t.CopyFrom(numpy_helper.from_array(np.clip(a, -F16_MAX, F16_MAX).astype(np.float16), t.name))
-        names.append(t.name)
+        names.append(name)
     kept = [p for p in model.metadata_props if p.key != KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
@@ -52,8 +65,8 @@ def unpack(model: onnx.ModelProto) -> onnx.ModelProto:
     if entry is None:
         return model
     names = set(entry.value.split("\n")) if entry.value else set()
-    for t in model.graph.initializer:
-        if t.name in names and t.data_type == TensorProto.FLOAT16:
+    for name, t in _weights(model):
+        if name in names and t.data_type == TensorProto.FLOAT16:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
     kept = [p for p in model.metadata_props if p.key != KEY]
     del model.metadata_props[:]

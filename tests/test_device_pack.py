@@ -13,10 +13,14 @@ from relsat.benchmarks import device_pack
 def _model():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.zeros(8, np.float32), "b"),
-             numpy_helper.from_array(np.ones((1, 8, 1, 1), np.float32), "s"),
-             numpy_helper.from_array(np.array([1, 8, 36], np.int64), "shape")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+    inits = [numpy_helper.from_array(np.zeros(300, np.float32), "b"),  # over 1 KB: packed
+             numpy_helper.from_array(np.ones((1, 8, 1, 1), np.float32), "s"),  # 32 bytes: left as it is
+             numpy_helper.from_array(np.array([1, 8, 36], np.int64), "shape"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([8], np.int64), "eight")]
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w, "w")),
+             helper.make_node("Slice", ["b", "zero", "eight"], ["b8"]),
+             helper.make_node("Conv", ["x", "w", "b8"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["c", "s"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["y"])]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 36])], inits)
@@ -28,17 +32,21 @@ def test_pack_halves_the_weights_and_unpack_restores_the_graph(tmp_path):
     packed, clipped = device_pack.pack(_model())
     assert clipped == 0
     assert {t.name: t.data_type for t in packed.graph.initializer} == {
-        "w": TensorProto.FLOAT16, "b": TensorProto.FLOAT16, "s": TensorProto.FLOAT16, "shape": TensorProto.INT64}
+        "b": TensorProto.FLOAT16, "s": TensorProto.FLOAT, "shape": TensorProto.INT64, "zero": TensorProto.INT64,
+        "eight": TensorProto.INT64}
+    assert packed.graph.node[0].attribute[0].t.data_type == TensorProto.FLOAT16  # a Constant node's weight
     assert packed.ByteSize() < original.ByteSize()
     back = device_pack.unpack(onnx.load_from_string(packed.SerializeToString()))
     assert not any(p.key == device_pack.KEY for p in back.metadata_props)
-    assert back.graph.node == original.graph.node and back.graph.input == original.graph.input
-    for a, b in zip(original.graph.initializer, back.graph.initializer):
+    assert back.graph.node[1:] == original.graph.node[1:] and back.graph.input == original.graph.input
+    assert back.graph.node[0].attribute[0].t.data_type == TensorProto.FLOAT
+    pairs = [(original.graph.node[0].attribute[0].t, back.graph.node[0].attribute[0].t)]
+    for a, b in [*zip(original.graph.initializer, back.graph.initializer), *pairs]:
         x, y = numpy_helper.to_array(a), numpy_helper.to_array(b)
         assert a.name == b.name and x.dtype == y.dtype and x.shape == y.shape
         assert np.all(np.abs(x - y) <= np.abs(x) * 2.0 ** -11)
-    assert np.all(numpy_helper.to_array(back.graph.initializer[1]) == 0)
-    assert np.all(numpy_helper.to_array(back.graph.initializer[2]) == 1)
+    assert np.all(numpy_helper.to_array(back.graph.initializer[0]) == 0)
+    assert np.all(numpy_helper.to_array(back.graph.initializer[1]) == 1)
     feed = {"x": np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)}
     want = ort.InferenceSession(original.SerializeToString()).run(None, feed)[0]
     got = ort.InferenceSession(back.SerializeToString()).run(None, feed)[0]
