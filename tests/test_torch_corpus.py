@@ -1,5 +1,5 @@
 """The real-model corpus (relsat.benchmarks.corpus) under the PyTorch runtime (driver/boundary/torch_runtime.py):
-every model runs on PyTorch's CPU device and each output matches ONNX Runtime's element by element under
+every model runs on PyTorch's CPU device (and on CUDA where a GPU is) and each output matches ONNX Runtime's element by element under
 verify's tolerance, at both of the entry's bindings (so the shape arithmetic kept on the host is redone
 per run); the models with operators that have no mapping are refused by name. A model not built in the
 corpus cache is skipped (``python -m relsat.benchmarks.corpus build NAME`` builds it)."""
@@ -7,7 +7,7 @@ corpus cache is skipped (``python -m relsat.benchmarks.corpus build NAME`` build
 import onnx
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from relsat.benchmarks import corpus as c  # noqa: E402
 from relsat.driver.boundary.torch_runtime import TorchSession  # noqa: E402
@@ -30,11 +30,13 @@ def _shapes(entry: c.Entry, binding: dict) -> dict:
     return {i.name: [binding[d] if isinstance(d, str) else d for d in i.dims] for i in entry.inputs}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs an NVIDIA GPU with PyTorch CUDA")])])
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
                                   for n in (e.name for e in c.CORPUS) if n not in REFUSED])
-def test_corpus_model_matches_onnx_runtime_on_cpu(name):
+def test_corpus_model_matches_onnx_runtime(name, device):
     path, entry = _path(name), c.entry(name)
-    res = verify(path, TorchSession(onnx.load(str(path)), "cpu"), draws=INPUT_DRAWS[:1],
+    res = verify(path, TorchSession(onnx.load(str(path)), device), draws=INPUT_DRAWS[:1],
                  bindings=[_shapes(entry, b) for b in entry.bindings])
     assert res.ok, res.message
     assert res.bindings == 2 and set(res.per_output) == set(entry.outputs)

@@ -43,10 +43,16 @@ def node(op, inputs, **attrs):
     return helper.make_node(op, inputs, ["y"], **attrs)
 
 
-def check(m: onnx.ModelProto, feeds: dict) -> None:
+CUDA = torch.cuda.is_available()
+# PyTorch's CPU device here; CUDA where a GPU is (what a GPU runs: host values copied where device nodes read them)
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not CUDA, reason="needs an NVIDIA GPU with PyTorch CUDA")])]
+
+
+def check(m: onnx.ModelProto, feeds: dict, device: str = "cpu") -> None:
     """The PyTorch runtime's outputs have ONNX Runtime's dtypes and shapes and its values under verify's tolerance."""
     want = session(m, optimize=False).run(None, feeds)
-    got = TorchSession(m, "cpu").run(None, feeds)
+    got = TorchSession(m, device).run(None, feeds)
     for w, g in zip(want, got):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
         c = compare_output(w, g)
@@ -165,19 +171,22 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_operator_matches_onnx_runtime(case):
-    check(*CASES[case][1:])
+def test_operator_matches_onnx_runtime(case, device):
+    check(*CASES[case][1:], device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_node_timing_path_matches_onnx_runtime(case):
-    """``torch_cuda.build``, what CUDA operator timing runs (here on the CPU), on the same one-node models."""
+def test_one_node_timing_path_matches_onnx_runtime(case, device):
+    """``torch_cuda.build``, what CUDA operator timing runs, on the same one-node models."""
     _, m, feeds = CASES[case]
     values = {**feeds, **{t.name: numpy_helper.to_array(t) for t in m.graph.initializer}}
-    got = torch_cuda.build(SimpleNamespace(node=m.graph.node[0], opset=m.opset_import[0].version), values, "cpu")()
+    got = torch_cuda.build(SimpleNamespace(node=m.graph.node[0], opset=m.opset_import[0].version), values, device)()
     (want,) = session(m, optimize=False).run(None, feeds)
-    assert got.numpy().dtype == want.dtype and compare_output(want, got.numpy()).ok
+    got = got.cpu().numpy()
+    assert got.dtype == want.dtype and compare_output(want, got).ok
 
 
 def test_every_opaque_operator_has_cases_and_none_is_in_the_catalog():
@@ -228,11 +237,12 @@ def _shape_arithmetic() -> onnx.ModelProto:
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-def test_shape_arithmetic_stays_on_the_host():
+@pytest.mark.parametrize("device", DEVICES)
+def test_shape_arithmetic_stays_on_the_host(device):
     """Every node over the dims runs on the host; only the Reshape and the Add run on the device, and the
     session answers as ONNX Runtime at two input shapes (the host values are computed per run)."""
     m = _shape_arithmetic()
-    sess, ref = TorchSession(m, "cpu"), session(m)
+    sess, ref = TorchSession(m, device), session(m)
     assert [s.node.op_type for s in sess.steps if not s.on_host] == ["Reshape", "Add"]
     for shape in [(1, 2, 3, 4), (2, 3, 5, 2)]:
         feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
