@@ -93,18 +93,46 @@ def _window(x, a: dict):
     return (kernel, strides, dilations) + _pads(a, x, kernel, strides, dilations)
 
 
+def _short(xp, kernel, strides, dilations, pad) -> list[int]:
+    """Per spatial axis, the cells to add at its end so that one window fits where ONNX Runtime still
+    makes one output (its output size is ``(span / stride) + 1`` in C++ integer division, truncated toward
+    zero, so a span of ``-stride + 1 .. -1`` gives 1 where torch raises), 0 elsewhere. PP-OCRv4 rec at height
+    32 pools [3, 2] over height 2: ONNX Runtime averages the two rows it has."""
+    out = []
+    for n, p, d, k, s in zip(xp.shape[2:], pad, dilations, kernel, strides):
+        span = n + 2 * p - d * (k - 1) - 1
+        out.append(-span if -s < span < 0 else 0)
+    return out
+
+
+def _end_padded(x, extra: list[int], value: float):
+    return F.pad(x, [q for e in reversed(extra) for q in (0, e)], value=value)
+
+
 def max_pool(x, a: dict):
     kernel, strides, dilations, begins, ends = _window(x, a)
     xp, pad = _padded(x, begins, ends, -math.inf)
+    extra = _short(xp, kernel, strides, dilations, pad)
+    xp = _end_padded(xp, extra, -math.inf) if any(extra) else xp
     return getattr(F, f"max_pool{len(kernel)}d")(xp, kernel, strides, pad, dilations,
                                                   ceil_mode=bool(a.get("ceil_mode", 0)))
 
 
 def avg_pool(x, a: dict):
-    kernel, strides, _, begins, ends = _window(x, a)
+    kernel, strides, dilations, begins, ends = _window(x, a)
     xp, pad = _padded(x, begins, ends)
-    return getattr(F, f"avg_pool{len(kernel)}d")(xp, kernel, strides, pad, ceil_mode=bool(a.get("ceil_mode", 0)),
-                                                 count_include_pad=bool(a.get("count_include_pad", 0)))
+    pool = getattr(F, f"avg_pool{len(kernel)}d")
+    ceil, include = bool(a.get("ceil_mode", 0)), bool(a.get("count_include_pad", 0))
+    extra = _short(xp, kernel, strides, dilations, pad)
+    if not any(extra):
+        return pool(xp, kernel, strides, pad, ceil_mode=ceil, count_include_pad=include)
+    if include or any(pad):
+        raise NotImplementedError("AveragePool with a window longer than its padded input and count_include_pad "
+                                  "or symmetric pads")
+    # ONNX Runtime averages the cells the window covers: the sum over the zero-padded input by their count
+    total = pool(_end_padded(xp, extra, 0.0), kernel, strides, 0, ceil_mode=ceil)
+    count = pool(_end_padded(torch.ones_like(xp[:1, :1]), extra, 0.0), kernel, strides, 0, ceil_mode=ceil)
+    return total / count
 
 
 def gemm(x, y, c, alpha, beta, trans_a, trans_b):

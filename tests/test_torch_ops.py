@@ -122,3 +122,19 @@ def test_onnx_spellings(model):
     onnx.checker.check_model(model)
     res = verify(model, TorchSession(model, "cpu"))
     assert res.ok, res.message
+
+
+@pytest.mark.parametrize("op, attrs", [("AveragePool", {}), ("MaxPool", {}), ("AveragePool", {"ceil_mode": 1})])
+@pytest.mark.parametrize("height", [1, 2, 4])
+def test_a_pool_window_longer_than_its_input_gives_what_onnx_runtime_gives(op, attrs, height):
+    """ONNX Runtime sizes a pool's output with C++ integer division (truncated toward zero), so a [3, 2]
+    window over height 1 or 2 still makes one output row over the rows there are (PP-OCRv4 rec at height
+    32); torch refuses such a window: the runtime pads the axis and averages over the cells covered."""
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 2], strides=[3, 2], pads=[0, 0, 0, 0], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, height, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = {"x": np.random.default_rng(height).standard_normal((2, 4, height, 8)).astype(np.float32)}
+    want = session(model).run(None, x)[0]
+    got = TorchSession(model, "cpu").run(None, x)[0]
+    assert got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-6)
