@@ -123,8 +123,8 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     whatever the model, which is as large as the differences the guard has to judge.
 
     ``race``: given the timings after the first block, which models still need the second (the first
-    model, the reference, runs in it while any other does); a model left out keeps its first block's
-    timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
+    model, the reference, runs in it when it needs it or any other does); a model left out keeps its first
+    block's timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
     of the guard's decision: a model whose blocks already overlap the reference's cannot pass it."""
     # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
     models = [m.SerializeToString() if isinstance(m, onnx.ModelProto) and runtime.fits_one_buffer(m) else m
@@ -156,7 +156,7 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
         if block == 0 and race is not None:
             need = race(_latencies(times, cpu, blocks))
             rest = [k for k in active[1:] if need[k]]
-            if not rest:
+            if not rest and not need[0]:
                 break
             active = [0, *rest]
     return _latencies(times, cpu, blocks)
@@ -179,7 +179,7 @@ def undecided(*, threads: int, backend: Backend, threshold: float = GUARD_THRESH
     median and lower the reference's fastest, so one whose blocks already overlap cannot be kept by
     ``judge`` whatever the second block gives: dropping it changes no decision, it only saves the time."""
     metric = backend.metric(threads)
-    return lambda t: [True] + [spread(t[0], x, metric, threshold)["apart"] for x in t[1:]]
+    return lambda t: [False] + [spread(t[0], x, metric, threshold)["apart"] for x in t[1:]]
 
 
 def _timed_block(runs, times, cpu, budget_s: float, min_runs: int) -> None:

@@ -290,14 +290,30 @@ class Search:
 
     # ------------------------------------------------------------------ check and choice
     def _time(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings, threshold: float) -> None:
-        """Time the input model and ``cands`` interleaved (the input model alone when there are none); a
+        """Time the input model and ``cands`` interleaved (the input model alone when there are none). A
         candidate whose first block already overlaps the input model's is not run in the second
-        (:func:`~relsat.driver.boundary.latency.undecided`: it cannot be written whatever that block gives)."""
+        (:func:`~relsat.driver.boundary.latency.undecided`: it cannot be written whatever that block gives),
+        unless its profile disagrees with its first block: the first block alone is biased (the sessions made
+        first in it run slower, the reason for the second, reversed one) and the check (:meth:`check`) would
+        then find a profile stale and search again, which costs far more than the block."""
         shapes = bindings[0]  # timed at the costed binding
+        decided = undecided(threads=self.threads, backend=self.backend, threshold=threshold)
+        orig = self.original
+        same = next((c for c in cands if c.model is orig.model), None)
+
+        def disagrees(c: Candidate | None, t: Latency) -> bool:
+            return (c is not None and c.profile_key is not None and c.profiled_ms is not None
+                    and not self._agreement(c.profiled_ms, t)["agrees"])
+
+        def race(t: list[Latency]) -> list[bool]:
+            need = decided(t)
+            need[0] = same is None and disagrees(orig, t[0])
+            return [need[0]] + [n or disagrees(c, x) or (c is same and disagrees(orig, x))
+                                for n, c, x in zip(need[1:], cands, t[1:])]
+
         res = time_models(self._blobs([input_model] + [c.model for c in cands]), threads=self.threads,
                           backend=self.backend, input_shapes=shapes, roles=feeds.input_roles(input_model, shapes),
-                          race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
-        orig = self.original
+                          race=race)
         orig.timing, orig.measured_ms, orig.wall_ms = res[0], judged_ms(res[0], self.threads, self.backend), \
             res[0].median_ms
         for c, t in zip(cands, res[1:]):
