@@ -476,3 +476,19 @@ def test_partial_shape_values_are_exact(node, inputs, want):
     types = {"x": (F, inputs["v"])}
     got = onnx_import._partial_values([shape, node], types, consts).get("o")
     assert (got[0] if got else None) == want
+
+
+def test_symbolic_inference_uses_a_cheap_canonical_form_instead_of_sympy_simplify():
+    """ONNX Runtime's symbolic inference is loaded from its file with ``sympy.simplify`` replaced (PP-OCRv4
+    det's import: 14.3 s -> 1.9 s, the same e-graph on all 25 corpus models): a floor-free expression is expanded,
+    a floor is kept as it is."""
+    import sympy
+
+    from relsat.driver.boundary import onnx_import as oi
+
+    h = sympy.Symbol("h", integer=True, positive=True)
+    assert oi._quick_simplify((h + 1) * (h - 1)) == h ** 2 - 1
+    assert oi._quick_simplify(sympy.floor((h + 1) * (h - 1) / 2)) == sympy.floor((h + 1) * (h - 1) / 2)
+    cls = oi._symbolic_shape_inference()
+    assert cls._infer_Resize.__globals__["sympy"].simplify is oi._quick_simplify
+    assert cls._infer_Resize.__globals__["sympy"].floor is sympy.floor
