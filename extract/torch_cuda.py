@@ -10,7 +10,7 @@ need (Shape, Cast, Range, Resize, reductions, ...) have entries of the same form
 :mod:`relsat.extract.torch_opaque`. ``MAPPED`` holds both by (domain, op_type), so a com.microsoft op and
 a default-domain op of the same name are never confused. The inputs that hold parameters
 (``OpDef.host_inputs``: lifted inputs such as Reshape's shape, Pad's axes, Resize's sizes) are read on
-the host as numpy arrays (``host_inputs``; ``SHAPE_ARGS`` by op_type). tests/test_torch_ops.py runs
+the host as numpy arrays (``host_inputs``). tests/test_torch_ops.py runs
 every catalog operator's example through this mapping and compares it with ONNX Runtime,
 tests/test_torch_opaque.py every opaque operator's cases. Imported lazily; importing it needs torch,
 which is not a relsat dependency. A node without a mapping, or with attributes its mapping does not
@@ -239,7 +239,6 @@ NODE_NAMES = ("attrs", "opset", "outputs", "device")  # bound per node, beside i
 # ------------------------------------------------------------------ the mapping: the catalog's and the opaque ones'
 MAPPED: dict[tuple[str, str], OpDef] = {key: op for key, op in BY_ONNX.items() if op.torch} | {
     (op.domain, op.op_type): op for op in torch_opaque.OPAQUE}
-SHAPE_ARGS: dict[str, set[int]] = {op.op_type: set(op.host_inputs) for op in MAPPED.values() if op.host_inputs}
 
 
 @functools.cache

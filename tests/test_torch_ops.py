@@ -41,12 +41,15 @@ def test_expressions_compile_and_see_the_helpers():
 
 
 def test_host_inputs_are_the_catalogs_parameter_inputs():
+    def node(op_type, domain=""):
+        return helper.make_node(op_type, [], [], domain=domain)
+
     for op in OPS:
-        if op.op_type in torch_cuda.SHAPE_ARGS:
-            assert torch_cuda.SHAPE_ARGS[op.op_type] == {lf.input_index for lf in op.lifted if lf.host} | {
-                i for i, _ in op.host}
-    assert torch_cuda.SHAPE_ARGS["Reshape"] == {1} and torch_cuda.SHAPE_ARGS["Pad"] == {1, 2, 3}
-    assert "Gather" not in torch_cuda.SHAPE_ARGS  # its index tensor stays on the device
+        if torch_cuda.mapped(node(op.op_type, op.domain)):
+            assert torch_cuda.host_inputs(node(op.op_type, op.domain)) == {
+                lf.input_index for lf in op.lifted if lf.host} | {i for i, _ in op.host}
+    assert torch_cuda.host_inputs(node("Reshape")) == {1} and torch_cuda.host_inputs(node("Pad")) == {1, 2, 3}
+    assert torch_cuda.host_inputs(node("Gather")) == set()  # its index tensor stays on the device
 
 
 @pytest.mark.parametrize("op", OPERATORS, ids=IDS)

@@ -34,10 +34,10 @@ import math
 import re
 import signal
 import threading
-import types
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -489,7 +489,7 @@ def _quick_simplify(expr, *args, **kwargs):
     return expr if expr.has(sympy.floor) else sympy.expand(expr)
 
 
-class _QuickSympy(types.ModuleType):
+class _QuickSympy(ModuleType):
     """sympy for the loaded copy of ONNX Runtime's symbolic inference, with ``simplify`` as ``_quick_simplify``."""
 
     simplify = staticmethod(_quick_simplify)

@@ -256,7 +256,7 @@ class Search:
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
-                                             profile_source=o.profile_source))
+                                             profile_source=o.profile_source, blob=o.blob))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
@@ -306,10 +306,10 @@ class Search:
                     and not self._agreement(c.profiled_ms, t)["agrees"])
 
         def race(t: list[Latency]) -> list[bool]:
-            need = decided(t)
-            need[0] = same is None and disagrees(orig, t[0])
-            return [need[0]] + [n or disagrees(c, x) or (c is same and disagrees(orig, x))
-                                for n, c, x in zip(need[1:], cands, t[1:])]
+            # the original's profile is checked against its own exported graph's timing where that is a
+            # candidate (which carries the same profile), else against the input model's (:meth:`check`)
+            return [same is None and disagrees(orig, t[0])] + [
+                n or disagrees(c, x) for n, c, x in zip(decided(t)[1:], cands, t[1:])]
 
         res = time_models(self._blobs([input_model] + [c.model for c in cands]), threads=self.threads,
                           backend=self.backend, input_shapes=shapes, roles=feeds.input_roles(input_model, shapes),
