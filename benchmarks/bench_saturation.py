@@ -1,14 +1,16 @@
-"""Saturation time per zoo model with the default rule set, at two node limits.
+"""Saturation time per zoo model with the default rule set (or others), at two node limits.
 
     python -m relsat.benchmarks.bench_saturation [--models bert ...] [--limits 2000 50000]
                                                  [--iter-limit 10] [--time-limit 120] [--timeout 600]
+                                                 [--configs default default+generated]
 
 Each (model, node limit) runs in a fresh process: the full-size zoo model is built
 (``relsat.driver.boundary.zoo.build``), imported (``relsat.driver.boundary.onnx_import.import_model``, not
-timed) and saturated by a ``Runner`` with the rules of ``load_rule_list(["default"])`` and the
-CLI's defaults otherwise (backoff scheduler, multi-pattern rules in the first round, cycle
+timed) and saturated by a ``Runner`` with the rules of ``load_rule_list(["default"])`` (``--configs``:
+each rule configuration in turn, model by model; ``default+generated`` is ``--rules default --rules
+generated``) and the CLI's defaults otherwise (backoff scheduler, multi-pattern rules in the first round, cycle
 filtering on).  Reported: seconds, rounds, e-nodes before and after, stop reason, the time split
-into match / apply / rebuild, SQL statements, and the process's peak RSS.  ``rows()`` returns the
+into match / apply / rebuild, SQL statements (in all and per round), and the process's peak RSS.  ``rows()`` returns the
 results as dicts for other benchmarks.
 """
 
@@ -22,9 +24,11 @@ import sys
 import time
 
 LIMITS = (2_000, 50_000)
+CONFIGS = {"default": ("default",), "default+generated": ("default", "generated")}
 
 
-def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float = 120.0) -> dict:
+def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float = 120.0,
+            config: str = "default") -> dict:
     from relsat.driver.boundary import zoo
     from relsat.driver.boundary.onnx_import import import_model
     from relsat.programs.rulesets import load_rule_list
@@ -32,31 +36,35 @@ def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float 
 
     g = import_model(zoo.build(name)).egraph
     before = g.counts()["enodes"]
-    rules = load_rule_list(["default"])
+    rules = load_rule_list(list(CONFIGS[config]))
     t = time.perf_counter()
     rep = Runner(g, rules, Limits(iter_limit, node_limit, time_limit)).run()
     seconds = time.perf_counter() - t
     its = rep.iterations
     return {
-        "model": name, "node_limit": node_limit, "seconds": round(seconds, 2), "rounds": len(its),
+        "model": name, "rules": config, "node_limit": node_limit, "seconds": round(seconds, 2), "rounds": len(its),
         "enodes_before": before, "enodes": its[-1].enodes if its else before,
         "eclasses": its[-1].eclasses if its else g.counts()["eclasses"], "stop": rep.stop_reason.value,
         "match_s": round(sum(i.match_s for i in its), 2), "apply_s": round(sum(i.apply_s for i in its), 2),
         "rebuild_s": round(sum(i.rebuild_s for i in its), 2), "statements": sum(rep.statements),
+        "per_round": "/".join(str(n) for n in rep.statements),
         "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
-def run_isolated(name: str, node_limit: int, iter_limit: int, time_limit: float, timeout: float) -> dict:
+def run_isolated(name: str, node_limit: int, iter_limit: int, time_limit: float, timeout: float,
+                 config: str = "default") -> dict:
     cmd = [sys.executable, "-m", "relsat.benchmarks.bench_saturation", "--one", name, str(node_limit),
-           "--iter-limit", str(iter_limit), "--time-limit", str(time_limit)]
+           "--iter-limit", str(iter_limit), "--time-limit", str(time_limit), "--configs", config]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"model": name, "node_limit": node_limit, "seconds": None, "note": f"killed after {timeout:g} s"}
+        return {"model": name, "rules": config, "node_limit": node_limit, "seconds": None,
+                "note": f"killed after {timeout:g} s"}
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"model": name, "node_limit": node_limit, "seconds": None, "note": f"failed: {last[:200]}"}
+        return {"model": name, "rules": config, "node_limit": node_limit, "seconds": None,
+                "note": f"failed: {last[:200]}"}
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -68,7 +76,7 @@ def rows(models=None, limits=LIMITS, iter_limit: int = 10, time_limit: float = 1
 
 
 COLUMNS = ("seconds", "match_s", "apply_s", "rebuild_s", "rounds", "enodes_before", "enodes", "eclasses", "stop",
-           "statements", "peak_mib", "note")
+           "statements", "per_round", "peak_mib", "note")
 
 
 def main() -> None:
@@ -79,25 +87,28 @@ def main() -> None:
     p.add_argument("--time-limit", type=float, default=120.0, help="saturation time limit, seconds")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock cap per run, seconds")
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
+    p.add_argument("--configs", nargs="+", default=["default"], choices=list(CONFIGS),
+                   help="rule configurations, each in turn per model and limit")
     p.add_argument("--one", nargs=2, metavar=("MODEL", "LIMIT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.iter_limit, args.time_limit)))
+        print(json.dumps(run_one(args.one[0], int(args.one[1]), args.iter_limit, args.time_limit, args.configs[0])))
         return
     from relsat.driver.boundary import zoo
 
     if not args.json:
-        print("| model | node limit | seconds | match | apply | rebuild | rounds | e-nodes before | e-nodes | "
-              "e-classes | stop | SQL statements | peak RSS MiB | note |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| model | rules | node limit | seconds | match | apply | rebuild | rounds | e-nodes before | e-nodes | "
+              "e-classes | stop | SQL statements | per round | peak RSS MiB | note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m in args.models or zoo.NAMES:
         for lim in args.limits:
-            r = run_isolated(m, lim, args.iter_limit, args.time_limit, args.timeout)
-            if args.json:
-                print(json.dumps(r), flush=True)
-            else:
-                cells = ["-" if r.get(k) is None else str(r[k]) for k in COLUMNS]
-                print(f"| {m} | {lim} | " + " | ".join(cells) + " |", flush=True)
+            for config in args.configs:
+                r = run_isolated(m, lim, args.iter_limit, args.time_limit, args.timeout, config)
+                if args.json:
+                    print(json.dumps(r), flush=True)
+                else:
+                    cells = ["-" if r.get(k) is None else str(r[k]) for k in COLUMNS]
+                    print(f"| {m} | {config} | {lim} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,12 @@ class Compiled:
     # new match (semi-naive) while none has a row newer than the rule's last run
     matches: str = MATCHES  # the temp table ``match()``'s rows go into (with a ``mid`` column): what the
     # builds, unions and pairs read
+    parts: tuple[tuple[str, str], ...] = ()  # the semi-naive parts of ``match_sql``: (the op table whose rows
+    # are new in it, its SELECT); part k reads new rows of its alias k, old rows of aliases before k
+    joiner: str = " UNION ALL "  # how the parts are joined (" UNION " where two pattern rows can give one match row)
+    edges: frozenset[tuple[str, str, int, str]] = frozenset()  # what the left side's joins need: (op table, child
+    # column, list position (0: a plain column), op table of the child's e-node); no match while the e-graph has no
+    # node of that table whose child holds a node of the other (``driver.search.prefilter``)
     witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms) for the matches whose mid is in
     # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
     # {until}; the provenance of ``relsat explain`` (see ``witness``)
@@ -76,6 +82,22 @@ class Compiled:
         only rows of rounds before ``until`` (the round's snapshot: nodes added in the round itself,
         by this or another rule, are not matched until the next round)."""
         return self.match_sql.format(since=int(since), until=int(until))
+
+    def match_live(self, since: int, until: int, newest: dict[str, int], oldest: dict[str, int]) -> str | None:
+        """``match(since, until)`` without the semi-naive parts that are empty by the tables' ts ranges alone
+        (``newest``/``oldest``: each op table's greatest and least ``ts``; an empty table absent): part k needs a
+        row of its alias k's table with ts >= since and, for every alias before it, a row with ts < since (at
+        ``since`` 0 only the first part is left).  The same rows as ``match``; None when no part is left."""
+        keep = []
+        for k, (table, sql) in enumerate(self.parts):
+            if newest.get(table, -1) < since:
+                continue
+            if any(oldest.get(t, since) >= since for t, _ in self.parts[:k]):
+                continue
+            keep.append(sql)
+        if not keep:
+            return None
+        return self.joiner.join(keep).format(since=int(since), until=int(until))
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,7 @@ class _Lhs:
         self.eclass_vars: set[str] = set()
         self.aliases: list[str] = []
         self.analysis: dict[str, str] = {}  # e-class variable -> eclass alias
+        self.edges: set[tuple[str, str, int, str]] = set()  # (table, child column, list position, child's table)
         self.loose = False  # whether distinct pattern rows can project to the same match row
 
     def bind(self, var: str, expr: str) -> None:
@@ -134,11 +157,15 @@ class _Lhs:
             col = f"{alias}.{q(op.inputs[0].column)}"
             self.where.append(f"len({col}) = {len(t.children)}")
             slots = [(f"{col}[{i + 1}]", False) for i in range(len(t.children))]
+            edges = [(op.table, op.inputs[0].column, i + 1) for i in range(len(t.children))]
         else:
             slots = [(f"{alias}.{q(i.column)}", i.optional) for i in op.inputs]
+            edges = [(op.table, i.column, 0) for i in op.inputs]
         if any(a.name not in dict(t.attrs) for a in op.attrs if not (t.op == "getitem" and a.name == "index")):
             self.loose = True  # an unconstrained attribute: two nodes may give the same match row
-        for (slot, optional), child in zip(slots, t.children):
+        for (slot, optional), edge, child in zip(slots, edges, t.children):
+            if isinstance(child, Term):
+                self.edges.add(edge + (BY_TYPE[child.op].table,))
             self.child(slot, child, optional)
         return f"{alias}.out"
 
@@ -231,13 +258,15 @@ def compile_rule(rule: Rule) -> Compiled:
     # the parts are disjoint and each joins the new rows of one alias with the rest; every row is older
     # than {until} (the rows of the round's snapshot)
     parts = []
+    table = {f.alias: f.table for f in lhs.froms}
     for k, alias in enumerate(lhs.aliases):
         fresh = ([f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
                  + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]])
-        parts.append(f"SELECT {', '.join(cols)} FROM {', '.join(f.sql() for f in lhs.froms)} "
-                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}")
+        parts.append((table[alias], f"SELECT {', '.join(cols)} FROM {', '.join(f.sql() for f in lhs.froms)} "
+                                    f"WHERE {' AND '.join(lhs.where + conds + fresh)}"))
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
-    match_sql = (" UNION " if lhs.loose else " UNION ALL ").join(parts)
+    joiner = " UNION " if lhs.loose else " UNION ALL "
+    match_sql = joiner.join(sql for _, sql in parts)
     plan: list[_Step] = []
     memo: dict[Term, str] = {}
     unions, pairs, results = [], [], []
@@ -255,8 +284,8 @@ def compile_rule(rule: Rule) -> Compiled:
     builds = _sources(plan, needs)
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
-                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables,
-                    witness_sql=_witness(lhs, conds, roots, lets))
+                    " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
+                    joiner=joiner, edges=frozenset(lhs.edges), witness_sql=_witness(lhs, conds, roots, lets))
 
 
 def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]) -> str:

@@ -74,6 +74,7 @@ from relsat.relations.schema import literal
 from relsat.relations.reach import cyclic_matches
 
 from relsat.driver.options import DEFAULTS
+from relsat.driver.search.prefilter import Survey
 
 
 class StopReason(str, Enum):
@@ -216,6 +217,7 @@ class _Run:
     first_round: int
     start: float
     scratch: object  # the run's temp tables (``EGraph.scratch``): matches, cycle filter; dropped at its end
+    survey: Survey  # the edge types the rules' left sides need that the e-graph has
     report: Report = field(default_factory=Report)
 
 
@@ -228,6 +230,7 @@ class _Round:
     stats: list[tuple] = field(default_factory=list)  # rule_stats rows
     capped: bool = False  # a rule's matches were cut to fit the budget
     newest: dict = field(default_factory=dict)  # op table -> its newest row's ts (absent: the table is empty)
+    oldest: dict = field(default_factory=dict)  # op table -> its oldest row's ts
 
 
 @dataclass
@@ -251,6 +254,8 @@ class Runner:
     semi_naive: bool = True
     cycle_filter: bool = True  # drop multi-pattern applications whose unions would close a cycle
     on_round: object = None  # callback(Iteration) for progress display
+    prefilter: bool = True  # skip the rules and semi-naive parts that cannot match (``_live``); False: every
+    # statement as compiled (the same e-graph, ids included: tests/test_prefilter.py)
     explain: bool = True  # record why each e-node exists (``explain_nodes``, ``explain_matches``, ``explain_unions``)
     _state: _Run | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -278,14 +283,16 @@ class Runner:
                     break
                 r = _Round(Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0), self.limits.enodes - enodes)
                 scheduled = self._schedule(rnd)
-                r.newest = self._newest(scheduled)
+                self._survey(r, scheduled)
                 for st in scheduled:
-                    if not self._can_match(r, st):  # as a run that matched nothing, without its statements
-                        s.scheduler.matched(rnd, st.compiled, 0)
-                        st.since = rnd
-                        r.stats.append((rnd, st.compiled.rule, 0, 0, 0, 0.0, False))
+                    sql = self._live(r, st)
+                    if sql is None:  # as a run that matched nothing, without its statements
+                        banned = not s.scheduler.matched(rnd, st.compiled, 0)
+                        if not banned:
+                            st.since = rnd
+                        r.stats.append((rnd, st.compiled.rule, 0, 0, 0, 0.0, banned))
                         continue
-                    m = self._match(r, st)
+                    m = self._match(r, st, sql)
                     if s.scheduler.matched(rnd, st.compiled, m.count):
                         self._apply(r, m)
                     else:  # banned: the matches are not applied, so the rule's `since` stays
@@ -316,7 +323,7 @@ class Runner:
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
         for st in rules:
             tmp.keep(st.compiled.matches)
-        return _Run(rules, sched, last + 1, start, tmp)
+        return _Run(rules, sched, last + 1, start, tmp, Survey(st.compiled for st in rules))
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -335,31 +342,46 @@ class Runner:
         by_id = {id(st.compiled): st for st in eligible}
         return [by_id[id(c)] for c in s.scheduler.select(rnd, [st.compiled for st in eligible])]
 
-    def _newest(self, scheduled: list[RuleState]) -> dict[str, int]:
-        """The newest row's ts of every op table the scheduled rules join (one statement; empty tables left out)."""
+    def _survey(self, r: _Round, scheduled: list[RuleState]) -> None:
+        """The newest and oldest row's ts of every op table the scheduled rules join (one statement; empty
+        tables left out), then the edge types the rules need that are new since the last round (``Survey``: at
+        most one statement)."""
         tables = sorted({t for st in scheduled for t in st.compiled.tables})
         if not tables:
-            return {}
-        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts) FROM {t}" for t in tables)
-        return {t: ts for t, ts in self.egraph.con.execute(sql).fetchall() if ts is not None}
+            return
+        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts) FROM {t}" for t in tables)
+        for t, new, old in self.egraph.con.execute(sql).fetchall():
+            if new is not None:
+                r.newest[t], r.oldest[t] = new, old
+        if self.prefilter:
+            self._state.survey.update(self.egraph.con, r.it.round, r.newest)
 
-    def _can_match(self, r: _Round, st: RuleState) -> bool:
-        """False when the rule's match is empty without running it: one of its tables is empty, or
-        (semi-naive) none has a row newer than the rule's last run.  Many rules (a generated set) join
-        operators a model does not have; their statements are skipped, not their matches."""
+    def _live(self, r: _Round, st: RuleState) -> str | None:
+        """The SELECT of the rule's matches this round, or None when it is empty without running it: one of
+        its tables is empty, an edge type its left side joins along is not in the e-graph (``Survey``), or
+        (semi-naive) no table has a row newer than the rule's last run.  Semi-naive parts that are empty by
+        the tables' ts ranges are left out (``Compiled.match_live``).  A generated rule set joins operators
+        and shapes a model does not have; those statements are skipped, not their matches."""
+        c = st.compiled
         since = st.since if self.semi_naive else 0
-        tables = st.compiled.tables
-        return not tables or all(t in r.newest for t in tables) and any(r.newest[t] >= since for t in tables)
+        if not c.tables:
+            return c.match(since, r.it.round)
+        if not all(t in r.newest for t in c.tables):
+            return None
+        if not self.prefilter:
+            return c.match(since, r.it.round) if any(r.newest[t] >= since for t in c.tables) else None
+        if not self._state.survey.allows(c):
+            return None
+        return c.match_live(since, r.it.round, r.newest, r.oldest)
 
-    def _match(self, r: _Round, st: RuleState) -> _Matches:
-        """The rule's matches (semi-naive: using a row newer than its last run) into ``c.matches``."""
+    def _match(self, r: _Round, st: RuleState, rows: str) -> _Matches:
+        """The rule's matches (``rows``, from ``_live``: semi-naive, using a row newer than its last run)
+        into ``c.matches``."""
         g, c = self.egraph, st.compiled
-        since = st.since if self.semi_naive else 0
         t0 = time.perf_counter()
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        rows = c.match(since, r.it.round)  # the round's snapshot: rows of earlier rounds only
         g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
         count = g.con.execute(f"SELECT count(*) FROM {c.matches}").fetchall()[0][0]
         if cap is not None and count > cap:  # the same matches survive the cap whatever the threads: the
