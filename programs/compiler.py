@@ -70,11 +70,20 @@ class Compiled:
     witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms) for the matches whose mid is in
     # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
     # {until}; the provenance of ``relsat explain`` (see ``witness``)
+    carry: str = ""  # SELECT items a match row can carry so that its explanation needs no second join: each
+    # term's e-node and e-class (``_n<k>``, ``_c<k>``); empty where one match row stands for several e-nodes
+    # (an attribute left free: ``joiner`` is " UNION ")
+    carried_sql: str = ""  # ``witness_sql`` over matches that carry them: a projection of the matches
 
-    def witness(self, mids: str, until: int) -> str:
+    def witness(self, mids: str, until: int, carried: bool = False) -> str:
         """The SELECT of the explanation rows of the matches whose ``mid`` is in the SELECT ``mids``: the
         left side's join again, bound to each match's variables and roots (a selective join from the matches),
-        keeping the least ids of the e-nodes each term matched among the rows of rounds before ``until``."""
+        keeping the least ids of the e-nodes each term matched among the rows of rounds before ``until``.
+        ``carried``: the matches carry their e-nodes (``match_live(carry=True)``); their rows are projected.
+        Where a match row has one combination of e-nodes (every attribute of the left side bound), its e-nodes
+        are that combination, so both give the same rows (``tests/test_prefilter.py``)."""
+        if carried:
+            return self.carried_sql.replace("{mids}", mids)
         return self.witness_sql.replace("{mids}", mids).replace("{until}", str(int(until)))
 
     def match(self, since: int = 0, until: int = SNAPSHOT_ALL) -> str:
@@ -83,11 +92,13 @@ class Compiled:
         by this or another rule, are not matched until the next round)."""
         return self.match_sql.format(since=int(since), until=int(until))
 
-    def match_live(self, since: int, until: int, newest: dict[str, int], oldest: dict[str, int]) -> str | None:
+    def match_live(self, since: int, until: int, newest: dict[str, int], oldest: dict[str, int],
+                   carry: bool = False) -> str | None:
         """``match(since, until)`` without the semi-naive parts that are empty by the tables' ts ranges alone
         (``newest``/``oldest``: each op table's greatest and least ``ts``; an empty table absent): part k needs a
         row of its alias k's table with ts >= since and, for every alias before it, a row with ts < since (at
-        ``since`` 0 only the first part is left).  The same rows as ``match``; None when no part is left."""
+        ``since`` 0 only the first part is left).  The same rows as ``match``; None when no part is left.
+        ``carry`` (where ``self.carry``): the rows also carry their e-nodes, for ``witness(carried=True)``."""
         keep = []
         for k, (table, sql) in enumerate(self.parts):
             if newest.get(table, -1) < since:
@@ -97,7 +108,7 @@ class Compiled:
             keep.append(sql)
         if not keep:
             return None
-        return self.joiner.join(keep).format(since=int(since), until=int(until))
+        return self.joiner.join(keep).format(since=int(since), until=int(until), carry=self.carry if carry else "")
 
 
 @dataclass(frozen=True)
@@ -262,11 +273,12 @@ def compile_rule(rule: Rule) -> Compiled:
     for k, alias in enumerate(lhs.aliases):
         fresh = ([f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
                  + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]])
-        parts.append((table[alias], f"SELECT {', '.join(cols)} FROM {', '.join(f.sql() for f in lhs.froms)} "
+        parts.append((table[alias], f"SELECT {', '.join(cols)}{{carry}} FROM {', '.join(f.sql() for f in lhs.froms)} "
                                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}"))
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
     joiner = " UNION " if lhs.loose else " UNION ALL "
-    match_sql = joiner.join(sql for _, sql in parts)
+    match_sql = joiner.join(sql.replace("{carry}", "") for _, sql in parts)
+    carry = "" if lhs.loose else "".join(f", {a}.id AS _n{k}, {a}.out AS _c{k}" for k, a in enumerate(lhs.aliases))
     plan: list[_Step] = []
     memo: dict[Term, str] = {}
     unions, pairs, results = [], [], []
@@ -285,7 +297,8 @@ def compile_rule(rule: Rule) -> Compiled:
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
-                    joiner=joiner, edges=frozenset(lhs.edges), witness_sql=_witness(lhs, conds, roots, lets))
+                    joiner=joiner, edges=frozenset(lhs.edges), witness_sql=_witness(lhs, conds, roots, lets),
+                    carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "")
 
 
 def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]) -> str:
@@ -316,6 +329,25 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
     froms = ", ".join([f"{MATCHES} m"] + [f.sql() for f in lhs.froms])
     where = lhs.where + conds + on + until + ["m.mid IN ({mids})"]
     return f"SELECT {', '.join(cols)} FROM {froms} WHERE {' AND '.join(where)} GROUP BY m.mid"
+
+
+def _carried(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> str:
+    """``Compiled.carried_sql``: ``_witness``'s columns projected from matches that carry each term's e-node
+    (``_n<k>``) and e-class (``_c<k>``)."""
+    op_type = {op.table: op.op_type for op in OPS}
+    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
+    names = [op_type[table[a]] for a in lhs.aliases]
+    col = {v: f"m.{q('v_' + v)}" for v in lhs.binds}
+    classes = sorted(lhs.eclass_vars)
+    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
+    pairs = ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in values)
+    k = range(len(lhs.aliases))
+    cols = ["m.mid", f"[{', '.join(f'm._n{i}' for i in k)}]::BIGINT[] AS nodes",
+            f"{literal(names)}::VARCHAR[] AS ops",
+            f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[] AS roots",
+            f"map({literal(['?' + v for v in classes])}::VARCHAR[], [{', '.join(col[v] for v in classes)}]::BIGINT[]) "
+            "AS classes", f"json_object({pairs}) AS bindings", f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
+    return f"SELECT {', '.join(cols)} FROM {MATCHES} m WHERE m.mid IN ({{mids}})"
 
 
 def _rename(x, sigma: dict[str, str]):

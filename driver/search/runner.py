@@ -372,7 +372,11 @@ class Runner:
             return c.match(since, r.it.round) if any(r.newest[t] >= since for t in c.tables) else None
         if not self._state.survey.allows(c):
             return None
-        return c.match_live(since, r.it.round, r.newest, r.oldest)
+        return c.match_live(since, r.it.round, r.newest, r.oldest, carry=self._carried(c))
+
+    def _carried(self, c: Compiled) -> bool:
+        """Whether the rule's match rows carry their e-nodes for its explanations (``Compiled.carry``)."""
+        return bool(self.explain and self.prefilter and c.carry)
 
     def _match(self, r: _Round, st: RuleState, rows: str) -> _Matches:
         """The rule's matches (``rows``, from ``_live``: semi-naive, using a row newer than its last run)
@@ -445,7 +449,7 @@ class Runner:
                 f"SELECT mid FROM explain_unions WHERE round = {int(rnd)} AND rule = {rule}")
         g.con.execute("INSERT INTO explain_matches (rule, round, mid, nodes, ops, roots, classes, bindings, terms) "
                       f"SELECT {rule}, {int(rnd)}, mid, nodes, ops, roots, classes, bindings, terms "
-                      f"FROM ({c.witness(mids, rnd)})")
+                      f"FROM ({c.witness(mids, rnd, carried=self._carried(c))})")
 
     def _rebuild(self, r: _Round) -> None:
         """Merge the queued unions, restore congruence; the e-graph's size after it."""
