@@ -321,8 +321,7 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
     cols = ["m.mid", f"min([{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS nodes",
             f"{literal(names)}::VARCHAR[] AS ops",
             f"any_value([{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]) AS roots",
-            f"any_value(map({literal(['?' + v for v in classes])}::VARCHAR[], "
-            f"[{', '.join(col[v] for v in classes)}]::BIGINT[])) AS classes",
+            f"any_value(json_object({', '.join(f'{literal(chr(63) + v)}, {col[v]}' for v in classes)})) AS classes",
             f"any_value(json_object({pairs})) AS bindings",
             f"arg_min([{', '.join(f'{a}.out' for a in lhs.aliases)}]::BIGINT[], "
             f"[{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS terms"]
@@ -345,8 +344,8 @@ def _carried(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> str:
     cols = ["m.mid", f"[{', '.join(f'm._n{i}' for i in k)}]::BIGINT[] AS nodes",
             f"{literal(names)}::VARCHAR[] AS ops",
             f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[] AS roots",
-            f"map({literal(['?' + v for v in classes])}::VARCHAR[], [{', '.join(col[v] for v in classes)}]::BIGINT[]) "
-            "AS classes", f"json_object({pairs}) AS bindings", f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
+            f"json_object({', '.join(f'{literal(chr(63) + v)}, {col[v]}' for v in classes)}) AS classes",
+            f"json_object({pairs}) AS bindings", f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
     return f"SELECT {', '.join(cols)} FROM {MATCHES} m WHERE m.mid IN ({{mids}})"
 
 

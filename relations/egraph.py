@@ -157,6 +157,10 @@ class EGraph:
         if not self.read_only:
             for stmt in all_ddl():
                 self.con.execute(stmt)
+            kind = self.con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = 'explain_matches' "
+                                    "AND column_name = 'classes' AND database_name = current_database()").fetchall()
+            if kind and kind[0][0].startswith("MAP"):  # saved by an older relsat
+                self.con.execute("ALTER TABLE explain_matches ALTER classes SET DATA TYPE JSON USING to_json(classes)")
         tables = [op.table for op in OPS] + ["op_opaque"]
         counts = self.con.execute(
             " UNION ALL ".join(f"SELECT '{t}', count(*), coalesce(max(touched), 0) FROM {t}" for t in tables)

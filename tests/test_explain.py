@@ -318,3 +318,22 @@ def test_a_chain_follows_the_union_that_made_its_match(tmp_path):
     assert rp.holds(derived[0][1])
     with pytest.raises(AssertionError, match="clip-relu .* does not match the replay"):
         _Replay(model, _Saved(db), rules).apply(clip)  # the match needs the union
+
+
+def test_an_older_database_with_map_classes_is_migrated(tmp_path):
+    """``explain_matches.classes`` was a MAP before it was JSON: an e-graph saved then is converted when opened for
+    writing, its rows kept, and the explanation reader takes either form."""
+    from relsat.driver.app.explain import _classes
+    from relsat.relations.egraph import EGraph
+
+    path = tmp_path / "old.duckdb"
+    g = EGraph(path)
+    g.con.execute("ALTER TABLE explain_matches ALTER classes SET DATA TYPE MAP(VARCHAR, BIGINT) USING NULL")
+    g.con.execute("INSERT INTO explain_matches (rule, round, mid, classes) VALUES ('r', 1, 1, MAP {'?x': 7})")
+    assert _classes(g.sql("SELECT classes FROM explain_matches")[0][0]) == {"?x": 7}
+    g.close()
+    g = EGraph(path)
+    assert g.sql("SELECT data_type FROM duckdb_columns() WHERE table_name = 'explain_matches' "
+                 "AND column_name = 'classes'") == [("JSON",)]
+    assert _classes(g.sql("SELECT classes FROM explain_matches")[0][0]) == {"?x": 7}
+    g.close()

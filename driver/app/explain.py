@@ -124,7 +124,7 @@ class Explanations:
                 f"SELECT rule, round, mid, nodes, ops, roots, classes, bindings, {terms} FROM explain_matches"
                 ).fetchall():
             apps[(rule, rnd, mid)] = Application(rule, rnd, mid, tuple(nodes), tuple(ops), tuple(roots),
-                                                 dict(classes), json.loads(bindings),
+                                                 _classes(classes), json.loads(bindings),
                                                  tuple(added.get((rule, rnd, mid), ())), tuple(ts or ()))
         unions: dict = {}
         for rule, rnd, mid, a, b in con.execute("SELECT rule, round, mid, a, b FROM explain_unions").fetchall():
@@ -284,3 +284,8 @@ def explain(egraph: Path = typer.Argument(..., help="a saved e-graph (relsat opt
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(text)
+
+
+def _classes(value) -> dict:
+    """``explain_matches.classes``: JSON ``{"?var": e-class}`` (a MAP in databases of an older relsat)."""
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
