@@ -2,7 +2,7 @@
 relsat beside egglog saturating the same two rules.
 
     python -m relsat.benchmarks.bench_ac_add [--n 8 9 10 11] [--no-egglog] [--timeout S]
-    python -m relsat.benchmarks.bench_ac_add --cli --n 10 11 12 13
+    python -m relsat.benchmarks.bench_ac_add --cli --n 10 11 12 13 [--pin 0]
 
 Saturating Add(...Add(Add(x0, x1), x2)..., x{n-1}) with exactly commutativity and
 associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.  Each
@@ -14,7 +14,9 @@ benchmarks (``benchmarks/compare.py``); ``main`` prints them as a Markdown table
 ``--cli`` checks the user's path instead: the chain is written as an ONNX model and optimized by
 ``relsat optimize --rules ac-add`` with the default scheduler and iteration limit (node and time
 limits raised, greedy extraction over analytic costs so that extracting from millions of e-nodes
-is not what is timed), and the counts are read from the ``enodes`` view of its ``--db`` file.
+is not what is timed), and the counts are read from the ``enodes`` view of its ``--db`` file; egglog runs
+beside it for each n unless ``--no-egglog``.  ``--pin CPUS`` runs every process under ``taskset -c CPUS``
+(one core, as egglog runs, with ``--pin 0``).
 """
 
 from __future__ import annotations
@@ -119,9 +121,12 @@ def _version(system: str) -> str:
     return system
 
 
+PIN: list[str] = []  # ``taskset -c CPUS`` before every command (``--pin``)
+
+
 def run_isolated(system: str, n: int, timeout: float, memory_limit: str | None = None) -> dict:
     """One run in a fresh interpreter, killed after ``timeout`` seconds (then seconds is None)."""
-    cmd = [sys.executable, "-m", "relsat.benchmarks.bench_ac_add", "--one", system, str(n)]
+    cmd = PIN + [sys.executable, "-m", "relsat.benchmarks.bench_ac_add", "--one", system, str(n)]
     if memory_limit:
         cmd += ["--memory-limit", memory_limit]
     try:
@@ -164,14 +169,14 @@ def chain_model(n: int):
 
 def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
     """``relsat optimize chain{n}.onnx --rules ac-add`` with the default scheduler and iteration limit;
-    the counts from the ``enodes`` view of ``--db``."""
+    the counts from the ``enodes`` view of ``--db``, the peak RSS from ``/usr/bin/time``."""
     import duckdb
     import onnx
 
     with tempfile.TemporaryDirectory(prefix="relsat-chain-") as tmp:
         d = Path(tmp)
         onnx.save(chain_model(n), d / "chain.onnx")
-        cmd = ["relsat", "optimize", str(d / "chain.onnx"), "-o", str(d / "out.onnx"), "--rules", "ac-add",
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", str(d / "rss")] + PIN + [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(d / "chain.onnx"), "-o", str(d / "out.onnx"), "--rules", "ac-add",
                "--node-limit", str(10**9), "--time-limit", str(10**6), "--extractor", "greedy",
                "--cost-model", "analytic", "--db", str(d / "chain.duckdb"), "--report", str(d / "report.json")]
         if memory_limit:
@@ -185,12 +190,13 @@ def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
         if res.returncode != 0:
             return {"n": n, "exact": False, "note": (res.stderr.strip().splitlines() or ["no output"])[-1][:200]}
         rep = json.loads((d / "report.json").read_text())
+        peak = round(int((d / "rss").read_text().split()[-1]) / 1024, 1)  # the process's max RSS (KiB)
         con = duckdb.connect(str(d / "chain.duckdb"), read_only=True)
         nodes, classes = con.execute("SELECT count(*), count(DISTINCT eclass) FROM enodes WHERE op = 'Add'").fetchall()[0]
         con.close()
     return {"n": n, "rounds": len(rep["iterations"]), "stop": rep["stop_reason"], "eclasses": classes,
             "enodes": nodes, "exact": (classes, nodes) == exact_counts(n),
-            "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2)}
+            "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2), "peak_mib": peak}
 
 
 def _cell(v) -> str:
@@ -205,16 +211,25 @@ def main() -> None:
     p.add_argument("--memory-limit", default="12GB", help="DuckDB memory_limit for the relsat runs")
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     p.add_argument("--cli", action="store_true", help="through `relsat optimize` with default scheduler and rounds")
+    p.add_argument("--pin", metavar="CPUS", help="run every process under `taskset -c CPUS`")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.pin:
+        PIN[:] = ["taskset", "-c", args.pin]
     if args.cli:
-        print("| n | rounds | stop | Add e-classes | Add e-nodes | exact | saturation s | wall s | note |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| n | system | rounds | stop | Add e-classes | Add e-nodes | exact | saturation s | wall s | peak RSS MiB "
+              "| note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for n in args.n:
             row = run_cli(n, args.timeout, args.memory_limit)
-            print(" | ".join([""] + [_cell(row.get(k)) for k in ("n", "rounds", "stop", "eclasses", "enodes", "exact",
-                                                                  "saturation_s", "wall_s", "note")]).strip() + " |",
-                  flush=True)
+            print(" | ".join(["", str(n), "relsat optimize"] + [_cell(row.get(k)) for k in (
+                "rounds", "stop", "eclasses", "enodes", "exact", "saturation_s", "wall_s", "peak_mib",
+                "note")]).strip() + " |", flush=True)
+            if not args.no_egglog:
+                e = run_isolated("egglog", n, args.timeout)
+                print(" | ".join(["", str(n), e["system"], "-", "-", _cell(e.get("eclasses")), _cell(e.get("enodes")),
+                                  _cell(e.get("exact")), _cell(e.get("seconds")), "-", _cell(e.get("peak_mib")),
+                                  _cell(e.get("note"))]).strip() + " |", flush=True)
         return
     if args.one:
         system, n = args.one[0], int(args.one[1])
