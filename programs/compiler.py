@@ -67,6 +67,8 @@ class Compiled:
     edges: frozenset[tuple[str, str, int, str]] = frozenset()  # what the left side's joins need: (op table, child
     # column, list position (0: a plain column), op table of the child's e-node); no match while the e-graph has no
     # node of that table whose child holds a node of the other (``driver.search.prefilter``)
+    kinds: frozenset[tuple[str, str]] = frozenset()  # the left side's terms with literal attributes: (op table,
+    # the conditions on its columns alone); no match while no row of the table meets them
     witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms) for the matches whose mid is in
     # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
     # {until}; the provenance of ``relsat explain`` (see ``witness``)
@@ -135,6 +137,7 @@ class _Lhs:
         self.aliases: list[str] = []
         self.analysis: dict[str, str] = {}  # e-class variable -> eclass alias
         self.edges: set[tuple[str, str, int, str]] = set()  # (table, child column, list position, child's table)
+        self.kinds: set[tuple[str, str]] = set()  # (table, a term's literal attribute conditions over it)
         self.loose = False  # whether distinct pattern rows can project to the same match row
 
     def bind(self, var: str, expr: str) -> None:
@@ -149,21 +152,28 @@ class _Lhs:
         alias = f"t{len(self.aliases)}"
         self.aliases.append(alias)
         self.froms.append(_From(op.table, alias))
+        lits = []  # the term's literal attribute conditions over its table alone (``kinds``)
         if t.op == "getitem":
             self.where.append(f"{alias}.{q('index')} = {t.index}")
+            lits.append(f"{q('index')} = {t.index}")
         for name, val in t.attrs:
             col = f"{alias}.{q(name)}"
             if isinstance(val, Lit):
                 self.where.append(f"{col} = {literal(val.value)}")
+                lits.append(f"{q(name)} = {literal(val.value)}")
             elif isinstance(val, Var):
                 self.bind(val.name, col)
             else:  # ListOf
                 self.where.append(f"len({col}) = {len(val.items)}")
+                lits.append(f"len({q(name)}) = {len(val.items)}")
                 for i, item in enumerate(val.items):
                     if isinstance(item, Lit):
                         self.where.append(f"{col}[{i + 1}] = {literal(item.value)}")
+                        lits.append(f"{q(name)}[{i + 1}] = {literal(item.value)}")
                     else:
                         self.bind(item.name, f"{col}[{i + 1}]")
+        if lits:
+            self.kinds.add((op.table, " AND ".join(lits)))
         if op.variadic:
             col = f"{alias}.{q(op.inputs[0].column)}"
             self.where.append(f"len({col}) = {len(t.children)}")
@@ -297,7 +307,7 @@ def compile_rule(rule: Rule) -> Compiled:
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
-                    joiner=joiner, edges=frozenset(lhs.edges), witness_sql=_witness(lhs, conds, roots, lets),
+                    joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds), witness_sql=_witness(lhs, conds, roots, lets),
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "")
 
 

@@ -99,6 +99,28 @@ def test_survey_finds_edge_types_as_they_appear():
     g.close()
 
 
+def test_survey_needs_a_row_with_the_literal_attributes():
+    """A term with literal attributes (``:axis 1``, a list literal) needs a row of its table that has them."""
+    rule = compile_rule(parse_rules("cat1: (Concat :axis 1 ?a ?b) => (Concat :axis 1 ?b ?a)\n"
+                                    "tr: (Transpose :perm (1 0) ?x) => ?x\n", "t.rules").rules[0])
+    tr = compile_rule(parse_rules("tr: (Transpose :perm (1 0) (Transpose :perm (1 0) ?x)) => ?x\n",
+                                  "t.rules").rules[0])
+    assert rule.kinds and not rule.edges and tr.edges
+    g = EGraph()
+    x = g.add("Input", attrs={"name": np.array(["x"], dtype=object), "shape": [2, 3], "dtype": 1})[0]
+    g.add("Concat", {"inputs": [[x, x]]}, attrs={"axis": 0})
+    t1 = g.add("Transpose", {"data": [x]}, attrs={"perm": [1, 0]})[0]
+    s = Survey([rule, tr])
+    tables = ["op_concat", "op_input", "op_transpose"]
+    s.update(g.con, 1, tables)
+    assert not s.allows(rule) and not s.allows(tr)  # axis 0 only; no Transpose under a Transpose
+    g.add("Concat", {"inputs": [[x, x]]}, attrs={"axis": 1}, ts=1)
+    g.add("Transpose", {"data": [t1]}, attrs={"perm": [1, 0]}, ts=1)
+    s.update(g.con, 2, tables)
+    assert s.allows(rule) and s.allows(tr)
+    g.close()
+
+
 def test_live_parts_give_the_rows_of_the_whole_match():
     """``match_live`` leaves out only parts empty by the tables' ts ranges: at every ``since`` it returns the
     rows ``match`` returns."""

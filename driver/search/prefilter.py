@@ -1,17 +1,18 @@
-"""Which rules can match at all this round, decided for the whole rule set in one statement.
+"""Which rules can match at all this round, decided for the whole rule set in at most two statements.
 
 A rule's left side joins op tables along child edges: ``(Mul (Add ?x ?y) ?z)`` needs a ``Mul`` node
 whose first child's e-class holds an ``Add`` node.  ``Compiled.edges`` lists these needs as
 ``(op table, child column, list position, child's op table)``.  ``Survey`` keeps the set of such edge
 types the e-graph has (``seen``) and, at the start of each round, looks for the ones some rule needs and
-that have not been seen yet, in one SELECT over the op tables involved; a rule whose needs are not all
-seen has no match in the round's snapshot and costs no statement.  A generated rule set (thousands of
+that have not been seen yet, in one SELECT over the op tables involved; likewise its terms' literal
+attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more. A
+rule whose needs are not all seen has no match in the round's snapshot and costs no statement.  A generated rule set (thousands of
 rules over a model that has a dozen operators) is mostly such rules: their tables are present but their
 shapes are not (on ResNeXt-50, 63 of the 801 rules whose tables are present).
 
 Edge types only appear: a rebuild's merge gives an e-class more nodes, never fewer, a collapsed row
 repeats another row's key, and a row whose children or e-class a rebuild rewrote gets the round's ``ts``
-(as does every inserted row).  So a survey reads only the rows of rounds since the previous survey on one
+(as does every inserted row), and a row's attributes never change.  So a survey reads only the rows of rounds since the previous survey on one
 side of each edge (the other side whole), and stops reading once every needed edge type has been seen.
 The filter only skips statements that would return no rows: the rules that run, their matches and the
 e-graph are the same as without it (``tests/test_prefilter.py``).
@@ -25,29 +26,43 @@ from relsat.programs.compiler import Compiled
 from relsat.relations.schema import literal, q
 
 Edge = tuple[str, str, int, str]  # (op table, child column, list position (0: a plain column), child's op table)
+Kind = tuple[str, str]  # (op table, a term's literal attribute conditions on its columns)
 
 
 class Survey:
     """The edge types the e-graph has, among those the rules need (see the module docstring)."""
 
     def __init__(self, rules: Iterable[Compiled]) -> None:
+        rules = list(rules)
         self.need: frozenset[Edge] = frozenset().union(*(c.edges for c in rules))
         self.seen: set[Edge] = set()
+        self.need_kinds: frozenset[Kind] = frozenset().union(*(c.kinds for c in rules))
+        self.seen_kinds: set[Kind] = set()
         self.last = 0  # the round of the previous survey: rows older than it were read then
         self.statements = 0
 
     def update(self, con, round: int, present: Iterable[str]) -> None:
         """Look for the needed, unseen edge types among the rows of tables in ``present`` (the non-empty op
-        tables) that are of rounds ``self.last`` .. ``round - 1`` on at least one side of the edge."""
+        tables) that are of rounds ``self.last`` .. ``round - 1`` on at least one side of the edge, and for the
+        needed, unseen kinds among that table's rows of those rounds."""
         present = set(present)
         todo = [e for e in self.need - self.seen if e[0] in present and e[3] in present]
         if todo:
             self.seen |= self._find(con, todo)
             self.statements += 1
+        kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
+        if kinds:
+            self.seen_kinds |= self._find_kinds(con, kinds)
+            self.statements += 1
         self.last = round
 
     def allows(self, c: Compiled) -> bool:
-        return c.edges <= self.seen
+        return c.edges <= self.seen and c.kinds <= self.seen_kinds
+
+    def _find_kinds(self, con, kinds: list[Kind]) -> set[Kind]:
+        parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(self.last)} AND ({w}) "
+                                   "LIMIT 1)" for i, (t, w) in enumerate(kinds))
+        return {kinds[i] for (i,) in con.execute(parts).fetchall()}
 
     def _find(self, con, todo: list[Edge]) -> set[Edge]:
         slots = sorted({(t, col, pos) for t, col, pos, _ in todo})

@@ -344,8 +344,8 @@ class Runner:
 
     def _survey(self, r: _Round, scheduled: list[RuleState]) -> None:
         """The newest and oldest row's ts of every op table the scheduled rules join (one statement; empty
-        tables left out), then the edge types the rules need that are new since the last round (``Survey``: at
-        most one statement)."""
+        tables left out), then the edge types and literal-attribute kinds the rules need that are new since the
+        last round (``Survey``: at most two statements)."""
         tables = sorted({t for st in scheduled for t in st.compiled.tables})
         if not tables:
             return
@@ -386,8 +386,8 @@ class Runner:
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM ({rows})")
-        count = g.con.execute(f"SELECT count(*) FROM {c.matches}").fetchall()[0][0]
+        count = g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * "
+                              f"FROM ({rows})").fetchall()[0][0]  # (DuckDB answers a CREATE ... AS with its rows)
         if cap is not None and count > cap:  # the same matches survive the cap whatever the threads: the
             # least rows (sorted only when the cap cuts: a sort of every match costs more than the match)
             g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM "
