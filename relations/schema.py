@@ -72,6 +72,7 @@ CREATE TABLE IF NOT EXISTS symbols (code BIGINT PRIMARY KEY, name VARCHAR, anony
     value BIGINT, second BIGINT);
 CREATE TABLE IF NOT EXISTS iterations (round INTEGER, enodes BIGINT, eclasses BIGINT, match_s DOUBLE,
     apply_s DOUBLE, rebuild_s DOUBLE, applied BIGINT, unions BIGINT, stop_reason VARCHAR);
+ALTER TABLE iterations ADD COLUMN IF NOT EXISTS temp_mib DOUBLE;
 CREATE TABLE IF NOT EXISTS rule_stats (round INTEGER, rule VARCHAR, matches BIGINT, applied BIGINT,
     new_nodes BIGINT, seconds DOUBLE, banned BOOLEAN);
 CREATE TABLE IF NOT EXISTS explain_nodes (op VARCHAR, id BIGINT, eclass BIGINT, fresh BOOLEAN, rule VARCHAR,

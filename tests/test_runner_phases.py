@@ -229,3 +229,18 @@ def test_a_bad_memory_limit_is_a_one_line_error():
 
     with pytest.raises(RelsatError, match="--memory-limit lots"):
         DEFAULTS.replace(memory_limit="lots").check()
+
+
+def test_iterations_report_the_temp_files_of_a_round(tmp_path):
+    """``iterations.temp_mib``: what DuckDB spilled to its temp directory, by round; nothing without a memory
+    limit, something once the e-graph outgrows a small one (issue 30, item 3)."""
+    free = add_chain(8)
+    free_report = Runner(free, AC_ADD, Limits(iterations=50, enodes=10**7, seconds=600)).run()
+    assert [it.temp_mib for it in free_report.iterations] == [0.0] * len(free_report.iterations)
+    tight = add_chain(10)
+    tight.con.execute(f"SET temp_directory = '{tmp_path}'")
+    tight.con.execute("SET memory_limit = '60MB'")
+    report = Runner(tight, AC_ADD, Limits(iterations=50, enodes=10**7, seconds=600)).run()
+    stored = [m for (m,) in tight.sql("SELECT temp_mib FROM iterations ORDER BY round")]
+    assert stored == [it.temp_mib for it in report.iterations]
+    assert max(stored) > 0

@@ -103,6 +103,8 @@ class Iteration:
     applied: int  # union pairs queued by rules, plus new nodes placed straight into a matched e-class
     unions: int  # e-class ids merged by the rebuild
     new_nodes: int
+    temp_mib: float = 0.0  # the largest size of DuckDB's temp files (what spilled past --memory-limit), sampled
+    # after each rule's application and after the rebuild
 
 
 @dataclass
@@ -432,6 +434,7 @@ class Runner:
         r.it.apply_s += t2 - t1
         r.it.applied += applied
         r.it.new_nodes += new_nodes
+        self._sample_temp(r)
         by_rule = self._state.report.applied_by_rule
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
         r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
@@ -460,13 +463,21 @@ class Runner:
         r.it.unions = rb.unions
         counts = g.counts()
         r.it.enodes, r.it.eclasses = counts["enodes"], counts["eclasses"]
+        self._sample_temp(r)
+
+    def _sample_temp(self, r: _Round) -> None:
+        """The round's largest size of DuckDB's temp files so far (``Iteration.temp_mib``)."""
+        size = self.egraph.con.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchall()[0][0]
+        r.it.temp_mib = max(r.it.temp_mib, round(size / 2**20, 1))
 
     def _record(self, r: _Round) -> None:
         """Store the round's ``Iteration`` and rule statistics; report it to ``on_round``."""
         g, it, stats = self.egraph, r.it, r.stats
         self._state.report.iterations.append(it)
-        g.con.execute("INSERT INTO iterations VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                      [it.round, it.enodes, it.eclasses, it.match_s, it.apply_s, it.rebuild_s, it.applied, it.unions])
+        g.con.execute("INSERT INTO iterations (round, enodes, eclasses, match_s, apply_s, rebuild_s, applied, unions, "
+                      "temp_mib) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      [it.round, it.enodes, it.eclasses, it.match_s, it.apply_s, it.rebuild_s, it.applied, it.unions,
+                       it.temp_mib])
         if stats:
             cols = list(zip(*stats))
             frame = {"round": np.array(cols[0]), "rule": np.array(cols[1], dtype=object),
