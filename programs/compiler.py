@@ -307,32 +307,40 @@ def compile_rule(rule: Rule) -> Compiled:
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
-                    joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds), witness_sql=_witness(lhs, conds, roots, lets),
+                    joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds),
+                    witness_sql=_witness(lhs, conds, roots, lets),
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "")
+
+
+def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str]:
+    """The explanation columns both witness forms take from a match row ``m``, per match: the terms' op types,
+    the roots, the e-class variables' classes (JSON ``{"?var": e-class}``) and the other bindings and ``let``
+    values (JSON)."""
+    op_type = {op.table: op.op_type for op in OPS}
+    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
+    names = [op_type[table[a]] for a in lhs.aliases]
+
+    def obj(variables) -> str:
+        return "json_object(" + ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in variables) + ")"
+
+    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
+    return (f"{literal(names)}::VARCHAR[]", f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]",
+            obj(sorted(lhs.eclass_vars)), obj(values))
 
 
 def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]) -> str:
     """``Compiled.witness_sql``: the left side's join restricted to the recorded matches (``{mids}``), each
     variable and root equal to the match row's, over rows of rounds before ``{until}``; one row per match
     with the least ids of the matched e-nodes (term order), the terms' op types, the roots, the e-class
-    variables' classes (a MAP ``?var`` -> e-class), the other bindings and the ``let`` values as JSON, and the
-    e-class each term's e-node was in then (term order: what ``relsat explain`` follows to the unions that made
-    a match possible)."""
-    op_type = {op.table: op.op_type for op in OPS}
-    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
-    names = [op_type[table[a]] for a in lhs.aliases]
-    col = {v: f"m.{q('v_' + v)}" for v in lhs.binds}
-    on = [f"{e} IS NOT DISTINCT FROM {col[v]}" for v, e in lhs.binds.items()]
+    variables' classes and the other bindings and the ``let`` values (``_described``), and the e-class each
+    term's e-node was in then (term order: what ``relsat explain`` follows to the unions that made a match
+    possible)."""
+    on = [f"{e} IS NOT DISTINCT FROM m.{q('v_' + v)}" for v, e in lhs.binds.items()]
     on += [f"{r} = m.root{i}" for i, r in enumerate(roots)]
     until = [f"{a}.ts < {{until}}" for a in lhs.aliases]
-    classes = sorted(lhs.eclass_vars)
-    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
-    pairs = ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in values)
-    cols = ["m.mid", f"min([{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS nodes",
-            f"{literal(names)}::VARCHAR[] AS ops",
-            f"any_value([{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]) AS roots",
-            f"any_value(json_object({', '.join(f'{literal(chr(63) + v)}, {col[v]}' for v in classes)})) AS classes",
-            f"any_value(json_object({pairs})) AS bindings",
+    ops, rts, classes, bindings = _described(lhs, roots, lets)
+    cols = ["m.mid", f"min([{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS nodes", f"{ops} AS ops",
+            f"any_value({rts}) AS roots", f"any_value({classes}) AS classes", f"any_value({bindings}) AS bindings",
             f"arg_min([{', '.join(f'{a}.out' for a in lhs.aliases)}]::BIGINT[], "
             f"[{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS terms"]
     froms = ", ".join([f"{MATCHES} m"] + [f.sql() for f in lhs.froms])
@@ -343,19 +351,11 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
 def _carried(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> str:
     """``Compiled.carried_sql``: ``_witness``'s columns projected from matches that carry each term's e-node
     (``_n<k>``) and e-class (``_c<k>``)."""
-    op_type = {op.table: op.op_type for op in OPS}
-    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
-    names = [op_type[table[a]] for a in lhs.aliases]
-    col = {v: f"m.{q('v_' + v)}" for v in lhs.binds}
-    classes = sorted(lhs.eclass_vars)
-    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
-    pairs = ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in values)
     k = range(len(lhs.aliases))
-    cols = ["m.mid", f"[{', '.join(f'm._n{i}' for i in k)}]::BIGINT[] AS nodes",
-            f"{literal(names)}::VARCHAR[] AS ops",
-            f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[] AS roots",
-            f"json_object({', '.join(f'{literal(chr(63) + v)}, {col[v]}' for v in classes)}) AS classes",
-            f"json_object({pairs}) AS bindings", f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
+    ops, rts, classes, bindings = _described(lhs, roots, lets)
+    cols = ["m.mid", f"[{', '.join(f'm._n{i}' for i in k)}]::BIGINT[] AS nodes", f"{ops} AS ops", f"{rts} AS roots",
+            f"{classes} AS classes", f"{bindings} AS bindings",
+            f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
     return f"SELECT {', '.join(cols)} FROM {MATCHES} m WHERE m.mid IN ({{mids}})"
 
 

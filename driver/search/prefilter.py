@@ -5,15 +5,17 @@ whose first child's e-class holds an ``Add`` node.  ``Compiled.edges`` lists the
 ``(op table, child column, list position, child's op table)``.  ``Survey`` keeps the set of such edge
 types the e-graph has (``seen``) and, at the start of each round, looks for the ones some rule needs and
 that have not been seen yet, in one SELECT over the op tables involved; likewise its terms' literal
-attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more. A
-rule whose needs are not all seen has no match in the round's snapshot and costs no statement.  A generated rule set (thousands of
-rules over a model that has a dozen operators) is mostly such rules: their tables are present but their
-shapes are not (on ResNeXt-50, 63 of the 801 rules whose tables are present).
+attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more.
+A rule whose needs are not all seen has no match in the round's snapshot and costs no statement.  A
+generated rule set (thousands of rules over a model that has a dozen operators) is mostly such rules:
+their tables are present but their shapes are not (on ResNeXt-50, 63 of the 801 rules whose tables are
+present).
 
 Edge types only appear: a rebuild's merge gives an e-class more nodes, never fewer, a collapsed row
 repeats another row's key, and a row whose children or e-class a rebuild rewrote gets the round's ``ts``
-(as does every inserted row), and a row's attributes never change.  So a survey reads only the rows of rounds since the previous survey on one
-side of each edge (the other side whole), and stops reading once every needed edge type has been seen.
+(as does every inserted row), and a row's attributes never change.  So a survey reads only the rows of
+rounds since the previous survey on one side of each edge (the other side whole), and stops reading once
+every needed edge type has been seen.
 The filter only skips statements that would return no rows: the rules that run, their matches and the
 e-graph are the same as without it (``tests/test_prefilter.py``).
 """
@@ -39,7 +41,6 @@ class Survey:
         self.need_kinds: frozenset[Kind] = frozenset().union(*(c.kinds for c in rules))
         self.seen_kinds: set[Kind] = set()
         self.last = 0  # the round of the previous survey: rows older than it were read then
-        self.statements = 0
 
     def update(self, con, round: int, present: Iterable[str]) -> None:
         """Look for the needed, unseen edge types among the rows of tables in ``present`` (the non-empty op
@@ -49,11 +50,9 @@ class Survey:
         todo = [e for e in self.need - self.seen if e[0] in present and e[3] in present]
         if todo:
             self.seen |= self._find(con, todo)
-            self.statements += 1
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
         if kinds:
             self.seen_kinds |= self._find_kinds(con, kinds)
-            self.statements += 1
         self.last = round
 
     def allows(self, c: Compiled) -> bool:
