@@ -44,7 +44,7 @@ def _rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_relsat(n: int, memory_limit: str | None = None) -> dict:
+def run_relsat(n: int, memory_limit: str | None = None, chunk_rows: int | None = None) -> dict:
     from relsat.driver.search.runner import Limits, Runner
     from relsat.programs.parser import load_rules
     from relsat.relations.egraph import EGraph
@@ -61,7 +61,8 @@ def run_relsat(n: int, memory_limit: str | None = None) -> dict:
         acc = g.add("Add", {"a": [acc], "b": [x[i]]})[0]
     base = _rss_mib()
     t = time.perf_counter()
-    rep = Runner(g, rules, Limits(iterations=200, enodes=10**9, seconds=10**6), scheduler="simple").run()
+    rep = Runner(g, rules, Limits(iterations=200, enodes=10**9, seconds=10**6), scheduler="simple",
+                 chunk_rows=chunk_rows).run()
     seconds = time.perf_counter() - t
     classes, nodes = g.sql("SELECT count(DISTINCT out), count(*) FROM op_add")[0]
     g.close()
@@ -73,6 +74,7 @@ def run_relsat(n: int, memory_limit: str | None = None) -> dict:
         "match_s": round(sum(i.match_s for i in rep.iterations), 2),
         "apply_s": round(sum(i.apply_s for i in rep.iterations), 2),
         "rebuild_s": round(sum(i.rebuild_s for i in rep.iterations), 2),
+        "temp_mib": max((i.temp_mib for i in rep.iterations), default=0.0), "in_parts": rep.in_parts,
     }
 
 
@@ -124,11 +126,14 @@ def _version(system: str) -> str:
 PIN: list[str] = []  # ``taskset -c CPUS`` before every command (``--pin``)
 
 
-def run_isolated(system: str, n: int, timeout: float, memory_limit: str | None = None) -> dict:
+def run_isolated(system: str, n: int, timeout: float, memory_limit: str | None = None,
+                 chunk_rows: int | None = None) -> dict:
     """One run in a fresh interpreter, killed after ``timeout`` seconds (then seconds is None)."""
     cmd = PIN + [sys.executable, "-m", "relsat.benchmarks.bench_ac_add", "--one", system, str(n)]
     if memory_limit:
         cmd += ["--memory-limit", memory_limit]
+    if chunk_rows is not None:
+        cmd += ["--chunk-rows", str(chunk_rows)]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -141,13 +146,16 @@ def run_isolated(system: str, n: int, timeout: float, memory_limit: str | None =
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def series(ns, with_egglog: bool = True, timeout: float = 600.0, memory_limit: str | None = "12GB") -> list[dict]:
+def series(ns, with_egglog: bool = True, timeout: float = 600.0, memory_limit: str | None = "12GB",
+           chunk_rows: int | None = None) -> list[dict]:
     """Rows (keys: system, n, seconds, peak_mib, enodes, eclasses, exact; relsat rows also rounds,
-    stop, match_s, apply_s, rebuild_s, base_mib) for every n, relsat then egglog, each run isolated."""
+    stop, match_s, apply_s, rebuild_s, base_mib, temp_mib, in_parts) for every n, relsat then egglog, each run
+    isolated."""
     rows = []
     for n in ns:
         for system in ("relsat", "egglog") if with_egglog else ("relsat",):
-            rows.append(run_isolated(system, n, timeout, memory_limit if system == "relsat" else None))
+            rows.append(run_isolated(system, n, timeout, memory_limit if system == "relsat" else None,
+                                     chunk_rows if system == "relsat" else None))
     return rows
 
 
@@ -196,7 +204,8 @@ def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
         con.close()
     return {"n": n, "rounds": len(rep["iterations"]), "stop": rep["stop_reason"], "eclasses": classes,
             "enodes": nodes, "exact": (classes, nodes) == exact_counts(n),
-            "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2), "peak_mib": peak}
+            "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2), "peak_mib": peak,
+            "temp_mib": max((it.get("temp_mib", 0.0) for it in rep["iterations"]), default=0.0)}
 
 
 def _cell(v) -> str:
@@ -212,42 +221,44 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     p.add_argument("--cli", action="store_true", help="through `relsat optimize` with default scheduler and rounds")
     p.add_argument("--pin", metavar="CPUS", help="run every process under `taskset -c CPUS`")
+    p.add_argument("--chunk-rows", type=int, default=None, help="relsat's most match rows applied at once (0: "
+                   "never in parts; default: from --memory-limit)")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.pin:
         PIN[:] = ["taskset", "-c", args.pin]
     if args.cli:
         print("| n | system | rounds | stop | Add e-classes | Add e-nodes | exact | saturation s | wall s | peak RSS MiB "
-              "| note |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "| peak temp MiB | note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n in args.n:
             row = run_cli(n, args.timeout, args.memory_limit)
             print(" | ".join(["", str(n), "relsat optimize"] + [_cell(row.get(k)) for k in (
                 "rounds", "stop", "eclasses", "enodes", "exact", "saturation_s", "wall_s", "peak_mib",
-                "note")]).strip() + " |", flush=True)
+                "temp_mib", "note")]).strip() + " |", flush=True)
             if not args.no_egglog:
                 e = run_isolated("egglog", n, args.timeout)
                 print(" | ".join(["", str(n), e["system"], "-", "-", _cell(e.get("eclasses")), _cell(e.get("enodes")),
-                                  _cell(e.get("exact")), _cell(e.get("seconds")), "-", _cell(e.get("peak_mib")),
+                                  _cell(e.get("exact")), _cell(e.get("seconds")), "-", _cell(e.get("peak_mib")), "-",
                                   _cell(e.get("note"))]).strip() + " |", flush=True)
         return
     if args.one:
         system, n = args.one[0], int(args.one[1])
-        row = run_relsat(n, args.memory_limit) if system == "relsat" else run_egglog(n)
+        row = run_relsat(n, args.memory_limit, args.chunk_rows) if system == "relsat" else run_egglog(n)
         print(json.dumps(row))
         return
     if not args.json:
         print("| system | n | seconds | match | apply | rebuild | rounds | Add e-classes | Add e-nodes | exact "
-              "| peak RSS MiB | note |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| peak RSS MiB | peak temp MiB | rule runs in parts | note |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.n:
-        for row in series([n], not args.no_egglog, args.timeout, args.memory_limit):
+        for row in series([n], not args.no_egglog, args.timeout, args.memory_limit, args.chunk_rows):
             if args.json:
                 print(json.dumps(row), flush=True)
                 continue
             print(" | ".join(["", row["system"], str(row["n"])] + [_cell(row.get(k)) for k in (
                 "seconds", "match_s", "apply_s", "rebuild_s", "rounds", "eclasses", "enodes", "exact", "peak_mib",
-                "note")]).strip() + " |", flush=True)
+                "temp_mib", "in_parts", "note")]).strip() + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ class Compiled:
     # term's e-node and e-class (``_n<k>``, ``_c<k>``); empty where one match row stands for several e-nodes
     # (an attribute left free: ``joiner`` is " UNION ")
     carried_sql: str = ""  # ``witness_sql`` over matches that carry them: a projection of the matches
+    split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
+    # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
 
     def witness(self, mids: str, until: int, carried: bool = False) -> str:
         """The SELECT of the explanation rows of the matches whose ``mid`` is in the SELECT ``mids``: the
@@ -95,12 +97,15 @@ class Compiled:
         return self.match_sql.format(since=int(since), until=int(until))
 
     def match_live(self, since: int, until: int, newest: dict[str, int], oldest: dict[str, int],
-                   carry: bool = False) -> str | None:
+                   carry: bool = False, part: tuple[int, int] | None = None) -> str | None:
         """``match(since, until)`` without the semi-naive parts that are empty by the tables' ts ranges alone
         (``newest``/``oldest``: each op table's greatest and least ``ts``; an empty table absent): part k needs a
         row of its alias k's table with ts >= since and, for every alias before it, a row with ts < since (at
         ``since`` 0 only the first part is left).  The same rows as ``match``; None when no part is left.
-        ``carry`` (where ``self.carry``): the rows also carry their e-nodes, for ``witness(carried=True)``."""
+        ``carry`` (where ``self.carry``): the rows also carry their e-nodes, for ``witness(carried=True)``.
+        ``part`` ``(i, k)``: only the matches whose first root is ``i`` modulo ``k`` (a condition on a column of
+        one table, which DuckDB applies as it scans it: a part costs about 1/k of the join); every match row is in
+        exactly one part, since all its rows agree on the root (a ``UNION`` of parts removes the same repeats)."""
         keep = []
         for k, (table, sql) in enumerate(self.parts):
             if newest.get(table, -1) < since:
@@ -110,7 +115,9 @@ class Compiled:
             keep.append(sql)
         if not keep:
             return None
-        return self.joiner.join(keep).format(since=int(since), until=int(until), carry=self.carry if carry else "")
+        split = "true" if part is None else f"{self.split} % {int(part[1])} = {int(part[0])}"
+        return self.joiner.join(keep).format(since=int(since), until=int(until), carry=self.carry if carry else "",
+                                             part=split)
 
 
 @dataclass(frozen=True)
@@ -282,12 +289,12 @@ def compile_rule(rule: Rule) -> Compiled:
     table = {f.alias: f.table for f in lhs.froms}
     for k, alias in enumerate(lhs.aliases):
         fresh = ([f"{alias}.ts >= {{since}}"] + [f"{a}.ts < {{since}}" for a in lhs.aliases[:k]]
-                 + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]])
+                 + [f"{a}.ts < {{until}}" for a in lhs.aliases[k:]] + ["{part}"])
         parts.append((table[alias], f"SELECT {', '.join(cols)}{{carry}} FROM {', '.join(f.sql() for f in lhs.froms)} "
                                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}"))
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
     joiner = " UNION " if lhs.loose else " UNION ALL "
-    match_sql = joiner.join(sql.replace("{carry}", "") for _, sql in parts)
+    match_sql = joiner.join(sql.replace("{carry}", "").replace("{part}", "true") for _, sql in parts)
     carry = "" if lhs.loose else "".join(f", {a}.id AS _n{k}, {a}.out AS _c{k}" for k, a in enumerate(lhs.aliases))
     plan: list[_Step] = []
     memo: dict[Term, str] = {}
@@ -309,7 +316,7 @@ def compile_rule(rule: Rule) -> Compiled:
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
                     joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds),
                     witness_sql=_witness(lhs, conds, roots, lets),
-                    carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "")
+                    carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0])
 
 
 def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str]:

@@ -59,6 +59,7 @@ order (``EGraph.insert_from``), and a union's root is the least id (``rebuild``)
 from __future__ import annotations
 
 import abc
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ from enum import Enum
 
 import numpy as np
 
-from relsat.programs.compiler import Compiled, compile_rule
+from relsat.programs.compiler import SNAPSHOT_ALL, Compiled, compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
@@ -75,6 +76,21 @@ from relsat.relations.reach import cyclic_matches
 
 from relsat.driver.options import DEFAULTS
 from relsat.driver.search.prefilter import Survey
+
+
+GROWTH = 8  # a rule whose last matches times this reach the chunk budget is counted before it is matched
+ROW_BYTES = 1000  # memory per match row of one application (the matches, the build tables, the lookups and
+# the new rows each holds): ``--memory-limit`` over this is the most rows applied at once (``Runner.chunk_budget``)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40, "bytes": 1}
+
+
+def parse_size(text: str) -> float:
+    """Bytes of a DuckDB size setting such as ``'3.7 GiB'`` or ``'512MB'``."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS | {"": 1}:
+        raise ValueError(f"not a size: {text!r}")
+    return float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1)
 
 
 class StopReason(str, Enum):
@@ -115,6 +131,7 @@ class Report:
     seconds: float = 0.0
     statements: list[int] = field(default_factory=list)  # SQL statements executed per round
     dropped: int = 0  # matches left unapplied because the node limit cut them (how much the limit cut)
+    in_parts: int = 0  # rule runs whose matches were applied in parts (``Runner._parts``)
 
 
 # --- schedulers ---------------------------------------------------------------------------------
@@ -208,6 +225,7 @@ SCHEDULERS = {"simple": SimpleScheduler, "backoff": BackoffScheduler}
 class RuleState:
     compiled: Compiled
     since: int = 0  # semi-naive: rows with ts >= since are new for this rule
+    last: int = 0  # its matches when it last matched something (whether the next run counts them first: ``_parts``)
 
 
 @dataclass
@@ -233,6 +251,7 @@ class _Round:
     capped: bool = False  # a rule's matches were cut to fit the budget
     newest: dict = field(default_factory=dict)  # op table -> its newest row's ts (absent: the table is empty)
     oldest: dict = field(default_factory=dict)  # op table -> its oldest row's ts
+    rows: dict = field(default_factory=dict)  # op table -> its rows
 
 
 @dataclass
@@ -243,6 +262,8 @@ class _Matches:
     count: int
     cap: int | None  # the LIMIT put on them, if any
     seconds: float
+    parts: list[str] = field(default_factory=list)  # chunked: the SELECTs of its parts, matched and applied one at a
+    # time by ``_apply`` (the table is then empty until then); empty: the table holds all the matches
 
 
 @dataclass
@@ -259,6 +280,8 @@ class Runner:
     prefilter: bool = True  # skip the rules and semi-naive parts that cannot match (``_live``); False: every
     # statement as compiled (the same e-graph, ids included: tests/test_prefilter.py)
     explain: bool = True  # record why each e-node exists (``explain_nodes``, ``explain_matches``, ``explain_unions``)
+    chunk_rows: int | None = None  # the most match rows applied at once (``_parts``): None derives it from DuckDB's
+    # memory_limit (``chunk_budget``), 0 never chunks
     _state: _Run | None = field(default=None, init=False, repr=False, compare=False)
 
     def run(self) -> Report:
@@ -345,25 +368,26 @@ class Runner:
         return [by_id[id(c)] for c in s.scheduler.select(rnd, [st.compiled for st in eligible])]
 
     def _survey(self, r: _Round, scheduled: list[RuleState]) -> None:
-        """The newest and oldest row's ts of every op table the scheduled rules join (one statement; empty
-        tables left out), then the edge types and literal-attribute kinds the rules need that are new since the
+        """The newest and oldest row's ts and the rows of every op table the scheduled rules join (one statement;
+        empty tables left out), then the edge types and literal-attribute kinds the rules need that are new since the
         last round (``Survey``: at most two statements)."""
         tables = sorted({t for st in scheduled for t in st.compiled.tables})
         if not tables:
             return
-        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts) FROM {t}" for t in tables)
-        for t, new, old in self.egraph.con.execute(sql).fetchall():
+        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts), count(*) FROM {t}" for t in tables)
+        for t, new, old, rows in self.egraph.con.execute(sql).fetchall():
             if new is not None:
-                r.newest[t], r.oldest[t] = new, old
+                r.newest[t], r.oldest[t], r.rows[t] = new, old, rows
         if self.prefilter:
             self._state.survey.update(self.egraph.con, r.it.round, r.newest)
 
-    def _live(self, r: _Round, st: RuleState) -> str | None:
+    def _live(self, r: _Round, st: RuleState, part: tuple[int, int] | None = None) -> str | None:
         """The SELECT of the rule's matches this round, or None when it is empty without running it: one of
         its tables is empty, an edge type its left side joins along is not in the e-graph (``Survey``), or
         (semi-naive) no table has a row newer than the rule's last run.  Semi-naive parts that are empty by
         the tables' ts ranges are left out (``Compiled.match_live``).  A generated rule set joins operators
-        and shapes a model does not have; those statements are skipped, not their matches."""
+        and shapes a model does not have; those statements are skipped, not their matches.  ``part``: one
+        part of the matches (``Compiled.match_live``; ``_parts``)."""
         c = st.compiled
         since = st.since if self.semi_naive else 0
         if not c.tables:
@@ -371,10 +395,15 @@ class Runner:
         if not all(t in r.newest for t in c.tables):
             return None
         if not self.prefilter:
-            return c.match(since, r.it.round) if any(r.newest[t] >= since for t in c.tables) else None
+            if not any(r.newest[t] >= since for t in c.tables):
+                return None
+            if part is None:
+                return c.match(since, r.it.round)
+            every = dict.fromkeys(c.tables, SNAPSHOT_ALL)  # every semi-naive part kept, as ``match`` does
+            return c.match_live(since, r.it.round, every, dict.fromkeys(c.tables, -1), part=part)
         if not self._state.survey.allows(c):
             return None
-        return c.match_live(since, r.it.round, r.newest, r.oldest, carry=self._carried(c))
+        return c.match_live(since, r.it.round, r.newest, r.oldest, carry=self._carried(c), part=part)
 
     def _carried(self, c: Compiled) -> bool:
         """Whether the rule's match rows carry their e-nodes for its explanations (``Compiled.carry``)."""
@@ -382,14 +411,20 @@ class Runner:
 
     def _match(self, r: _Round, st: RuleState, rows: str) -> _Matches:
         """The rule's matches (``rows``, from ``_live``: semi-naive, using a row newer than its last run)
-        into ``c.matches``."""
+        into ``c.matches``; or, where they would pass the chunk budget, only counted (``_parts``)."""
         g, c = self.egraph, st.compiled
         t0 = time.perf_counter()
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        count = g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * "
-                              f"FROM ({rows})").fetchall()[0][0]  # (DuckDB answers a CREATE ... AS with its rows)
+        parts = self._parts(r, st, rows, cap)
+        if parts:
+            count = parts.pop()
+            seconds = time.perf_counter() - t0
+            r.it.match_s += seconds
+            st.last = count
+            return _Matches(st, count, None, seconds, parts)
+        count = self._fill(c, rows)
         if cap is not None and count > cap:  # the same matches survive the cap whatever the threads: the
             # least rows (sorted only when the cap cuts: a sort of every match costs more than the match)
             g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM "
@@ -398,38 +433,67 @@ class Runner:
             count = cap
         seconds = time.perf_counter() - t0
         r.it.match_s += seconds
+        st.last = count or st.last
         return _Matches(st, count, cap, seconds)
 
+    def _fill(self, c: Compiled, rows: str, offset: int = 0) -> int:
+        """``rows`` into the matches table, numbered from ``offset`` + 1 (``mid``); their count."""
+        return self.egraph.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () + {int(offset)} AS mid, * "
+            f"FROM ({rows})").fetchall()[0][0]  # (DuckDB answers a CREATE ... AS with its rows)
+
+    def _parts(self, r: _Round, st: RuleState, rows: str, cap: int | None) -> list:
+        """Chunked application (bounded rounds): where the rule's matches may pass the chunk budget
+        (``chunk_budget``: its last matches times ``GROWTH``, or the rows of its first pattern's table, reach it),
+        they are counted first (one aggregate over the join, nothing stored); more than the budget are split into ``k`` parts by their
+        first root modulo ``k`` (``Compiled.match_live``), each matched and applied in turn, so the matches
+        table and the build tables of one application stay near the budget however large the round.
+        Returns the parts' SELECTs then the count, or [] for one table: fewer matches, a cap that cuts (it
+        keeps the least of all the matches), or a multi-pattern rule whose cycle filter checks its unions
+        together."""
+        c = st.compiled
+        budget = self.chunk_budget()
+        likely = max(st.last * GROWTH, r.rows.get(c.tables[0], 0) if c.tables else 0)
+        if not budget or likely < budget or (self.cycle_filter and c.multi):
+            return []
+        count = self.egraph.con.execute(f"SELECT count(*) FROM ({rows})").fetchall()[0][0]
+        if count <= budget or (cap is not None and count > cap):
+            return []
+        k = -(-count // budget)
+        return [self._live(r, st, part=(i, k)) for i in range(k)] + [count]
+
+    def chunk_budget(self) -> int:
+        """The most match rows applied at once: ``chunk_rows``, or DuckDB's memory_limit over ``ROW_BYTES``."""
+        if self.chunk_rows is not None:
+            return self.chunk_rows
+        limit = self.egraph.con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        return int(parse_size(limit) // ROW_BYTES)
+
     def _apply(self, r: _Round, m: _Matches) -> None:
-        """Insert the rule's right sides for its matches and queue its unions; drop the build results."""
-        g, c, rnd = self.egraph, m.rule.compiled, r.it.round
+        """Insert the rule's right sides for its matches and queue its unions (part by part where chunked)."""
+        c, rnd = m.rule.compiled, r.it.round
         t1 = time.perf_counter()
         m.rule.since = rnd
         r.capped |= m.cap is not None and m.count >= m.cap  # (matches past the cap are lost)
         new_nodes = applied = 0
-        if m.count:
-            # with cycle filtering, right sides get e-classes of their own first, so the check
-            # sees what each union would join
-            filtering = self.cycle_filter and c.multi
-            for b in c.builds:
-                res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
-                                    result=b.name, target=None if filtering else b.target,
-                                    changed_only=b.changed_only, origin=c.rule if self.explain else None)
-                new_nodes += res.new_nodes
-                r.budget -= res.new_nodes
-                applied += res.targeted  # an application that needs no union
-            if filtering:
-                tmp = self._state.scratch
-                cyclic = tmp.claim("cyclic")
-                cyclic_matches(g, c.pairs, cyclic, tmp)
-                for t in (c.matches,) + c.results:  # the unions read these
-                    g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
-            queued = sum(g.union_from(u) for u in c.unions)
-            applied += queued
-            if self.explain and (new_nodes or queued):
-                self._explain(c, rnd, queued)
-            for b in c.builds:  # free the rule's intermediate tables before the next rule
-                g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
+        if m.parts:
+            self._state.report.in_parts += 1
+            offset = 0
+            for rows in m.parts:  # each part's matches numbered on from the last's: mids unique in the round
+                t = time.perf_counter()
+                count = self._fill(c, rows, offset)
+                spent = time.perf_counter() - t
+                r.it.match_s += spent
+                m.seconds += spent
+                t1 += spent  # (matching, not application)
+                offset += count
+                if count:
+                    n, a = self._apply_matches(r, c)
+                    new_nodes, applied = new_nodes + n, applied + a
+            if offset != m.count:
+                raise AssertionError(f"rule {c.rule}: its {len(m.parts)} parts matched {offset} rows, not {m.count}")
+        elif m.count:
+            new_nodes, applied = self._apply_matches(r, c)
         t2 = time.perf_counter()
         r.it.apply_s += t2 - t1
         r.it.applied += applied
@@ -438,6 +502,35 @@ class Runner:
         by_rule = self._state.report.applied_by_rule
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
         r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
+
+    def _apply_matches(self, r: _Round, c: Compiled) -> tuple[int, int]:
+        """The right sides of the matches in ``c.matches`` inserted, their unions queued, their explanations
+        recorded, the build results dropped: (new e-nodes, applications)."""
+        g, rnd = self.egraph, r.it.round
+        new_nodes = applied = 0
+        # with cycle filtering, right sides get e-classes of their own first, so the check
+        # sees what each union would join
+        filtering = self.cycle_filter and c.multi
+        for b in c.builds:
+            res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
+                                result=b.name, target=None if filtering else b.target,
+                                changed_only=b.changed_only, origin=c.rule if self.explain else None)
+            new_nodes += res.new_nodes
+            r.budget -= res.new_nodes
+            applied += res.targeted  # an application that needs no union
+        if filtering:
+            tmp = self._state.scratch
+            cyclic = tmp.claim("cyclic")
+            cyclic_matches(g, c.pairs, cyclic, tmp)
+            for t in (c.matches,) + c.results:  # the unions read these
+                g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
+        queued = sum(g.union_from(u) for u in c.unions)
+        applied += queued
+        if self.explain and (new_nodes or queued):
+            self._explain(c, rnd, queued)
+        for b in c.builds:  # free the rule's intermediate tables before the next rule (or part)
+            g.con.execute(f"DROP TABLE IF EXISTS {b.name}")
+        return new_nodes, applied
 
     def _explain(self, c: Compiled, rnd: int, queued: int) -> None:
         """Record the rule's productive applications of this round (two statements; its new e-nodes were
