@@ -20,16 +20,28 @@ output), how they are timed, and the Markdown it writes (``--markdown``). Per mo
 - which rules fired (the saturation's applications per rule) and the extracted graph's op changes
   (relsat reports them also where its final choice writes the input model unchanged).
 
+``--jobs N`` (default 1: each model optimized and then timed before the next starts, its budget its share
+of what is left of the total) runs in two phases instead. Phase 1: relsat optimize and onnxsim for every
+model, up to N models at a time, each model's processes pinned (``taskset``) to a slice of this process's
+CPUs of its own, relsat with ``--threads`` the slice's size unless ``--threads`` is given; phase 1 has the
+total less ``TIME_S`` per model (less at most half the total), and a model gets N times what is left of it
+over the models not yet done (all of it once N or fewer are left). Phase 2: every model's systems timed
+as above, one model at a time with nothing else running. What it costs in honesty: relsat's in-context
+costs, its guard's measured choice of what to write and its optimize time were taken while other jobs
+shared the machine and the GPU, so what it writes may differ from a run alone; the latencies timed are
+not affected. The section says so.
+
 ``--dry-run`` runs the same code path on the CPU so that it can be tested without a GPU:
 ``--provider cpu`` and ``--candidates 0`` (no in-context search: it needs ONNX Runtime on the
 provider, so a GPU machine without onnxruntime-gpu runs none either), timing with PyTorch on its
 CPU device (ONNX Runtime on the CPU where torch is not installed), tiny budgets, and by default the
 small squeezenet and mobilenet_v2 only. Its section says plainly that it is not a GPU figure.
 
-    python -m relsat.benchmarks.bench_gpu --out /tmp/relsat_gpu --markdown gpu_section.md     # on a CUDA machine
+    python -m relsat.benchmarks.bench_gpu --jobs 4 --out /tmp/relsat_gpu --markdown gpu_section.md  # on a CUDA machine
     python -m relsat.benchmarks.bench_gpu --dry-run --models squeezenet --markdown /tmp/dry.md  # anywhere
 
-One JSON row per model goes to ``OUT/results.json`` as soon as it is done.
+One JSON row per model goes to ``OUT/results.json`` as soon as it is timed; ``optimize_start`` and
+``optimize_end`` are when its relsat optimize ran, in seconds from the start of the run.
 """
 
 from __future__ import annotations
@@ -41,11 +53,15 @@ import json
 import math
 import os
 import platform
+import queue
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import onnx
@@ -61,6 +77,7 @@ DRY_TOTAL_S = 90.0
 DRY_MODELS = ("squeezenet", "mobilenet_v2")
 SYSTEMS = ("original", "relsat", "onnxsim")
 MIN_BUDGET_S = 5.0  # a model whose share of what is left is below this is skipped
+TIME_S = 8.0  # --jobs > 1: kept per model for the timing phase (three systems, two blocks of a second, sessions)
 
 
 def _line(text: str, n: int = 240) -> str:
@@ -104,6 +121,19 @@ def device_name(device: str) -> str:
         return "a CUDA GPU (name unknown)"
 
 
+def core_slices(n: int) -> list[tuple[int, ...]]:
+    """This process's CPUs cut into ``n`` slices, one per concurrent job (slices repeat when there are fewer
+    CPUs than jobs)."""
+    cores = sorted(os.sched_getaffinity(0))
+    k = max(1, len(cores) // n)
+    return [tuple(cores[(i * k) % len(cores):][:k]) for i in range(n)]
+
+
+def _pinned(cores: tuple[int, ...]) -> list[str]:
+    """The command prefix that keeps a process on ``cores`` (none for no cores, or without taskset)."""
+    return ["taskset", "-c", ",".join(map(str, cores))] if cores and shutil.which("taskset") else []
+
+
 def plan(args) -> tuple[list[tuple[str, str, Path | None]], list[str]]:
     """The models to run as (name, set, corpus file or None for zoo), and the lines for those skipped."""
     names = args.models or (list(DRY_MODELS) if args.dry_run else [*zoo.ALL_NAMES, *(e.name for e in corpus.entries())])
@@ -126,16 +156,20 @@ def plan(args) -> tuple[list[tuple[str, str, Path | None]], list[str]]:
 
 # ---------------------------------------------------------------- the three systems
 
-def run_relsat(src: Path, dst: Path, rep: Path, budget: float, provider: str, args) -> tuple[dict | None, str]:
+def run_relsat(src: Path, dst: Path, rep: Path, budget: float, provider: str, args,
+               cores: tuple[int, ...] = ()) -> tuple[dict | None, str]:
+    """relsat optimize on ``cores`` (any when empty), ``--threads`` theirs unless given: (its report, '') or
+    (None, why not)."""
     sat, ilp = (max(1.0, 0.2 * budget), max(1.0, 0.1 * budget))
-    cmd = [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(src), "-o", str(dst),
-           "--report", str(rep), "--provider", provider]
+    cmd = [*_pinned(cores), sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize",
+           str(src), "-o", str(dst), "--report", str(rep), "--provider", provider]
     if args.dry_run:  # tiny budgets; no in-context search, as on a GPU without onnxruntime-gpu (optimize.in_context)
         sat, ilp = min(sat, 2.0), min(ilp, 2.0)
         cmd += ["--candidates", "0"]
     cmd += ["--time-limit", f"{sat:g}", "--ilp-time-limit", f"{ilp:g}"]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
+    threads = args.threads or len(cores)
+    if threads:
+        cmd += ["--threads", str(threads)]
     limit = max(3.0, 0.6 * budget)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -152,14 +186,15 @@ _ONNXSIM = ("import sys, onnx, onnxsim\n"
             "onnx.save_model(m, sys.argv[2])\n")
 
 
-def run_onnxsim(src: Path, dst: Path, budget: float, shapes: dict | None) -> str:
-    """onnxsim's model at ``dst``, verified against ``src`` at ``shapes``; '' or why there is none."""
+def run_onnxsim(src: Path, dst: Path, budget: float, shapes: dict | None, cores: tuple[int, ...] = ()) -> str:
+    """onnxsim's model at ``dst`` (made on ``cores``, any when empty), verified against ``src`` at ``shapes``;
+    '' or why there is none."""
     if importlib.util.find_spec("onnxsim") is None:
         return "onnxsim is not installed"
     limit = max(3.0, 0.25 * budget)
     try:
-        proc = subprocess.run([sys.executable, "-c", _ONNXSIM, str(src), str(dst)], capture_output=True, text=True,
-                              timeout=limit)
+        proc = subprocess.run([*_pinned(cores), sys.executable, "-c", _ONNXSIM, str(src), str(dst)],
+                              capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
         return f"onnxsim timed out after {limit:.0f} s"
     if proc.returncode != 0 or not dst.exists():
@@ -231,8 +266,10 @@ def _op_changes(before: dict, after: dict) -> str:
     return ", ".join(f"{k} {d:+d}" for k, d in delta.items() if d) or "none"
 
 
-def run_model(name: str, kind: str, path: Path | None, budget: float, where: tuple[str, str, str], args) -> dict:
-    provider, rt, device = where
+def optimize_model(name: str, kind: str, path: Path | None, budget: float, where: tuple[str, str, str], args,
+                   cores: tuple[int, ...] = ()) -> tuple[dict, dict]:
+    """The first half of a model's run: relsat optimize and onnxsim on ``cores`` (any when empty). Its row so
+    far, and what timing it needs (the systems' files, the inputs' roles, its budget)."""
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("original.onnx", "relsat.onnx", "report.json", "onnxsim.onnx"):  # an earlier run's, same --out
@@ -244,8 +281,10 @@ def run_model(name: str, kind: str, path: Path | None, budget: float, where: tup
     row: dict = {"model": name, "set": kind, "budget_s": round(budget, 1), "nodes_in": len(original.graph.node),
                  "ms": {}, "notes": []}
     t0 = time.perf_counter()
-    rep, why = run_relsat(src, out / "relsat.onnx", out / "report.json", budget, provider, args)
-    row["optimize_s"] = round(time.perf_counter() - t0, 1)
+    rep, why = run_relsat(src, out / "relsat.onnx", out / "report.json", budget, where[0], args, cores)
+    t1 = time.perf_counter()
+    row.update(optimize_s=round(t1 - t0, 1), optimize_start=round(t0 - args.start, 2),
+               optimize_end=round(t1 - args.start, 2))
     if rep is None:
         row["notes"].append(why)
     else:
@@ -258,21 +297,28 @@ def run_model(name: str, kind: str, path: Path | None, budget: float, where: tup
     paths = {"original": src}
     if rep is not None:
         paths["relsat"] = out / "relsat.onnx"
-    why = run_onnxsim(src, out / "onnxsim.onnx", budget, shapes)
+    why = run_onnxsim(src, out / "onnxsim.onnx", budget, shapes, cores)
     if why:
         row["notes"].append(_line(why, 200))
     else:
         paths["onnxsim"] = out / "onnxsim.onnx"
-    timing = min(2.0, max(0.3, 0.05 * budget)) if not args.dry_run else 0.3
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row, {"paths": paths, "roles": feeds.input_roles(original, shapes), "budget": budget}
+
+
+def time_model(row: dict, job: dict, where: tuple[str, str, str], args) -> dict:
+    """The second half: the model's systems timed on the device; ``row`` with its ms, notes and seconds."""
+    _, rt, device = where
+    t0 = time.perf_counter()
+    timing = min(2.0, max(0.3, 0.05 * job["budget"])) if not args.dry_run else 0.3
     try:
-        row["ms"], errors = time_systems(paths, rt=rt, device=device, shapes=shapes,
-                                         roles=feeds.input_roles(original, shapes), budget_s=timing,
-                                         threads=args.threads or 1)
+        row["ms"], errors = time_systems(job["paths"], rt=rt, device=device, shapes=row["shapes"],
+                                         roles=job["roles"], budget_s=timing, threads=args.threads or 1)
         row["notes"] += list(errors.values())
     except Exception as e:
         row["notes"].append(f"timing failed: {_line(e, 200)}")
     _free(device)
-    row["seconds"] = round(time.perf_counter() - t0, 1)
+    row["seconds"] = round(row["seconds"] + time.perf_counter() - t0, 1)
     return row
 
 
@@ -296,6 +342,18 @@ def _rules(row: dict) -> str:
     return (", ".join(top) + (f", +{len(fired) - 4} more" if len(fired) > 4 else "")) or "none"
 
 
+def _budget_lines(meta: dict) -> list[str]:
+    took = f"; the run took {meta['elapsed_s']:.0f} s"
+    if meta["jobs"] == 1:
+        return [f"- budget: {meta['total_s']:.0f} s in all, shared out among the models as the run goes" + took]
+    return [f"- budget: {meta['total_s']:.0f} s in all, {meta['phase1_s']:.0f} s of it for optimizing the models "
+            f"{meta['jobs']} at a time (`--jobs {meta['jobs']}`), the rest for timing them" + took,
+            f"- up to {meta['jobs']} optimizations (relsat and onnxsim, each relsat on CPUs of its own) shared the "
+            "machine and the GPU, so relsat's in-context costs, its guard's measured choice of what to write and "
+            "its optimize s were taken under that load, while the latencies in the table were timed afterwards, "
+            "one model at a time with nothing else running"]
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     dry = meta["dry_run"]
     title = ("## GPU dry run on the CPU (issue 25): not a GPU figure" if dry else
@@ -309,8 +367,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "sessions in two blocks (given order, then reversed), runs interleaved, median wall clock per system, "
              "at the input shapes relsat costed (batch 1)",
              f"- command: `{meta['command']}`",
-             f"- budget: {meta['total_s']:.0f} s in all, shared out among the models as the run goes; the run took "
-             f"{meta['elapsed_s']:.0f} s",
+             *_budget_lines(meta),
              "", "| model | set | nodes in -> out | written | original ms | relsat ms | onnxsim ms | relsat speedup "
              "| onnxsim speedup | rules fired (applications) | extracted graph: op changes | optimize s | notes |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---|---|---:|---|"]
@@ -335,11 +392,16 @@ def main(argv=None) -> None:
                     f"dry run {DRY_TOTAL_S:g})")
     ap.add_argument("--full-zoo", action="store_true", help="the zoo at full size (default: the small variants)")
     ap.add_argument("--corpus-dir", type=Path, default=None, help="the corpus cache (default: the user cache)")
-    ap.add_argument("--threads", type=int, default=None, help="relsat --threads (default: relsat's; dry run 1)")
+    ap.add_argument("--threads", type=int, default=None, help="relsat --threads (default: relsat's; with --jobs "
+                    "above 1 the size of each job's CPU slice; dry run 1)")
+    ap.add_argument("--jobs", type=int, default=1, help="optimize up to this many models at once, then time them "
+                    "one at a time (default 1: each model optimized and timed before the next)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/relsat_bench_gpu"), help="models, reports, results.json")
     ap.add_argument("--markdown", type=Path, default=None, help="the section (default OUT/gpu_section.md)")
     args = ap.parse_args(argv)
     args.argv = argv
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     if args.dry_run and args.threads is None:
         args.threads = 1
     total = args.total_budget or (DRY_TOTAL_S if args.dry_run else TOTAL_S)
@@ -356,28 +418,92 @@ def main(argv=None) -> None:
         torch.set_num_threads(threads)
 
 
+def _too_little(name: str, budget: float, skipped: list[str]) -> bool:
+    """Whether ``budget`` is too little to run the model (then a line for it in ``skipped``)."""
+    if budget >= MIN_BUDGET_S:
+        return False
+    skipped.append(f"{name}: out of time ({budget:.1f} s left for it)")
+    print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
+    return True
+
+
+def _done(rows: list[dict], budget: float, args) -> None:
+    """results.json with the rows so far, and a line for the last."""
+    row = rows[-1]
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(f"{row['model']} ({row['set']}, {row['seconds']} s of {budget:.0f}): written {row.get('written', '-')}; ms "
+          + ", ".join(f"{s} {_ms(row, s)}" for s in SYSTEMS)
+          + (f"; {'; '.join(row['notes'])}" if row["notes"] else ""), file=sys.stderr, flush=True)
+
+
+def run_serially(runs: list, total: float, where: tuple[str, str, str], args, skipped: list[str]) -> list[dict]:
+    """--jobs 1: each model optimized and timed before the next, its budget its share of what is left."""
+    rows = []
+    for k, (name, kind, path) in enumerate(runs):
+        budget = (total - (time.perf_counter() - args.start)) / (len(runs) - k)
+        if _too_little(name, budget, skipped):
+            continue
+        rows.append(time_model(*optimize_model(name, kind, path, budget, where, args), where, args))
+        _done(rows, budget, args)
+    return rows
+
+
+def optimize_all(runs: list, phase1_s: float, where: tuple[str, str, str], args,
+                 skipped: list[str]) -> list[tuple[dict, dict]]:
+    """Phase 1 of --jobs N: every model's optimize_model, N at a time, each on a CPU slice of its own; a model
+    gets N times what is left of ``phase1_s`` over the models not done (all of it once N or fewer are left)."""
+    n, slots, lock, done = args.jobs, queue.SimpleQueue(), threading.Lock(), [0]
+    for cores in core_slices(n):
+        slots.put(cores)
+
+    def one(run: tuple[str, str, Path | None]) -> tuple[dict, dict] | None:
+        name, kind, path = run
+        with lock:
+            left = len(runs) - done[0]
+            budget = (phase1_s - (time.perf_counter() - args.start)) * min(n, left) / left
+        try:
+            if _too_little(name, budget, skipped):
+                return None
+            cores = slots.get()
+            try:
+                row, job = optimize_model(name, kind, path, budget, where, args, cores)
+            finally:
+                slots.put(cores)
+            print(f"{name}: optimized in {row['optimize_s']} s of {budget:.0f} on CPUs {','.join(map(str, cores))}",
+                  file=sys.stderr, flush=True)
+            return row, job
+        finally:
+            with lock:
+                done[0] += 1
+
+    with ThreadPoolExecutor(n) as pool:
+        return [r for r in pool.map(one, runs) if r is not None]
+
+
+def run_in_phases(runs: list, phase1_s: float, where: tuple[str, str, str], args, skipped: list[str]) -> list[dict]:
+    """--jobs N > 1: every model optimized (``optimize_all``), then each timed alone, in the plan's order."""
+    rows = []
+    for row, job in optimize_all(runs, phase1_s, where, args, skipped):
+        rows.append(time_model(row, job, where, args))
+        _done(rows, job["budget"], args)
+    return rows
+
+
 def run_all(args, total: float, where: tuple[str, str, str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     runs, skipped = plan(args)
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr, flush=True)
-    start, rows = time.perf_counter(), []
-    for k, (name, kind, path) in enumerate(runs):
-        budget = (total - (time.perf_counter() - start)) / (len(runs) - k)
-        if budget < MIN_BUDGET_S:
-            skipped.append(f"{name}: out of time ({budget:.1f} s left for it)")
-            print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
-            continue
-        row = run_model(name, kind, path, budget, where, args)
-        rows.append(row)
-        (args.out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-        print(f"{name} ({kind}, {row['seconds']} s of {budget:.0f}): written {row.get('written', '-')}; ms "
-              + ", ".join(f"{s} {_ms(row, s)}" for s in SYSTEMS)
-              + (f"; {'; '.join(row['notes'])}" if row["notes"] else ""), file=sys.stderr, flush=True)
+    args.start = time.perf_counter()  # optimize_start and optimize_end count from here
+    if args.jobs == 1:
+        phase1, rows = None, run_serially(runs, total, where, args, skipped)
+    else:
+        phase1 = total - min(total / 2, TIME_S * len(runs))
+        rows = run_in_phases(runs, phase1, where, args, skipped)
     meta = {"dry_run": args.dry_run, "provider": where[0], "runtime": where[1], "device": where[2],
             "device_name": device_name(where[2]), "date": datetime.date.today().isoformat(),
             "command": shlex.join(["python", "-m", "relsat.benchmarks.bench_gpu", *args.argv]), "total_s": total,
-            "elapsed_s": time.perf_counter() - start, "skipped": skipped}
+            "jobs": args.jobs, "phase1_s": phase1, "elapsed_s": time.perf_counter() - args.start, "skipped": skipped}
     md = markdown(rows, meta)
     (args.markdown or args.out / "gpu_section.md").write_text(md)
     print(md)

@@ -4,12 +4,15 @@
 # (.whl: duckdb, highspy, platformdirs, onnxsim) and corpus models (.corpus, packed by benchmarks/device_pack.py), then
 #   1. the GPU tests (-m gpu: catalog ops, the zoo and the seed models on CUDA against ONNX Runtime, profiling);
 #   2. banded attention derived from a band mask (issue 28), both graphs on CUDA with PyTorch;
-#   3. bench_gpu: EinNet's seed models, TASO's zoo (small) and the carried corpus models end to end with
-#      --provider cuda, against the original and onnxsim, timed on the GPU.
-# Everything it reports goes to $OUT (gpu.txt, tests.txt, band.txt, gpu_section.md, results.json, bench.log).
-# STEPS (default "tests band bench"), BUDGET (bench_gpu's --total-budget, default 270) and MODELS choose.
+#   3. bench_gpu: TASO's zoo (small) and the carried corpus models end to end with --provider cuda, against
+#      the original and onnxsim, timed on the GPU: JOBS models optimized at once (relsat and onnxsim, each job
+#      on its own slice of the 16 cores), then each model timed alone (bench_gpu --jobs).
+# Everything it reports goes to $OUT (gpu.txt, unpack.txt, tests.txt, band.txt, gpu_section.md, results.json,
+# bench.log). STEPS (default "tests band bench"), BUDGET (bench_gpu's --total-budget, default 270), JOBS
+# (bench_gpu's --jobs, default 4) and MODELS choose. An empty or missing .corpus is fine: a corpus model
+# named in MODELS and not carried is skipped with a line.
 set -u
-STEPS=${STEPS:-tests band bench}; BUDGET=${BUDGET:-270}
+STEPS=${STEPS:-tests band bench}; BUDGET=${BUDGET:-270}; JOBS=${JOBS:-4}
 MODELS=${MODELS:-infogan ppocr_cls_v2 ppocr_det_v3_en ppocr_det_v4 ppocr_det_v5 ppocr_rec_v4 doc_orientation yolo11n}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/relsat_device_out}; mkdir -p "$OUT"
@@ -30,7 +33,7 @@ onnxruntime.__version__, 'onnx', onnx.__version__, 'duckdb', duckdb.__version__,
   | tee "$OUT/band.txt"
 # shellcheck disable=SC2086
 [[ $STEPS == *bench* ]] && timeout $((BUDGET + 50)) python3 -m relsat.benchmarks.bench_gpu --corpus-dir /tmp/corpus \
-  --total-budget "$BUDGET" --out /tmp/relsat_gpu --markdown "$OUT/gpu_section.md" --models $MODELS 2>&1 \
-  | tail -60 > "$OUT/bench.log"
+  --total-budget "$BUDGET" --jobs "$JOBS" --out /tmp/relsat_gpu --markdown "$OUT/gpu_section.md" --models $MODELS 2>&1 \
+  | tail -120 > "$OUT/bench.log"
 cp /tmp/relsat_gpu/results.json "$OUT/" 2>/dev/null
 tail -30 "$OUT/bench.log"
