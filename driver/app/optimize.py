@@ -388,8 +388,8 @@ def _measured(outcome: phases.Outcome) -> dict | None:
     return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,
             "speedup": a / b if b else None, "input_blocks_ms": sp.get("original_ms"),
             "candidate_blocks_ms": sp.get("optimized_ms"), "noise": sp.get("noise"),
-            "threshold": lat["threshold"], "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"],
-            "apart": sp.get("apart", True)}
+            "block_ratios": sp.get("ratios"), "threshold": lat["threshold"],
+            "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"], "apart": sp.get("apart", True)}
 
 
 def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:
@@ -399,21 +399,25 @@ def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:
         if measured is None:
             return "wrote the optimized model (not timed: the predicted costs decided)"
         return (f"wrote the optimized model: {measured['speedup']:.3f}x the input model's speed "
-                f"({measured['metric']}), beyond the noise ({_bar(measured):.1%})")
+                f"({measured['metric']}), beyond the noise ({_blocks(measured)})")
     if measured is not None and outcome.choice is not None:
         if measured["apart"] and measured["speedup"] and measured["speedup"] * (1 - measured["threshold"]) > 1:
             return ("kept the input model: the fastest candidate was faster beyond noise "
                     f"({measured['speedup']:.3f}x) but is not written (see the notices)")
-        return (f"kept the input model: no candidate faster beyond noise ({_bar(measured):.1%}; "
+        return (f"kept the input model: no candidate faster beyond noise ({_blocks(measured)}; "
                 f"the fastest measured {measured['speedup']:.3f}x)")
     if outcome.fallbacks and outcome.choice is None:
         return "kept the input model: no extracted graph could be used"
     return "kept the input model: the extraction kept the original graph"
 
 
-def _bar(measured: dict) -> float:
-    """The difference a timing had to beat: the threshold, or the spread of the block medians where larger."""
-    return max(measured["threshold"], measured["noise"] or 0.0)
+def _blocks(measured: dict) -> str:
+    """What the timing had to beat: the threshold in every interleaved block, and what each block gave."""
+    ratios = measured.get("block_ratios")
+    if not ratios:
+        return f"threshold {measured['threshold']:.0%}"
+    return (f"{measured['threshold']:.0%} in each of {len(ratios)} interleaved blocks: "
+            f"{min(ratios):.3f}x-{max(ratios):.3f}x")
 
 
 def _limits(o, sat, searched, best) -> list[dict]:

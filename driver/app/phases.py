@@ -632,8 +632,13 @@ def guard(run: Run, imported: Imported, optimized: onnx.ModelProto) -> Timed:
 
 
 def _noise(spread: dict) -> str:
-    """``, noise x %`` from a guard's spread (``relsat.driver.boundary.latency.spread``), when it has one."""
-    return "" if not spread or spread.get("noise") is None else f", noise {spread['noise']:.1%}"
+    """``, noise x %, by block a-b x`` from a guard's spread (``relsat.driver.boundary.latency.spread``: the
+    width of the block medians, the paired ratios the decision compared), when it has them."""
+    if not spread or spread.get("noise") is None:
+        return ""
+    ratios = spread.get("ratios")
+    by_block = f", by block {min(ratios):.3f}x-{max(ratios):.3f}x" if ratios else ""
+    return f", noise {spread['noise']:.1%}{by_block}"
 
 
 # ---------------------------------------------------------------- decide
