@@ -238,6 +238,7 @@ class _Run:
     start: float
     scratch: object  # the run's temp tables (``EGraph.scratch``): matches, cycle filter; dropped at its end
     survey: Survey  # the edge types the rules' left sides need that the e-graph has
+    chunk: int = 0  # the most match rows applied at once (``Runner.chunk_budget``; 0: never in parts)
     report: Report = field(default_factory=Report)
 
 
@@ -348,7 +349,7 @@ class Runner:
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
         for st in rules:
             tmp.keep(st.compiled.matches)
-        return _Run(rules, sched, last + 1, start, tmp, Survey(st.compiled for st in rules))
+        return _Run(rules, sched, last + 1, start, tmp, Survey(st.compiled for st in rules), self.chunk_budget())
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -451,8 +452,7 @@ class Runner:
         Returns the parts' SELECTs then the count, or [] for one table: fewer matches, a cap that cuts (it
         keeps the least of all the matches), or a multi-pattern rule whose cycle filter checks its unions
         together."""
-        c = st.compiled
-        budget = self.chunk_budget()
+        c, budget = st.compiled, self._state.chunk
         likely = max(st.last * GROWTH, r.rows.get(c.tables[0], 0) if c.tables else 0)
         if not budget or likely < budget or (self.cycle_filter and c.multi):
             return []
