@@ -257,6 +257,12 @@ class _Draw:
         if not shape:
             return None
         r = self.rng.random()
+        if self.per_channel and r >= 0.5:  # the second pass, for a rule no plain draw gave an instance of:
+            # half the time one axis kept, ones elsewhere (a per-channel [1, C, 1, 1], or [C, 1, 1] with the
+            # leading ones dropped)
+            i = int(self.rng.integers(len(shape)))
+            one_axis = tuple(d if j == i else 1 for j, d in enumerate(shape))
+            return one_axis[i:] if self.rng.random() < 0.5 else one_axis
         if r < 0.7:
             return shape
         if r < 0.8:
@@ -264,11 +270,7 @@ class _Draw:
         if r < 0.9:
             return shape[-1:]
         i = int(self.rng.integers(len(shape)))
-        if not self.per_channel or r < 0.95:
-            return shape[:i] + (1,) + shape[i + 1:]
-        # one axis kept, ones elsewhere (a per-channel scale [1, C, 1, 1]), leading ones dropped now and then
-        one_axis = tuple(d if j == i else 1 for j, d in enumerate(shape))
-        return one_axis[i:] if self.rng.random() < 0.5 else one_axis
+        return shape[:i] + (1,) + shape[i + 1:]
 
     def partition(self, total: int, n: int) -> list[int]:
         if total < n:

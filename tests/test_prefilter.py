@@ -35,8 +35,9 @@ def saturate(g: EGraph, rules, limits: Limits, prefilter: bool) -> dict:
             "explain": g.sql("SELECT count(*) FROM explain_matches")[0][0]}
 
 
-@pytest.mark.parametrize("model, enodes", [("nasrnn", 2500), ("resnext50", 50_000), ("bert", 50_000),
-                                           ("inception_v3", 50_000)])
+@pytest.mark.parametrize("model, enodes", [("nasrnn", 2500), pytest.param("resnext50", 50_000, marks=pytest.mark.slow),
+                                           ("bert", 50_000),
+                                           pytest.param("inception_v3", 50_000, marks=pytest.mark.slow)])
 def test_zoo_with_generated_rules_same_egraph_with_and_without_prefilter(model, enodes):
     onnx_model = zoo.build(model, small=True)
     runs = {}
@@ -146,7 +147,7 @@ def test_live_parts_give_the_rows_of_the_whole_match():
     g.close()
 
 
-@pytest.mark.parametrize("case", ["nasrnn", "ac-add"])
+@pytest.mark.parametrize("case", [pytest.param("nasrnn", marks=pytest.mark.slow), "ac-add"])
 def test_carried_witness_equals_the_joined_one(case):
     """A match row that carries its e-nodes (``match_live(carry=True)``) explains itself as the left side's join
     again would (``Compiled.witness``), row for row, on every rule whose matches may carry them."""
