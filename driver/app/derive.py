@@ -2,7 +2,8 @@
 e-graph as alternatives, priced by the same costs as every rewrite, before saturation.
 
 Owns finding the subgraphs a derivation applies to, deriving them, checking them, and adding them to the
-e-graph. Two derivations run here, both removing computation whose result the constants decide:
+e-graph. Three derivations run here, all removing computation whose result the constants decide (the third,
+zero-block weights split into grouped or batched forms, is found in ``driver/app/derive_blocks.py``):
 
 **Mask-aware blocking** (``relations/tensor_mask.py``). A ``Softmax`` whose input adds a constant mask to a product ``MatMul(A, B)`` (scaled by a constant or not),
 and whose result is read by a ``MatMul`` alone, is lowered to one tensor-expression program
@@ -288,9 +289,13 @@ def _block(n: int, half: int) -> int:
 def derive(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
            form=None) -> Derivation | str | None:
     """``c``'s derived form by its kind, checked against it, why there is none (one line), or None where the
-    derivation does not apply (nothing worth reporting). ``form``: a convolution's ``low_rank_form``."""
+    derivation does not apply (nothing worth reporting). ``form``: a convolution's ``low_rank_form``, or a weight's
+    ``derive_blocks.block_form``."""
     if c.kind == "low-rank-conv":
         return derive_low_rank(c, values, threads, seed, form=form)
+    if c.kind == "zero-blocks":
+        from relsat.driver.app.derive_blocks import derive_zero_blocks
+        return derive_zero_blocks(c, values, threads, seed, form=form)
     return derive_chain(c, values, threads, seed)
 
 

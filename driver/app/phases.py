@@ -291,24 +291,35 @@ def derive(run: Run, imported: Imported) -> Derived:
 
 def _derive(run: Run, imported: Imported) -> Derived:
     from relsat.driver.app import derive as dv
+    from relsat.driver.app import derive_blocks as db
 
     model = imported.model
     chains = dv.find_chains(model)
     convs = dv.find_convs(model)
-    if not chains and not convs:
+    blocks = db.find_blocks(model)
+    if not chains and not convs and not blocks:
         return Derived()
-    run.status(f"deriving {len(chains) + len(convs)} subgraph(s) ...")
+    run.status(f"deriving {len(chains) + len({c.root for c in convs + blocks})} subgraph(s) ...")
     skipped, applied = [], []
     types = imported.graph.types
     ok = [c for c in chains if dv.static(types, [*c.inputs, *c.consts])]
     skipped += [(c.root, "its inputs have dynamic dims (derived forms fix sizes)") for c in chains if c not in ok]
+    weights = dv.model_values(model, [c.consts[0] for c in convs + blocks], {}, run.opts.threads)
+    # zero-block weights (exact zeros that make a weight block-diagonal over channels): the weights alone decide,
+    # cheaply; a convolution split so is not tried for low rank
+    forms = {}
+    for c in blocks:
+        form = db.block_form(c, weights)
+        if form is not None:
+            forms[c.root] = form
+            ok.append(c)
+    convs = [c for c in convs if c.root not in forms]
     # low-rank kernels: the weights alone decide (SVDs within a budget, the largest kernels first); only the
     # convolutions that factor need their input's value
-    weights = dv.model_values(model, [c.consts[0] for c in convs], {}, run.opts.threads)
     # the SVD budget goes to the largest kernels first: a 3x3 kernel only splits at a rank below 1.5x its
     # channels, which trained weights never have
     convs.sort(key=lambda c: -int(np.prod(weights[c.consts[0]].shape[2:])))
-    forms, svd_s, untried = {}, 0.0, 0
+    svd_s, untried = 0.0, 0
     for c in convs:
         if svd_s > dv.SVD_SECONDS or dv.svd_work(c, weights) > dv.SVD_WORK:
             untried += 1
