@@ -6,7 +6,10 @@ Ids and the per-rule counts may differ, and the tests say why they may: within o
 the nodes the parts before it inserted, so a right-side term that an earlier part's top node already is gets that
 node's e-class instead of a fresh e-class and a union (the rebuild merges them the same either way).  So the
 comparison is an isomorphism anchored at the imported e-graph: every class and node the run added is matched to one
-of the other run's by its key (operator, attributes, children's classes), and the match must be one to one."""
+of the other run's by its key (operator, attributes, children's classes), and the match must be one to one.
+
+A rule run the node limit cuts goes through parts too (``test_capped_run_in_parts``): not the same matches as the cut
+of the whole, so there the test asks for determinism, the limit, the dropped count and as many matches."""
 
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from relsat.programs.rulesets import load_rule_list
 from relsat.relations.catalog import OPS
 from relsat.relations.egraph import EGraph
 from relsat.relations.schema import key_columns
+from test_determinism import fingerprint
 from test_runner_phases import add_chain
 
 AC_ADD = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
@@ -195,3 +199,61 @@ def test_isomorphic_tells_different_egraphs_apart():
         isomorphic(a, c, anchor)
     for g in (a, b, c):
         g.close()
+
+
+def capped(threads: int | None, chunk_rows: int, n: int = 7, limit: int = 400) -> dict:
+    """ac-add on an Add chain of ``n`` under a node limit that cuts a round: the tables, the report, and each rule run
+    as (round, rule, its matches before the cap, after it, whether the cap cut them, its parts, parts applied)."""
+    g = add_chain(n)
+    if threads is not None:
+        g.con.execute(f"SET threads = {threads}")
+    runner = Runner(g, AC_ADD, Limits(iterations=50, enodes=limit, seconds=600), chunk_rows=chunk_rows)
+    runs, totals, applied = [], {}, []
+    parts, apply, apply_matches = runner._parts, runner._apply, runner._apply_matches
+
+    def counted(r, st, rows):
+        p = parts(r, st, rows)
+        if p is not None:
+            totals[r.it.round, st.compiled.rule] = p.count
+        return p
+
+    def applying(r, m):
+        before = len(applied)
+        apply(r, m)
+        key = (r.it.round, m.rule.compiled.rule)
+        runs.append((*key, totals.get(key), m.count, m.cut, len(m.parts), len(applied) - before))
+
+    runner._parts, runner._apply = counted, applying
+    runner._apply_matches = lambda r, c: applied.append(c.rule) or apply_matches(r, c)
+    report = runner.run()
+    g.check_invariants()
+    out = {"report": report, "runs": runs, "tables": fingerprint(g), "enodes": g.counts()["enodes"],
+           "stats": g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL")}
+    g.close()
+    return out
+
+
+def test_capped_run_in_parts():
+    """A rule run that the node limit cuts and whose matches pass the chunk budget goes through parts too (not the
+    whole, sorted path): whole parts while the cap allows, the least rows of the part where it runs out, the parts
+    after it not matched.  Deterministic (every run, at any thread count), within the node limit, as many matches as
+    the cut of the whole (not the same ones: so the e-graphs differ after the cut)."""
+    limit = 400
+    a, b = capped(1, 20, limit=limit), capped(2, 20, limit=limit)
+    assert a["tables"] == b["tables"] and a["stats"] == b["stats"] and a["runs"] == b["runs"]
+    whole = capped(None, 0, limit=limit)
+    cut = [run for run in a["runs"] if run[4]]
+    assert cut and all(parts for *_, parts, _ in cut)  # every cut rule run went through parts
+    assert any(done < parts for *_, parts, done in cut)  # ... and stopped matching them where the cap ran out
+    report = a["report"]
+    assert report.stop_reason.value == whole["report"].stop_reason.value == "node limit"
+    assert a["enodes"] <= limit and whole["enodes"] <= limit
+    assert report.dropped == sum(total - count for _, _, total, count, was_cut, *_ in a["runs"] if was_cut) > 0
+    assert report.in_parts == sum(1 for *_, parts, done in a["runs"] if parts and done)
+    # up to the first cut rule run the e-graphs are the same (up to ids), so are the match counts; the first cut
+    # applies as many matches as the cut of the whole (the cap: matches, stats and applied count them alike)
+    rnd, rule, total, count = cut[0][:4]
+    assert total > count
+    upto = [(rn, ru, matches) for rn, ru, matches, *_ in whole["stats"] if (rn, ru) <= (rnd, rule)]
+    assert upto[-1] == (rnd, rule, count)
+    assert upto == [(rn, ru, matches) for rn, ru, matches, *_ in a["stats"] if (rn, ru) <= (rnd, rule)]

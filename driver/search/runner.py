@@ -15,7 +15,12 @@ The phases of a round, one method each:
 - ``_match``: one rule's matches into its temp table (``Compiled.matches``); semi-naive (only
   matches that use a row newer than the rule's previous run; rows a rebuild
   rewrote count as new), capped so whole matches fit the round's e-node budget
-  (the least match rows are kept: the cap keeps the same matches every run).
+  (the least match rows are kept: the cap keeps the same matches every run).  A
+  rule whose matches pass the chunk budget is counted, then matched and applied in
+  parts (``_parts``); under a cap that cuts, whole parts are applied in their order
+  while the cap allows and the part where it runs out keeps its least rows (a sort of
+  one part, not of every match): as deterministic, but not the same matches as the
+  cut of the whole (the same number of them).
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``);
@@ -52,8 +57,9 @@ insert.  While it runs, DuckDB's ``preserve_insertion_order`` is off: no stateme
 here depends on row order, and saturation is deterministic (the same model, rules
 and limits give the same tables, ids included, every run and at any number of
 DuckDB threads) because every choice is made by an order on the data: a cap keeps
-the least match rows, an insert's LIMIT the least keys, new ids follow the key
-order (``EGraph.insert_from``), and a union's root is the least id (``rebuild``).
+the least match rows (in parts: the first parts whole, then the least rows of one),
+an insert's LIMIT the least keys, new ids follow the key order
+(``EGraph.insert_from``), and a union's root is the least id (``rebuild``).
 """
 
 from __future__ import annotations
@@ -260,11 +266,21 @@ class _Matches:
     """One rule's matches, in the temp table ``rule.compiled.matches``."""
 
     rule: RuleState
-    count: int
+    count: int  # the matches to apply: after the cap
     cap: int | None  # the LIMIT put on them, if any
     seconds: float
     parts: list[str] = field(default_factory=list)  # chunked: the SELECTs of its parts, matched and applied one at a
     # time by ``_apply`` (the table is then empty until then); empty: the table holds all the matches
+    cut: bool = False  # the cap cut them (``count`` is the cap): in parts, the part where it runs out keeps its least
+    # rows and the parts after it are not matched
+
+
+@dataclass
+class _Parts:
+    """A rule's matches split into parts (``Runner._parts``)."""
+
+    count: int  # all its matches (before any cap)
+    selects: list[str]  # part i: the matches whose first root is i modulo len(selects), in this order
 
 
 @dataclass
@@ -413,29 +429,23 @@ class Runner:
     def _match(self, r: _Round, st: RuleState, rows: str) -> _Matches:
         """The rule's matches (``rows``, from ``_live``: semi-naive, using a row newer than its last run)
         into ``c.matches``; or, where they would pass the chunk budget, only counted (``_parts``)."""
-        g, c = self.egraph, st.compiled
+        c = st.compiled
         t0 = time.perf_counter()
         # a match builds at most len(builds) nodes: cap whole matches so the node budget is not
         # spent on partial right sides
         cap = max(r.budget, 0) // max(len(c.builds), 1) if c.builds else None
-        parts = self._parts(r, st, rows, cap)
-        if parts:
-            count = parts.pop()
-            seconds = time.perf_counter() - t0
-            r.it.match_s += seconds
-            st.last = count
-            return _Matches(st, count, None, seconds, parts)
-        count = self._fill(c, rows)
-        if cap is not None and count > cap:  # the same matches survive the cap whatever the threads: the
-            # least rows (sorted only when the cap cuts: a sort of every match costs more than the match)
-            g.con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () AS mid, * FROM "
-                          f"(SELECT * EXCLUDE (mid) FROM {c.matches} ORDER BY ALL LIMIT {cap})")
+        parts = self._parts(r, st, rows)
+        count = parts.count if parts is not None else self._fill(c, rows)
+        cut = cap is not None and count > cap
+        if cut:  # the same matches survive the cap whatever the threads (``_least``); in parts, ``_apply`` cuts
+            if parts is None:
+                self._least(c, cap)
             self._state.report.dropped += count - cap
             count = cap
         seconds = time.perf_counter() - t0
         r.it.match_s += seconds
         st.last = count or st.last
-        return _Matches(st, count, cap, seconds)
+        return _Matches(st, count, cap, seconds, parts.selects if parts is not None else [], cut)
 
     def _fill(self, c: Compiled, rows: str, offset: int = 0) -> int:
         """``rows`` into the matches table, numbered from ``offset`` + 1 (``mid``); their count."""
@@ -443,24 +453,36 @@ class Runner:
             f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () + {int(offset)} AS mid, * "
             f"FROM ({rows})").fetchall()[0][0]  # (DuckDB answers a CREATE ... AS with its rows)
 
-    def _parts(self, r: _Round, st: RuleState, rows: str, cap: int | None) -> list:
+    def _least(self, c: Compiled, keep: int, offset: int = 0) -> None:
+        """Only the least ``keep`` rows of the matches table kept, numbered from ``offset`` + 1: what a cap keeps
+        (the same rows whatever the threads; sorted only when the cap cuts: a sort of every match costs more than
+        the match)."""
+        self.egraph.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT row_number() OVER () + {int(offset)} AS mid, * "
+            f"FROM (SELECT * EXCLUDE (mid) FROM {c.matches} ORDER BY ALL LIMIT {int(keep)})")
+
+    def _parts(self, r: _Round, st: RuleState, rows: str) -> _Parts | None:
         """Chunked application (bounded rounds): where the rule's matches may pass the chunk budget
         (``chunk_budget``: its last matches times ``GROWTH``, or the rows of its first pattern's table, reach it),
-        they are counted first (one aggregate over the join, nothing stored); more than the budget are split into ``k`` parts by their
-        first root modulo ``k`` (``Compiled.match_live``), each matched and applied in turn, so the matches
-        table and the build tables of one application stay near the budget however large the round.
-        Returns the parts' SELECTs then the count, or [] for one table: fewer matches, a cap that cuts (it
-        keeps the least of all the matches), or a multi-pattern rule whose cycle filter checks its unions
-        together."""
+        they are counted first (one aggregate over the join, nothing stored); more than the budget are split into
+        ``k`` parts by their first root modulo ``k`` (``Compiled.match_live``), each matched and applied in turn, in
+        the order of ``i``, so the matches table and the build tables of one application stay near the budget
+        however large the round.  Under a node-limit cap that cuts, whole parts are applied while the cap allows,
+        the part where it runs out keeps its least rows (a sort of one part) and the parts after it are not
+        matched (``_apply``): deterministic (the same tables, ids included, every run and at any thread count),
+        the same number of matches as the cut of the whole, but not the same matches (that cut keeps the least
+        of all of them, a sort of every match: at ac-add n = 15, 490 million rows spilled 75 GB).
+        Returns the count and the parts' SELECTs, or None for one table: fewer matches, or a multi-pattern
+        rule whose cycle filter checks its unions together."""
         c, budget = st.compiled, self._state.chunk
         likely = max(st.last * GROWTH, r.rows.get(c.tables[0], 0) if c.tables else 0)
         if not budget or likely < budget or (self.cycle_filter and c.multi):
-            return []
+            return None
         count = self.egraph.con.execute(f"SELECT count(*) FROM ({rows})").fetchall()[0][0]
-        if count <= budget or (cap is not None and count > cap):
-            return []
+        if count <= budget:
+            return None
         k = -(-count // budget)
-        return [self._live(r, st, part=(i, k)) for i in range(k)] + [count]
+        return _Parts(count, [self._live(r, st, part=(i, k)) for i in range(k)])
 
     def chunk_budget(self) -> int:
         """The most match rows applied at once: ``chunk_rows``, or DuckDB's memory_limit over ``ROW_BYTES``."""
@@ -476,12 +498,17 @@ class Runner:
         m.rule.since = rnd
         r.capped |= m.cap is not None and m.count >= m.cap  # (matches past the cap are lost)
         new_nodes = applied = 0
-        if m.parts:
+        if m.parts and m.count:  # (a cap of 0 applies no part)
             self._state.report.in_parts += 1
             offset = 0
             for rows in m.parts:  # each part's matches numbered on from the last's: mids unique in the round
+                if m.cut and offset >= m.count:  # the cap ran out: the parts left are not matched
+                    break
                 t = time.perf_counter()
                 count = self._fill(c, rows, offset)
+                if m.cut and offset + count > m.count:  # the part where the cap runs out: its least rows
+                    self._least(c, m.count - offset, offset)
+                    count = m.count - offset
                 spent = time.perf_counter() - t
                 r.it.match_s += spent
                 m.seconds += spent
@@ -491,7 +518,7 @@ class Runner:
                     n, a = self._apply_matches(r, c)
                     new_nodes, applied = new_nodes + n, applied + a
             if offset != m.count:
-                raise AssertionError(f"rule {c.rule}: its {len(m.parts)} parts matched {offset} rows, not {m.count}")
+                raise AssertionError(f"rule {c.rule}: its {len(m.parts)} parts applied {offset} rows, not {m.count}")
         elif m.count:
             new_nodes, applied = self._apply_matches(r, c)
         t2 = time.perf_counter()
