@@ -179,8 +179,11 @@ def inline(p: Program, step: int) -> Program | None:
     if len(readers) != 1 or step == len(p.steps) - 1:
         return None
     k, r = readers[0]
-    (acc,) = [a for a in accesses(r.body) if a.tensor == name] or [None]
-    if acc is None or acc.pad != 0.0 or not all(_affine(ix) for ix in acc.index):
+    reads = [a for a in accesses(r.body) if a.tensor == name]
+    if len(reads) != 1:
+        return None  # read twice (x·x): substituting one read would leave the other reading nothing
+    acc = reads[0]
+    if acc.pad != 0.0 or not all(_affine(ix) for ix in acc.index):
         return None
     if e.sums and not (e.combine == "sum" and r.combine == "sum" and _factor(r.body, acc)):
         return None  # a sum moves into its reader only where the reader is a product of it (distributivity)

@@ -11,10 +11,14 @@ written). The tables, queryable with ``relsat query`` on a saved e-graph:
   (``Mul(#0, #1)``: ``#k`` is the step's k-th access);
 * ``texpr_iter(op, enode, step, role, pos, name, extent)``: scope (``role = 'scope'``, one per output
   axis in order) and summation iterators;
-* ``texpr_access(op, enode, step, access, tensor, pad)``, ``texpr_index(op, enode, step, access, axis,
+* ``texpr_access(op, enode, step, access, tensor, pad, path)``, ``texpr_index(op, enode, step, access, axis,
   const, div, exact, modulus)`` and ``texpr_term(op, enode, step, access, axis, pos, iter, coeff,
   floor_div)``: every access, the index of each of its axes, and the index's terms
-  (``coeff * floor(iter / floor_div)``; ``floor_div`` NULL for the iterator itself).
+  (``coeff * floor(iter / floor_div)``; ``floor_div`` NULL for the iterator itself); an access's ``path``
+  names the calls from the body's root down to it (``'Mul/Add'``; ``''`` for the body itself), so a rule
+  written in SQL sees whether an access is a factor of a product (relations/tensor_rounds.py).
+
+Derived programs (relations/tensor_rounds.py) live in the same tables under ``op = 'derived'``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ CREATE OR REPLACE TABLE texpr_step (op VARCHAR, enode BIGINT, step INTEGER, name
 CREATE OR REPLACE TABLE texpr_iter (op VARCHAR, enode BIGINT, step INTEGER, role VARCHAR, pos INTEGER,
     name VARCHAR, extent BIGINT);
 CREATE OR REPLACE TABLE texpr_access (op VARCHAR, enode BIGINT, step INTEGER, access INTEGER, tensor VARCHAR,
-    pad DOUBLE);
+    pad DOUBLE, path VARCHAR);
 CREATE OR REPLACE TABLE texpr_index (op VARCHAR, enode BIGINT, step INTEGER, access INTEGER, axis INTEGER,
     "const" BIGINT, div BIGINT, exact BOOLEAN, modulus BIGINT);
 CREATE OR REPLACE TABLE texpr_term (op VARCHAR, enode BIGINT, step INTEGER, access INTEGER, axis INTEGER,
@@ -48,13 +52,14 @@ TABLES = ("texpr_program", "texpr_input", "texpr_step", "texpr_iter", "texpr_acc
 # -- programs as rows -------------------------------------------------------------------------------------
 
 
-def _body_text(t: Term, accs: list[Access]) -> str:
+def _body_text(t: Term, accs: list[tuple[Access, str]], path: str = "") -> str:
     if isinstance(t, Access):
-        accs.append(t)
+        accs.append((t, path))
         return f"#{len(accs) - 1}"
     if isinstance(t, Const):
         return repr(float(t.value))
-    return f"{t.op}({', '.join(_body_text(a, accs) for a in t.args)})"
+    inner = f"{path}/{t.op}" if path else t.op
+    return f"{t.op}({', '.join(_body_text(a, accs, inner) for a in t.args)})"
 
 
 def rows_of(op: str, enode: int, eclass: int, p: Program) -> dict[str, list[tuple]]:
@@ -62,12 +67,12 @@ def rows_of(op: str, enode: int, eclass: int, p: Program) -> dict[str, list[tupl
     rows["texpr_program"].append((op, enode, eclass, len(p.steps)))
     rows["texpr_input"] += [(op, enode, k, n, list(s)) for k, (n, s) in enumerate(p.inputs)]
     for k, (name, e) in enumerate(p.steps):
-        accs: list[Access] = []
+        accs: list[tuple[Access, str]] = []
         rows["texpr_step"].append((op, enode, k, name, e.combine, _body_text(e.body, accs)))
         rows["texpr_iter"] += [(op, enode, k, role, j, i.name, i.extent)
                                for role, its in (("scope", e.scope), ("sum", e.sums)) for j, i in enumerate(its)]
-        for a_id, a in enumerate(accs):
-            rows["texpr_access"].append((op, enode, k, a_id, a.tensor, a.pad))
+        for a_id, (a, path) in enumerate(accs):
+            rows["texpr_access"].append((op, enode, k, a_id, a.tensor, a.pad, path))
             for axis, ix in enumerate(a.index):
                 rows["texpr_index"].append((op, enode, k, a_id, axis, ix.const, ix.div, ix.exact, ix.mod))
                 rows["texpr_term"] += [(op, enode, k, a_id, axis, j, t[0], t[1], t[2] if len(t) == 3 else None)
@@ -128,30 +133,53 @@ def _parse_body(text: str, accs: list[Access]) -> Term:
 
 def load(con, op: str, enode: int) -> Program:
     """The program stored for e-node ``(op, enode)``."""
-    key = [op, enode]
-    inputs = tuple((n, tuple(s)) for n, s in con.execute(
-        "SELECT tensor, shape FROM texpr_input WHERE op = ? AND enode = ? ORDER BY pos", key).fetchall())
-    steps = []
-    for k, name, combine, body in con.execute(
-            "SELECT step, name, combine, body FROM texpr_step WHERE op = ? AND enode = ? ORDER BY step", key).fetchall():
-        its = con.execute("SELECT role, name, extent FROM texpr_iter WHERE op = ? AND enode = ? AND step = ? "
-                          "ORDER BY role DESC, pos", [*key, k]).fetchall()  # 'scope' before 'sum'
-        accs = []
-        for a_id, tensor, pad in con.execute("SELECT access, tensor, pad FROM texpr_access WHERE op = ? AND enode = ? "
-                                             "AND step = ? ORDER BY access", [*key, k]).fetchall():
-            index = []
-            for axis, c, d, ex, m in con.execute(
-                    'SELECT axis, "const", div, exact, modulus FROM texpr_index WHERE op = ? AND enode = ? '
-                    "AND step = ? AND access = ? ORDER BY axis", [*key, k, a_id]).fetchall():
-                terms = con.execute("SELECT iter, coeff, floor_div FROM texpr_term WHERE op = ? AND enode = ? AND step = ? "
-                                    "AND access = ? AND axis = ? ORDER BY pos", [*key, k, a_id, axis]).fetchall()
-                index.append(Index(tuple((n, c_) if fd is None else (n, c_, fd) for n, c_, fd in terms), c, d, ex, m))
-            index = tuple(index)
-            accs.append(Access(tensor, index, pad))
-        scope = tuple(Iter(n, x) for r, n, x in its if r == "scope")
-        sums = tuple(Iter(n, x) for r, n, x in its if r == "sum")
-        steps.append((name, Expr(scope, sums, _parse_body(body, accs), combine)))
-    return Program(inputs, tuple(steps))
+    return load_many(con, [(op, enode)])[(op, enode)]
+
+
+def load_many(con, keys) -> dict[tuple[str, int], Program]:
+    """The programs stored for ``keys`` ((op, enode) pairs), read in one query per table."""
+    keys = list(dict.fromkeys((str(o), int(e)) for o, e in keys))
+    if not keys:
+        return {}
+    con = con.cursor()  # its own result set: a caller's unfinished one is left alone
+    con.register("texpr_keys", {"op": np.array([k[0] for k in keys], dtype=object),
+                                "enode": np.array([k[1] for k in keys], dtype=np.int64)})
+    try:
+        def rows(sql):
+            return con.execute(sql.replace(" t ", " JOIN texpr_keys USING (op, enode) ", 1)).fetchall()
+
+        inputs = rows("SELECT op, enode, tensor, shape FROM texpr_input t ORDER BY op, enode, pos")
+        steps = rows("SELECT op, enode, step, name, combine, body FROM texpr_step t ORDER BY op, enode, step")
+        iters = rows("SELECT op, enode, step, role, name, extent FROM texpr_iter t ORDER BY op, enode, step, "
+                     "role DESC, pos")  # 'scope' before 'sum'
+        accs = rows("SELECT op, enode, step, access, tensor, pad FROM texpr_access t ORDER BY ALL")
+        index = rows('SELECT op, enode, step, access, axis, "const", div, exact, modulus FROM texpr_index t '
+                     "ORDER BY op, enode, step, access, axis")
+        terms = rows("SELECT op, enode, step, access, axis, iter, coeff, floor_div FROM texpr_term t "
+                     "ORDER BY op, enode, step, access, axis, pos")
+    finally:
+        con.unregister("texpr_keys")
+    term_of: dict = {}
+    for o, e, k, a, ax, n, c, fd in terms:
+        term_of.setdefault((o, e, k, a, ax), []).append((n, c) if fd is None else (n, c, fd))
+    index_of: dict = {}
+    for o, e, k, a, ax, c, d, ex, m in index:
+        index_of.setdefault((o, e, k, a), []).append(Index(tuple(term_of.get((o, e, k, a, ax), ())), c, d, ex, m))
+    acc_of: dict = {}
+    for o, e, k, a, tensor, pad in accs:
+        acc_of.setdefault((o, e, k), []).append(Access(tensor, tuple(index_of.get((o, e, k, a), ())), pad))
+    iter_of: dict = {}
+    for o, e, k, role, n, x in iters:
+        iter_of.setdefault((o, e, k, role), []).append(Iter(n, x))
+    input_of: dict = {}
+    for o, e, n, shape in inputs:
+        input_of.setdefault((o, e), []).append((n, tuple(shape)))
+    step_of: dict = {}
+    for o, e, k, name, combine, body in steps:
+        expr = Expr(tuple(iter_of.get((o, e, k, "scope"), ())), tuple(iter_of.get((o, e, k, "sum"), ())),
+                    _parse_body(body, acc_of.get((o, e, k), [])), combine)
+        step_of.setdefault((o, e), []).append((name, expr))
+    return {k: Program(tuple(input_of.get(k, ())), tuple(step_of.get(k, ()))) for k in keys if k in step_of}
 
 
 # -- the e-graph's e-nodes ----------------------------------------------------------------------------------
