@@ -450,9 +450,7 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
     frontier; duplicate and refuted programs' rows deleted."""
     con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, enode FROM texpr_derived "
                 "WHERE round = ? AND status IS NULL", [rnd.number])
-    con.execute(f"UPDATE texpr_derived d SET distance = x.distance FROM ({DISTANCE_SQL}) x "
-                "WHERE d.enode = x.enode AND d.status IS NULL")
-    con.execute("UPDATE texpr_derived SET distance = 0 WHERE status IS NULL AND distance IS NULL")
+    _distances(con)
     rows = con.execute("SELECT enode, root_op, root_enode, parent_op, parent_enode, distance FROM texpr_derived "
                        "WHERE status IS NULL ORDER BY enode").fetchall()
     programs = load_many(con, [("derived", r[0]) for r in rows])
@@ -488,6 +486,12 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
     return sorted(nxt, key=lambda f: f[1])
 
 
+def _distances(con) -> None:
+    """The expression distance of the programs in ``texpr_new`` (0 for one with no non-plain access)."""
+    con.execute(f"UPDATE texpr_derived d SET distance = coalesce(x.distance, 0) FROM texpr_new n "
+                f"LEFT JOIN ({DISTANCE_SQL}) x USING (op, enode) WHERE d.enode = n.enode")
+
+
 def _store_canonical(con, programs: dict[int, object]) -> None:
     """Replace the rows of derived programs by their canonical forms' (the rules then see every program in one
     naming and factor order, as tensor_derive.derive does)."""
@@ -519,6 +523,9 @@ def _start(con, roots: list) -> list[tuple]:
     if rows:
         con.executemany("INSERT INTO texpr_derived VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     write(con, out, replace=False)
+    con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, unnest(?::BIGINT[]) AS enode",
+                [[r[0] for r in rows]])
+    _distances(con)
     return [("derived", row[0], row[1], row[2]) for row in rows]
 
 
