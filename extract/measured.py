@@ -17,11 +17,15 @@ e-node whose e-class is not constant:
    the fixed cost of a ``session.run`` call
    (:func:`~relsat.extract.profile.calibrated_call_overhead_ms`, calibrated once per cache,
    so that all-cached runs predict the same costs) is subtracted, since an operator inside a
-   model does not pay it;
+   model does not pay it; for PyTorch's runtime (timing kind ``cuda-torch``) the per-node cost of that
+   runtime (:func:`~relsat.extract.profile.calibrated_node_overhead_ms`, calibrated once per cache),
+   which every node pays in a whole-graph run and a one-node timing does not see, is then added, so
+   that a graph of one node fewer is cheaper by about that much (ONNX Runtime's costs have none);
 4. one bulk UPDATE joins the per-signature costs back onto ``costs``
    (``source`` 'measured' or 'cache'). A signature that could not be built or run keeps
    its analytic cost scaled by the median measured/analytic ratio of its operator (of all
-   operators if none of its kind was measured): ``source`` 'analytic-fallback'.
+   operators if none of its kind was measured), at least the per-node cost: ``source``
+   'analytic-fallback'.
 
 Projections (``getitem``) cost zero: their tuple's node carries the cost. What a caller should
 tell the user (costs from another onnxruntime version; no cost measured or found at all) is in
@@ -46,8 +50,8 @@ from relsat.relations.schema import q
 
 from .analytic import analytic_costs
 from .cost_cache import CostCache
-from .profile import (OpSample, ProfileReport, ProviderUnavailable, timing_kind, calibrated_call_overhead_ms, lookup,
-                      profile)
+from .profile import (OpSample, ProfileReport, ProviderUnavailable, timing_kind, calibrated_call_overhead_ms,
+                      calibrated_node_overhead_ms, lookup, profile)
 
 MIN_COST_MS = 1e-4  # floor of a measured cost after the call overhead is subtracted (0.1 us)
 SAMPLE_BUDGET_S = 0.25  # at most about this long timing one (slow) signature
@@ -67,6 +71,7 @@ class MeasuredReport:
     failed: int = 0  # signatures that fell back to a scaled analytic cost
     fallback_nodes: int = 0  # e-nodes with a scaled analytic cost
     call_overhead_ms: float = 0.0  # subtracted from every measured cost
+    node_overhead_ms: float = 0.0  # then added to every operator's cost (PyTorch's runtime only; 0 on ONNX Runtime)
     fallback_scale: float | None = None  # the all-operator median measured/analytic ratio
     failures: list[str] = field(default_factory=list)  # a few "op: reason" examples
     other_version: int = 0  # signatures whose cost comes from rows of another onnxruntime version
@@ -205,7 +210,8 @@ def measured_costs(g: EGraph, opset_imports: dict[str, int], *, backend: Backend
             rep.call_overhead_ms = calibrated_call_overhead_ms(backend, threads, cache)
         except ProviderUnavailable:  # costs read from a table measured elsewhere: keep them as they are
             rep.call_overhead_ms = 0.0
-        ms = np.where(np.isfinite(ms), np.maximum(ms - rep.call_overhead_ms, MIN_COST_MS), ms)
+        rep.node_overhead_ms = calibrated_node_overhead_ms(backend, threads, cache)
+        ms = np.where(np.isfinite(ms), np.maximum(ms - rep.call_overhead_ms, MIN_COST_MS) + rep.node_overhead_ms, ms)
     reasons = {i: repr(s) for i, s in enumerate(samples) if not isinstance(s, OpSample)}
     for i, k in zip(ok, prof.keys):
         if not np.isfinite(ms[i]):
@@ -240,6 +246,9 @@ def _write_back(g: EGraph, ms: np.ndarray, keys: np.ndarray, fresh: np.ndarray, 
             FROM (SELECT m.node, coalesce(r.ratio, (SELECT ratio FROM _ratios WHERE op IS NULL), 1.0) AS scale
                   FROM _sig_nodes m JOIN _sig_costs s USING (sig) JOIN costs c ON c.node = m.node
                   LEFT JOIN _ratios r ON r.op = c.op WHERE NOT s.ok) f WHERE costs.node = f.node""")
+        if rep.node_overhead_ms > 0:  # a node the runtime runs costs it at least its per-node cost
+            g.con.execute("UPDATE costs SET ms = greatest(ms, ?) WHERE source = 'analytic-fallback'",
+                          [rep.node_overhead_ms])
     finally:
         g.con.unregister("_sig_costs")
     g.con.execute("""

@@ -16,6 +16,8 @@ call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of
 the conditions it was timed under); like every timing it can go stale (measured here: 8 us with both
 cores busy, 13-17 us on the same machine quieter), so :func:`check_call_overhead` compares it with a
 fresh timing and replaces it beyond the noise (the optimize pipeline does, before the costs).
+PyTorch's runtime (timing kind ``cuda-torch``) also pays a cost per node that one-node timings do not see; it
+is calibrated the same way (:func:`calibrated_node_overhead_ms`) and added to every operator's cost.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 ref
 FLUSH_EVERY = 200  # store new measurements every this many samples
 MIN_REPEATS = 3  # timed runs a sample gets even when it overruns its time budget
 CALL_OVERHEAD_OP = "__call_overhead__"  # the op_type of the call overhead's cache row
+NODE_OVERHEAD_OP = "__node_overhead__"  # the op_type of the PyTorch runtime's per-node cost row
+# PyTorch on CUDA: a one-node timing of a few microseconds is a median of at least this many runs (an operator
+# timed alone runs in about its launch, so 50 runs cost little; a slow one stops at its time budget)
+TORCH_WARMUP, TORCH_REPEATS = 10, 50
 
 
 class ProviderUnavailable(RuntimeError):
@@ -222,7 +228,8 @@ def _time_sample(sample: OpSample, backend: Backend, threads: int, warmup: int, 
     if kind == "cuda-torch":
         from . import torch_cuda
         consts = {t.name: numpy_helper.to_array(t) for t in sample.initializers}
-        return torch_cuda.time_op(sample, {**consts, **feeds}, warmup, repeats), repeats
+        return torch_cuda.time_op(sample, {**consts, **feeds}, max(warmup, TORCH_WARMUP), max(repeats, TORCH_REPEATS),
+                                  budget_s, MIN_REPEATS)
     session = backend.session(build_model(sample), threads=threads)
     if not backend.cuda:
         return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats, budget_s,
@@ -319,6 +326,78 @@ def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor:
         cache.store([new])
     return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "tolerance": tolerance, "replaced": replace,
             "cached_conditions": row[1].get("conditions") if row is not None else None}
+
+
+def node_overhead_key(kind: str, threads: int, ort_version: str | None = None) -> str:
+    """The cost cache key of the per-node cost of a whole-graph runtime (:func:`calibrated_node_overhead_ms`):
+    what was timed, the timing kind, threads, the clock and the onnxruntime version (default: the running one),
+    as :func:`call_overhead_key`."""
+    head = ["node-overhead", kind, threads, timer(kind, threads).__name__, ort_version or ort.__version__]
+    return hashlib.sha256(json.dumps(head).encode()).hexdigest()
+
+
+# the timing kinds whose whole-graph runtime pays a per-node cost that their one-node timings do not see
+NODE_OVERHEAD_KINDS = ("cuda-torch",)
+
+
+def calibrated_node_overhead_ms(backend: Backend, threads: int, cache: CostCache | None) -> float:
+    """What every node costs the whole-graph runtime of ``backend`` beyond its one-node timing (less the call
+    overhead), in ms: added to each operator's cost by :mod:`relsat.extract.measured`. Only PyTorch's runtime
+    (``--provider cuda`` without onnxruntime-gpu, timing kind ``cuda-torch``) has one: it gathers a node's inputs,
+    builds its operator's namespace and evaluates its expression on every run, for every node
+    (:func:`relsat.extract.torch_cuda.runtime_node_ms`: the marginal cost of an Identity node in a chain of them,
+    through :class:`~relsat.driver.boundary.torch_runtime.TorchSession`), where a one-node timing builds the
+    closure once and times its call. So one node fewer is cheaper by about this much, which one-node costs of a few
+    microseconds, each with its own noise, do not say by themselves. 0.0 for ONNX Runtime (CPU or CUDA), whose
+    costs are unchanged.
+
+    Calibrated once per cache like the call overhead: the cache's row (:func:`node_overhead_key`, op_type
+    ``NODE_OVERHEAD_OP``, its signature the conditions it was timed under) when there is one, else timed now (a
+    fraction of a second) and stored; with ``cache`` None, timed. Where ``backend`` cannot run here (costs from a
+    table measured elsewhere), the table's row, of this onnxruntime version or else of another, or 0.0 without
+    one."""
+    try:
+        kind = timing_kind(backend)
+    except ProviderUnavailable:
+        if cache is None or not backend.cuda:
+            return 0.0
+        keys = [node_overhead_key(k, threads) for k in NODE_OVERHEAD_KINDS]
+        found = cache.lookup(keys)
+        ms = next((found[k] for k in keys if k in found), None)
+        if ms is None:
+            other = _from_other_versions(
+                {"": lambda v: [node_overhead_key(k, threads, v) for k in NODE_OVERHEAD_KINDS]},
+                list(NODE_OVERHEAD_KINDS), threads, cache)
+            ms = other[""][1] if other else None
+        return ms if ms is not None else 0.0
+    if kind not in NODE_OVERHEAD_KINDS:
+        return 0.0
+    key = node_overhead_key(kind, threads)
+    if cache is not None:
+        found = cache.lookup([key])
+        if key in found:
+            return found[key]
+    ms, row = _timed_node_overhead(kind, threads)
+    if cache is not None:
+        cache.store([row])
+    return ms
+
+
+def _timed_node_overhead(kind: str, threads: int) -> tuple[float, CostRow]:
+    """The per-node cost of the PyTorch runtime timed now, and its cache row: the signature records the conditions
+    (:func:`relsat.extract.cost_cache.conditions`), the chains' percentiles, and beside them a chain of
+    one-element Adds (each a kernel launch) for comparison."""
+    from . import torch_cuda
+    cond = conditions(threads)
+    identity = torch_cuda.runtime_node_ms("Identity")
+    add = torch_cuda.runtime_node_ms("Add")
+    cond.update(latency_ms=identity["ms"], clock="perf_counter", torch=torch_cuda.torch.__version__,
+                device=torch_cuda.torch.cuda.get_device_name())
+    signature = {"op_type": NODE_OVERHEAD_OP,
+                 "timed": "one more Identity node of a chain run by the PyTorch runtime (TorchSession) on CUDA",
+                 "identity": identity, "add": add, "conditions": cond}
+    return identity["ms"], CostRow(node_overhead_key(kind, threads), kind, threads, NODE_OVERHEAD_OP, signature,
+                                   identity["ms"], identity["rounds"], ort.__version__)
 
 
 def _from_other_versions(todo: dict[str, Callable[[str], list[str]]], backends: list[str], threads: int,

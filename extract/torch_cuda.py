@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -347,14 +348,18 @@ def build(sample, values: dict[str, np.ndarray], device: str = "cuda") -> Callab
     return node_call(node, args, sample.opset, device)
 
 
-def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) -> float:
-    """Median ms of :func:`build`'s closure on CUDA, timed with CUDA events."""
+def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int, budget_s: float | None = None,
+            min_repeats: int = 3) -> tuple[float, int]:
+    """(median ms, runs timed) of :func:`build`'s closure on CUDA, timed with CUDA events. With ``budget_s``, a
+    slow operator gets fewer runs: timing stops once the budget is spent and ``min_repeats`` runs were timed (a
+    median of few runs is what makes one-node costs of a few microseconds noisy, so fast operators get them all)."""
     fn = build(sample, values)
     with torch.inference_mode():
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
         times = []
+        begin = time.perf_counter()
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -362,4 +367,63 @@ def time_op(sample, values: dict[str, np.ndarray], warmup: int, repeats: int) ->
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-    return float(np.median(times))
+            if budget_s is not None and len(times) >= min_repeats and time.perf_counter() - begin > budget_s:
+                break
+    return float(np.median(times)), len(times)
+
+
+# ------------------------------------------------------------------ the per-node cost of the PyTorch runtime
+RUNTIME_CHAIN = 64  # nodes of the shorter chain; the longer has twice as many
+
+
+def _chain(op_type: str, nodes: int):
+    """A model of ``nodes`` ``op_type`` nodes in a chain over a one-element float (Add: plus a one-element
+    constant), as the runtime would run it: what one more node costs when it does (next to) nothing."""
+    from onnx import TensorProto, numpy_helper
+
+    f = TensorProto.FLOAT
+    inits, names = [], [f"v{i}" for i in range(nodes + 1)]
+    if op_type == "Add":
+        inits.append(numpy_helper.from_array(np.ones(1, np.float32), "one"))
+    body = [helper.make_node(op_type, [names[i]] + (["one"] if op_type == "Add" else []), [names[i + 1]])
+            for i in range(nodes)]
+    graph = helper.make_graph(body, f"{op_type}_chain", [helper.make_tensor_value_info(names[0], f, [1])],
+                              [helper.make_tensor_value_info(names[-1], f, [1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def runtime_node_ms(op_type: str = "Identity", nodes: int = RUNTIME_CHAIN, rounds: int = 100, warmup: int = 10,
+                    device: str = "cuda") -> dict:
+    """What one more ``op_type`` node costs a whole-graph run of the PyTorch runtime
+    (:class:`relsat.driver.boundary.torch_runtime.TorchSession`, which times and runs ``--provider cuda`` models
+    here): chains of ``nodes`` and ``2 * nodes`` such nodes, each run ``rounds`` times by the wall clock (the run
+    ends with the device synchronized), the two interleaved so that drift falls on both;
+    ``ms = (q10(long) - q10(short)) / nodes``, which leaves out what a run costs whatever its nodes (feeds, the
+    final synchronize). The 10th percentile, not the median: other processes and the garbage collector only add
+    time to a run, and on a loaded machine (2 cores, load 4) the medians gave 8-30 us per Identity node from one
+    call to the next where the 10th percentiles of 100 runs gave 7.6-9.4 us. Returns ``ms`` and the percentiles
+    behind it (10th, 25th, 50th, 75th; ms per run).
+
+    The runtime pays this for every node on every run (the step's inputs gathered, the operator's namespace
+    built from its attributes, its expression evaluated), where :func:`time_op` builds the closure once and
+    times only its call; with ``op_type`` Identity (no kernel) it is the part of a node's cost that one-node
+    timings minus the call overhead (an Identity timed by :func:`time_op`) do not see."""
+    from relsat.driver.boundary.torch_runtime import TorchSession  # the runtime itself (driver imports this module)
+
+    short, long = (TorchSession(_chain(op_type, n), device) for n in (nodes, 2 * nodes))
+    x = {"v0": torch.zeros(1, device=device)}
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    for _ in range(warmup):
+        short.run_on_device(x)
+        long.run_on_device(x)
+    sync()
+    times: dict[str, list[float]] = {"short": [], "long": []}
+    for i in range(rounds):
+        for name in (("short", "long") if i % 2 == 0 else ("long", "short")):
+            session = short if name == "short" else long
+            t = time.perf_counter()
+            session.run_on_device(x)
+            times[name].append((time.perf_counter() - t) * 1e3)
+    stats = {name: [float(v) for v in np.percentile(t, [10, 25, 50, 75])] for name, t in times.items()}
+    return {"ms": max((stats["long"][0] - stats["short"][0]) / nodes, 0.0), "op_type": op_type, "nodes": nodes,
+            "rounds": rounds, "short_ms": stats["short"], "long_ms": stats["long"]}

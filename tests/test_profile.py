@@ -198,3 +198,28 @@ def test_cuda_profile():
     report = run([conv(), matmul(256, 256, 256), add(), split(), reshape((2, 8), [4, 4])],
                  backend=resolve("cuda"))
     assert np.all(np.isfinite(report.ms)) and np.all(report.ms > 0), report.failures
+
+
+@pytest.mark.gpu
+def test_torch_runtime_per_node_cost_is_measured_once_per_cache(tmp_path):
+    """PyTorch's runtime on CUDA (issue 25): one more node of a chain costs a positive, sub-millisecond time, an
+    Add (a kernel launch) more than an Identity (none); calibrated once per cache, its row recording both."""
+    backend = resolve("cuda")
+    if backend.timing != "cuda-torch":
+        pytest.skip("no PyTorch with CUDA standing in for onnxruntime-gpu here")
+    cache = CostCache(tmp_path / "c.duckdb")
+    ms = P.calibrated_node_overhead_ms(backend, 1, cache)
+    key = P.node_overhead_key("cuda-torch", 1)
+    row = cache.rows([key])[key]
+    assert 0 < ms < 1.0 and row[0] == ms
+    identity, add_ = row[1]["identity"], row[1]["add"]
+    assert add_["ms"] > identity["ms"] == ms, row[1]
+    assert P.calibrated_node_overhead_ms(backend, 1, cache) == ms  # the cache's row, not timed again
+    # the model's cost of the Add of a chain (per-node cost + one-node Add less the call overhead), for the record
+    one = helper.make_node("Add", ["a", "one"], ["c"])
+    sample = P.OpSample(one, (("a", F, (1,)),), (numpy_helper.from_array(np.ones(1, np.float32), "one"),), ("c",))
+    add_ms = run([sample], backend=backend).ms[0]
+    overhead = P.calibrated_call_overhead_ms(backend, 1, cache)
+    print(f"per-node {ms * 1e3:.1f} us; Add in the chain {add_['ms'] * 1e3:.1f} us, priced "
+          f"{(ms + max(add_ms - overhead, 0)) * 1e3:.1f} us (one-node {add_ms * 1e3:.1f}, call overhead "
+          f"{overhead * 1e3:.1f})")
