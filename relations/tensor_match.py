@@ -369,12 +369,30 @@ def _elementwise(e: Expr, term, output: str, shapes, out: _Out) -> bool:
         if isinstance(t, Access):
             want = _bcast(shapes[t.tensor], names)
             if t.index != want:
-                raise NoMatch(t.tensor)
+                return _reshaped(t)
             return t.tensor
         args = [emit(a, None) for a in t.args]
         while len(args) > 2:  # a variadic call as a chain of binary ones
             args = [out.node(t.op, args[:2], out.fresh("t")), *args[2:]]
         return out.node(t.op, args, dest or out.fresh("t"))
+
+    def _reshaped(t: Access) -> str:
+        """An operand whose axes are scope axes in scope order, not right-aligned (a Conv's bias over axis 1):
+        reshaped to the scope's rank, 1 on the axes it does not have, so ONNX's broadcasting reads it so."""
+        at = []
+        for ix, d in zip(t.index, shapes[t.tensor]):
+            it = ix.plain()
+            if it is None and ix == Index(()) and d == 1:
+                continue
+            if it is None or it not in names or e.scope[names.index(it)].extent != d:
+                raise NoMatch(t.tensor)
+            at.append((names.index(it), d))
+        if [k for k, _ in at] != sorted({k for k, _ in at}):
+            raise NoMatch(t.tensor)  # a permutation: not a reshape
+        shape = [1] * len(names)
+        for k, d in at:
+            shape[k] = d
+        return out.node("Reshape", [t.tensor, out.const(np.array(shape, np.int64), np.int64)], out.fresh("t"))
 
     start = len(out.nodes), len(out.inits)
     try:

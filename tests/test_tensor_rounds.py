@@ -142,3 +142,45 @@ def test_the_egraph_s_enodes_derive_in_one_search():
     bad = con.execute("""SELECT count(*) FROM texpr_derived d JOIN texpr_program p ON p.op = 'derived' AND p.enode = d.enode
         JOIN texpr_program r ON r.op = d.root_op AND r.enode = d.root_enode WHERE p.eclass <> r.eclass""").fetchone()[0]
     assert bad == 0
+
+
+def test_derived_forms_of_a_biased_conv_match_onnx_and_run_equal():
+    """A Conv with bias lowers to the convolution and an Add of the bias over axis 1 (not right-aligned: the
+    matcher reshapes it to [C, 1, 1]); the forms the rounds derive from a 1 x 1 and a 3 x 3 Conv match ONNX
+    operators (Einsum over channels, shifted slices) and run equal to the Conv under ONNX Runtime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from relsat.relations.tensor_match import NoMatch, match
+
+    rng = np.random.default_rng(5)
+    for k, pads in ((1, [0, 0, 0, 0]), (3, [1, 1, 1, 1])):
+        shapes = [("x", (1, 4, 6, 6)), ("w", (3, 4, k, k)), ("b", (3,))]
+        attrs = {"kernel_shape": [k, k], "pads": pads}
+        con = _con({"conv": lower("Conv", attrs, shapes)})
+        s = tensor_rounds.search(con, [("case", 0)], rounds=2, beam=None)
+        x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+        w = rng.standard_normal((3, 4, k, k)).astype(np.float32)
+        b = rng.standard_normal(3).astype(np.float32)
+        inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+
+        def run(nodes, extra=()):
+            g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 6, 6))],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [*inits, *extra])
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+            return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+        want = run([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)])
+        matched = 0
+        for q in tensor_tables.load_many(con, [("derived", e) for e in s.kept]).values():
+            try:
+                nodes, extra = match(q, "y", {"w": w, "b": b})
+            except NoMatch:
+                continue
+            if {n.op_type for n in nodes} <= {"Conv", "Identity"}:
+                continue
+            matched += 1
+            assert "Einsum" in {n.op_type for n in nodes}
+            np.testing.assert_allclose(run(nodes, extra), want, rtol=1e-4, atol=1e-5)
+        assert matched >= 1, k
