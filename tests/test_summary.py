@@ -141,3 +141,26 @@ def test_the_measured_block_of_the_report_names_the_spread_and_the_verdict_agree
         assert r.verdict.startswith("kept the input model: no candidate faster beyond noise (")
     # predicted and measured stay apart
     assert r.predicted["input"] > r.predicted["extracted"]
+
+
+def test_the_block_range_reads_the_same_in_the_notice_the_verdict_and_the_summary(capsys):
+    """One formatter (``phases.block_range``) for the per-block ratios wherever they are printed."""
+    from relsat.driver.app import cli, phases
+    from relsat.driver.app.optimize import _blocks
+
+    ratios = [1.2, 0.98712, 1.05]
+    assert phases.block_range(ratios) == "0.987x-1.200x"
+    assert phases._noise({"noise": 0.05, "ratios": ratios}) == ", noise 5.0%, by block 0.987x-1.200x"
+    assert phases._noise({"noise": 0.05}) == ", noise 5.0%" and phases._noise({}) == ""
+    measured = {"threshold": 0.03, "block_ratios": ratios, "noise": 0.05, "input_ms": 1.0, "candidate_ms": 0.9,
+                "input_blocks_ms": [0.9, 1.1], "candidate_blocks_ms": [0.8, 1.0], "speedup": 1.111,
+                "metric": "CPU time", "runs": 10}
+    assert _blocks(measured) == "3% in each of 3 interleaved blocks: 0.987x-1.200x"
+    assert _blocks(dict(measured, block_ratios=None)) == "threshold 3%"
+    rep = {"input": "m.onnx", "nodes_in": 4, "nodes_out": 3, "enodes": 9, "eclasses": 7, "iterations": [],
+           "stop_reason": "saturated", "rules_applied": {}, "cost_before": 1.0, "cost_after": 0.5,
+           "cost_model": "measured", "extraction": {"gap": None, "method": "ilp", "status": "optimal"},
+           "verification": {"ok": True, "max_abs_err": 0.0, "draws": 3}, "phases_s": {}, "notices": [],
+           "output": "o.onnx", "measured": measured}
+    cli._summary(rep)
+    assert ", noise 5.0%, by block 0.987x-1.200x," in " ".join(capsys.readouterr().out.split())

@@ -361,7 +361,9 @@ def _summary(rep: dict) -> None:
         which = "written" if rep.get("written") == "optimized" else "fastest candidate"
         noise = "" if m["noise"] is None else f", noise {m['noise']:.1%}"
         if m.get("block_ratios"):
-            noise += f", by block {min(m['block_ratios']):.3f}x-{max(m['block_ratios']):.3f}x"
+            from relsat.driver.app.phases import block_range  # (loaded already: the run imported it)
+
+            noise += f", by block {block_range(m['block_ratios'])}"
         t.add_row("measured latency", escape(
             f"input {m['input_ms']:.3f}{iv(m['input_blocks_ms'])} -> {which} {m['candidate_ms']:.3f}"
             f"{iv(m['candidate_blocks_ms'])} ms, {m['speedup']:.3f}x ({m['metric']}, medians [interval of block "

@@ -417,7 +417,7 @@ def _blocks(measured: dict) -> str:
     if not ratios:
         return f"threshold {measured['threshold']:.0%}"
     return (f"{measured['threshold']:.0%} in each of {len(ratios)} interleaved blocks: "
-            f"{min(ratios):.3f}x-{max(ratios):.3f}x")
+            f"{phases.block_range(ratios)}")
 
 
 def _limits(o, sat, searched, best) -> list[dict]:

@@ -648,8 +648,14 @@ def _noise(spread: dict) -> str:
     if not spread or spread.get("noise") is None:
         return ""
     ratios = spread.get("ratios")
-    by_block = f", by block {min(ratios):.3f}x-{max(ratios):.3f}x" if ratios else ""
+    by_block = f", by block {block_range(ratios)}" if ratios else ""
     return f", noise {spread['noise']:.1%}{by_block}"
+
+
+def block_range(ratios) -> str:
+    """``a-b x``: the least and greatest of a guard's per-block ratios (``spread``'s ``ratios``, the report's
+    ``block_ratios``), as the guard's notice, the verdict and the CLI summary print them."""
+    return f"{min(ratios):.3f}x-{max(ratios):.3f}x"
 
 
 # ---------------------------------------------------------------- decide
