@@ -161,6 +161,10 @@ class Options:
     derive: bool = field(default=True, metadata=flag(
         "skip EinNet-style derivations (a masked Softmax computed only over its mask's band)", name="--no-derive",
         negate=True))  # relsat.driver.app.derive: derived subgraphs enter the e-graph as alternatives
+    derive_search: int = field(default=0, metadata=flag(
+        "rounds of EinNet's derivation rules (SQL over tensor expressions) from the model's Conv, ConvTranspose, "
+        "MatMul, Gemm and Einsum nodes with static shapes; derived forms that match ONNX operators enter the "
+        "e-graph as alternatives (0: none)"))  # relsat.driver.app.derive_search
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple(self.rules or ()))

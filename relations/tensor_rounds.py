@@ -412,15 +412,19 @@ def _points(p) -> int:
 
 
 def search(con, roots, rounds: int = 2, explore: int = 1, beam: int | None = 8, rules=RULES,
-           check_elements: int = CHECK_ELEMENTS, draws: int = 2) -> Search:
+           check_elements: int = CHECK_ELEMENTS, draws: int = 2, go_on_unchecked: bool = False) -> Search:
     """Derive from the programs ``roots`` ((op, enode) pairs already in the ``texpr_*`` tables) for ``rounds``
     rounds (see the module doc: ``explore`` rounds unguided, then only programs no farther than their parent;
-    at most ``beam`` per root in each frontier, None: no bound). Returns the rounds and the kept programs."""
+    at most ``beam`` per root in each frontier, None: no bound). Returns the rounds and the kept programs.
+    ``go_on_unchecked``: programs too large for the NumPy check are derived from too (status ``unchecked``;
+    for a caller that checks what it uses some other way, e.g. under ONNX Runtime), and returned with them."""
     con.execute(SETUP)
     roots = list(dict.fromkeys((str(o), int(e)) for o, e in roots))
     root_programs = load_many(con, roots)
     seen: dict[tuple, set] = {r: {canonical(p)} for r, p in root_programs.items()}
+    first = con.execute(f"SELECT {_BASE}").fetchone()[0]
     frontier = _start(con, [r for r in roots if r in root_programs])
+    starts = len(frontier)
     out = Search([], [])
     for number in range(1, rounds + 1):
         if not frontier:
@@ -435,9 +439,13 @@ def search(con, roots, rounds: int = 2, explore: int = 1, beam: int | None = 8, 
                 con.execute(sql, {"round": number} if "$round" in sql else None)
             rnd.statements += len(STATEMENTS[rule])
             rnd.written[rule] = con.execute("SELECT count(*) FROM texpr_c").fetchone()[0]
-        frontier = _settle(con, rnd, root_programs, seen, number > explore, beam, check_elements, draws)
-        out.kept += [e for _, e, _, _ in frontier]
+        frontier = _settle(con, rnd, root_programs, seen, number > explore, beam, check_elements, draws,
+                           go_on_unchecked)
         out.rounds.append(rnd)
+    statuses = ["kept", "unchecked"] if go_on_unchecked else ["kept"]
+    out.kept = [e for e, in con.execute("SELECT enode FROM texpr_derived WHERE enode > ? AND status IN "
+                                         "(SELECT unnest(?::VARCHAR[])) ORDER BY enode",
+                                         [first + starts, statuses]).fetchall()]
     con.execute("DROP TABLE IF EXISTS texpr_new")
     for t in ("texpr_c", "texpr_map", "texpr_used", "texpr_sp", "texpr_spa", "texpr_spx", "texpr_cf", "texpr_cx",
               "texpr_cs", "texpr_ren", "texpr_sub", "texpr_ax"):
@@ -445,7 +453,8 @@ def search(con, roots, rounds: int = 2, explore: int = 1, beam: int | None = 8, 
     return out
 
 
-def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_elements, draws) -> list[tuple]:
+def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_elements, draws,
+            go_on_unchecked: bool = False) -> list[tuple]:
     """The round's new programs: distances (SQL), duplicates and the numeric check (per program), the next
     frontier; duplicate and refuted programs' rows deleted."""
     con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, enode FROM texpr_derived "
@@ -475,7 +484,7 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
                 "WHERE status IN ('duplicate', 'refuted'))")
     for t in TABLES:
         con.execute(f"DELETE FROM {t} WHERE op = 'derived' AND enode IN (SELECT enode FROM texpr_new)")
-    kept = [r for r in rows if status[r[0]] == "kept"]
+    kept = [r for r in rows if status[r[0]] == "kept" or (go_on_unchecked and status[r[0]] == "unchecked")]
     _store_canonical(con, {r[0]: canonical(programs[("derived", r[0])]) for r in kept})
     if converging:
         kept = [r for r in kept if r[3] != "derived" or r[5] <= parent_distance.get(r[4], r[5])]

@@ -268,10 +268,14 @@ class Derived:
     applied: tuple = ()  # derive.Derivation, each added to the e-graph
     skipped: tuple = ()  # (root, why) of the chains found but not derived
     notices: tuple = ()
+    search: dict | None = None  # --derive-search: its roots and rounds (derive_search.search's figures)
 
     def as_dict(self) -> dict:
-        return {"applied": [d.as_dict() for d in self.applied],
-                "skipped": [{"root": r, "why": w} for r, w in self.skipped]}
+        out = {"applied": [d.as_dict() for d in self.applied],
+               "skipped": [{"root": r, "why": w} for r, w in self.skipped]}
+        if self.search is not None:
+            out["search"] = self.search
+        return out
 
 
 def derive(run: Run, imported: Imported) -> Derived:
@@ -297,7 +301,8 @@ def _derive(run: Run, imported: Imported) -> Derived:
     chains = dv.find_chains(model)
     convs = dv.find_convs(model)
     blocks = db.find_blocks(model)
-    if not chains and not convs and not blocks:
+    searched = _derive_search(run, imported) if run.opts.derive_search > 0 else None
+    if not chains and not convs and not blocks and not searched:
         return Derived()
     run.status(f"deriving {len(chains) + len({c.root for c in convs + blocks})} subgraph(s) ...")
     skipped, applied = [], []
@@ -342,6 +347,11 @@ def _derive(run: Run, imported: Imported) -> Derived:
                 applied.append((c, d))
             elif d is not None:
                 skipped.append((c.root, d))
+    found: list = []  # --derive-search: the alternatives by rank, nodes the derivations above replace left out
+    if searched:
+        taken = {n.output[0] for c, _ in applied for n in c.nodes}
+        found = [[(c, d) for c, d in rank if c.root not in taken] for rank in searched[0]]
+        skipped += searched[1]
     notices = [f"derivation skipped at {r}: {w}" for r, w in skipped if r != "(convolutions)"]  # that one: report
     if applied:
         derived_model = model
@@ -355,10 +365,36 @@ def _derive(run: Run, imported: Imported) -> Derived:
         same = g.find(imported.roots).tolist() == g.find([cid for _, cid in res.outputs]).tolist()
         if not same:
             notices.append("derived model's outputs did not join the input's e-classes after the union")
-        notices += [f"derived at {d.root}: {d.detail}; {sum(d.ops.values())} nodes "
-                    f"({', '.join(f'{k} x{v}' for k, v in sorted(d.ops.items()))}) for {len(d.replaced)}; checked "
-                    f"under ONNX Runtime, max abs error {d.max_error:.1e}; {d.seconds:.1f} s" for _, d in applied]
-    return Derived(tuple(d for _, d in applied), tuple(skipped), tuple(notices))
+    for rank in (r for r in found if r):  # each rank one derived model: a node is replaced once per model
+        derived_model = model
+        for c, d in rank:
+            derived_model = dv.derived_model(derived_model, c, d)
+        g = imported.g
+        res = import_model(derived_model, input_shapes=run.opts.input_shapes, fix_shapes=run.opts.fix_shapes, egraph=g)
+        g.union([imported.graph.values[c.root] for c, _ in rank], [res.values[c.root] for c, _ in rank])
+        g.rebuild()
+        applied += rank
+    notices += [f"derived at {d.root}: {d.detail}; {sum(d.ops.values())} nodes "
+                f"({', '.join(f'{k} x{v}' for k, v in sorted(d.ops.items()))}) for {len(d.replaced)}; checked "
+                f"under ONNX Runtime, max abs error {d.max_error:.1e}; {d.seconds:.1f} s" for _, d in applied]
+    return Derived(tuple(d for _, d in applied), tuple(skipped), tuple(notices),
+                   searched[2] if searched else None)
+
+
+def _derive_search(run: Run, imported: Imported):
+    """``--derive-search``: derivation_search.search over the model's contraction nodes (None: none to search)."""
+    from relsat.driver.app import derive as dv
+    from relsat.driver.app import derive_search as dsr
+
+    model, types = imported.model, imported.graph.types
+    sites = dsr.sites(model, types)
+    if not sites:
+        return None
+    run.status(f"derivation search from {len(sites)} node(s), {run.opts.derive_search} round(s) ...")
+    names = sorted({n for s in sites for n in (*s.chain.inputs, *s.chain.consts)})
+    values = dv.model_values(model, names, imported.binding.costed, run.opts.threads)
+    return dsr.search(imported.g.con, model, types, imported.graph.values, values, run.opts.derive_search,
+                      run.opts.threads)
 
 
 def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
