@@ -37,6 +37,7 @@ bounded whatever the rules.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .tensor_derive import canonical, equivalent
@@ -391,6 +392,8 @@ class Round:
     unchecked: int = 0
     statements: int = 0
     frontier: int = 0
+    sql_s: float = 0.0  # the rules' statements
+    settle_s: float = 0.0  # distances, canonical forms, the numeric check, the next frontier
 
 
 @dataclass
@@ -432,6 +435,7 @@ def search(con, roots, rounds: int = 2, explore: int = 1, beam: int | None = 8, 
         rnd = Round(number, frontier=len(frontier))
         con.execute("DELETE FROM texpr_frontier")
         con.executemany("INSERT INTO texpr_frontier VALUES (?, ?, ?, ?)", frontier)
+        t0 = time.perf_counter()
         con.execute(AXES)
         rnd.statements += 2
         for rule in rules:
@@ -439,8 +443,10 @@ def search(con, roots, rounds: int = 2, explore: int = 1, beam: int | None = 8, 
                 con.execute(sql, {"round": number} if "$round" in sql else None)
             rnd.statements += len(STATEMENTS[rule])
             rnd.written[rule] = con.execute("SELECT count(*) FROM texpr_c").fetchone()[0]
+        t1 = time.perf_counter()
         frontier = _settle(con, rnd, root_programs, seen, number > explore, beam, check_elements, draws,
                            go_on_unchecked)
+        rnd.sql_s, rnd.settle_s = t1 - t0, time.perf_counter() - t1
         out.rounds.append(rnd)
     statuses = ["kept", "unchecked"] if go_on_unchecked else ["kept"]
     out.kept = [e for e, in con.execute("SELECT enode FROM texpr_derived WHERE enode > ? AND status IN "

@@ -133,7 +133,8 @@ def search(con, model: onnx.ModelProto, types: dict, eclass_of: dict, values: di
         taken[root] = taken.get(root, 0) + 1
     figures = {"roots": len(lowered), "rounds": [{"round": r.number, "frontier": r.frontier, "written": r.written,
                                                   "kept": r.kept, "duplicate": r.duplicate, "refuted": r.refuted,
-                                                  "unchecked": r.unchecked, "statements": r.statements}
+                                                  "unchecked": r.unchecked, "statements": r.statements,
+                                                  "sql_s": round(r.sql_s, 3), "settle_s": round(r.settle_s, 3)}
                                                  for r in result.rounds],
                "search_seconds": round(searched, 3), "seconds": round(time.perf_counter() - t0, 3)}
     return [r for r in ranked if r], skipped, figures
