@@ -471,9 +471,10 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
     programs = load_many(con, [("derived", r[0]) for r in rows])
     parent_distance = dict(con.execute("SELECT enode, distance FROM texpr_derived").fetchall())
     status: dict[int, str] = {}
+    forms: dict = {}
     for enode, root_op, root_enode, parent_op, parent_enode, distance in rows:
         root = (root_op, root_enode)
-        c = canonical(programs[("derived", enode)])
+        c = forms[enode] = canonical(programs[("derived", enode)])
         if c in seen[root]:
             status[enode] = "duplicate"
             continue
@@ -491,7 +492,8 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
     for t in TABLES:
         con.execute(f"DELETE FROM {t} WHERE op = 'derived' AND enode IN (SELECT enode FROM texpr_new)")
     kept = [r for r in rows if status[r[0]] == "kept" or (go_on_unchecked and status[r[0]] == "unchecked")]
-    _store_canonical(con, {r[0]: canonical(programs[("derived", r[0])]) for r in kept})
+    # stored canonical (the rules then see one naming and factor order); rows already so are left as written
+    _store_canonical(con, {r[0]: forms[r[0]] for r in kept if forms[r[0]] != programs[("derived", r[0])]})
     if converging:
         kept = [r for r in kept if r[3] != "derived" or r[5] <= parent_distance.get(r[4], r[5])]
     by_root: dict = {}
