@@ -21,7 +21,7 @@ DERIVED_OPS = ("Einsum", "Slice", "Pad", "Squeeze")  # ops the searched forms br
 
 
 def run(name: str, rounds: int, threads: int, small: bool) -> dict:
-    from relsat import optimize
+    from relsat.driver.app.optimize import optimize
     from relsat.driver.boundary import zoo
 
     with tempfile.TemporaryDirectory(prefix="relsat-dsearch-") as tmp:

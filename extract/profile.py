@@ -338,6 +338,9 @@ def node_overhead_key(kind: str, threads: int, ort_version: str | None = None) -
 
 # the timing kinds whose whole-graph runtime pays a per-node cost that their one-node timings do not see
 NODE_OVERHEAD_KINDS = ("cuda-torch",)
+# timing kind -> what one more node costs its whole-graph runtime (``f(op_type) -> {"ms": ..., ...}``): the runtime
+# lives in driver (relsat.driver.boundary.torch_runtime registers ``runtime_node_ms`` on import), above this layer
+NODE_TIMERS: dict[str, Callable[[str], dict]] = {}
 
 
 def calibrated_node_overhead_ms(backend: Backend, threads: int, cache: CostCache | None) -> float:
@@ -345,7 +348,7 @@ def calibrated_node_overhead_ms(backend: Backend, threads: int, cache: CostCache
     overhead), in ms: added to each operator's cost by :mod:`relsat.extract.measured`. Only PyTorch's runtime
     (``--provider cuda`` without onnxruntime-gpu, timing kind ``cuda-torch``) has one: it gathers a node's inputs,
     builds its operator's namespace and evaluates its expression on every run, for every node
-    (:func:`relsat.extract.torch_cuda.runtime_node_ms`: the marginal cost of an Identity node in a chain of them,
+    (:data:`NODE_TIMERS`, ``torch_runtime.runtime_node_ms``: the marginal cost of an Identity node in a chain of them,
     through :class:`~relsat.driver.boundary.torch_runtime.TorchSession`), where a one-node timing builds the
     closure once and times its call. So one node fewer is cheaper by about this much, which one-node costs of a few
     microseconds, each with its own noise, do not say by themselves. 0.0 for ONNX Runtime (CPU or CUDA), whose
@@ -388,9 +391,13 @@ def _timed_node_overhead(kind: str, threads: int) -> tuple[float, CostRow]:
     (:func:`relsat.extract.cost_cache.conditions`), the chains' percentiles, and beside them a chain of
     one-element Adds (each a kernel launch) for comparison."""
     from . import torch_cuda
+    timer = NODE_TIMERS.get(kind)
+    if timer is None:
+        raise RuntimeError(f"no whole-graph runtime registered to time the per-node cost of {kind} "
+                           "(import relsat.driver.boundary.torch_runtime)")
     cond = conditions(threads)
-    identity = torch_cuda.runtime_node_ms("Identity")
-    add = torch_cuda.runtime_node_ms("Add")
+    identity = timer("Identity")
+    add = timer("Add")
     cond.update(latency_ms=identity["ms"], clock="perf_counter", torch=torch_cuda.torch.__version__,
                 device=torch_cuda.torch.cuda.get_device_name())
     signature = {"op_type": NODE_OVERHEAD_OP,

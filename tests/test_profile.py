@@ -207,6 +207,8 @@ def test_torch_runtime_per_node_cost_is_measured_once_per_cache(tmp_path):
     backend = resolve("cuda")
     if backend.timing != "cuda-torch":
         pytest.skip("no PyTorch with CUDA standing in for onnxruntime-gpu here")
+    import relsat.driver.boundary.torch_runtime  # noqa: F401  (registers the runtime's node timer with profile)
+
     cache = CostCache(tmp_path / "c.duckdb")
     ms = P.calibrated_node_overhead_ms(backend, 1, cache)
     key = P.node_overhead_key("cuda-torch", 1)

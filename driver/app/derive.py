@@ -289,13 +289,10 @@ def _block(n: int, half: int) -> int:
 def derive(c: Chain, values: dict[str, np.ndarray], threads: int, seed: int = 0,
            form=None) -> Derivation | str | None:
     """``c``'s derived form by its kind, checked against it, why there is none (one line), or None where the
-    derivation does not apply (nothing worth reporting). ``form``: a convolution's ``low_rank_form``, or a weight's
-    ``derive_blocks.block_form``."""
+    derivation does not apply (nothing worth reporting). ``form``: a convolution's ``low_rank_form``. (Zero-block
+    weights, ``derive_blocks.derive_zero_blocks``, are derived there: that module builds on this one.)"""
     if c.kind == "low-rank-conv":
         return derive_low_rank(c, values, threads, seed, form=form)
-    if c.kind == "zero-blocks":
-        from relsat.driver.app.derive_blocks import derive_zero_blocks
-        return derive_zero_blocks(c, values, threads, seed, form=form)
     return derive_chain(c, values, threads, seed)
 
 

@@ -342,7 +342,8 @@ def _derive(run: Run, imported: Imported) -> Derived:
         values = dv.model_values(model, [n for c in ok for n in (*c.inputs, *c.consts)],
                                  imported.binding.costed, run.opts.threads)
         for c in ok:
-            d = dv.derive(c, values, run.opts.threads, form=forms.get(c.root))
+            d = (db.derive_zero_blocks(c, values, run.opts.threads, form=forms[c.root]) if c.kind == db.KIND
+                 else dv.derive(c, values, run.opts.threads, form=forms.get(c.root)))
             if isinstance(d, dv.Derivation):
                 applied.append((c, d))
             elif d is not None:

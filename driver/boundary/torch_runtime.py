@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import time
+
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from relsat.driver.errors import RelsatError
+from relsat.extract.profile import NODE_TIMERS
 from relsat.relations.onnx_form import subgraphs
 
 _TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
@@ -213,3 +216,63 @@ def session(model_or_path, device: str = "cuda") -> TorchSession:
     else:
         model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else onnx.load_model(str(model_or_path))
     return TorchSession(model, device)
+
+
+# ------------------------------------------------------------------ the per-node cost of the PyTorch runtime
+RUNTIME_CHAIN = 64  # nodes of the shorter chain; the longer has twice as many
+
+
+def _chain(op_type: str, nodes: int):
+    """A model of ``nodes`` ``op_type`` nodes in a chain over a one-element float (Add: plus a one-element
+    constant), as the runtime would run it: what one more node costs when it does (next to) nothing."""
+    from onnx import TensorProto, numpy_helper
+
+    f = TensorProto.FLOAT
+    inits, names = [], [f"v{i}" for i in range(nodes + 1)]
+    if op_type == "Add":
+        inits.append(numpy_helper.from_array(np.ones(1, np.float32), "one"))
+    body = [helper.make_node(op_type, [names[i]] + (["one"] if op_type == "Add" else []), [names[i + 1]])
+            for i in range(nodes)]
+    graph = helper.make_graph(body, f"{op_type}_chain", [helper.make_tensor_value_info(names[0], f, [1])],
+                              [helper.make_tensor_value_info(names[-1], f, [1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def runtime_node_ms(op_type: str = "Identity", nodes: int = RUNTIME_CHAIN, rounds: int = 100, warmup: int = 10,
+                    device: str = "cuda") -> dict:
+    """What one more ``op_type`` node costs a whole-graph run of the PyTorch runtime
+    (:class:`TorchSession`, which times and runs ``--provider cuda`` models here): chains of ``nodes`` and ``2 * nodes`` such nodes, each run ``rounds`` times by the wall clock (the run
+    ends with the device synchronized), the two interleaved so that drift falls on both;
+    ``ms = (q10(long) - q10(short)) / nodes``, which leaves out what a run costs whatever its nodes (feeds, the
+    final synchronize). The 10th percentile, not the median: other processes and the garbage collector only add
+    time to a run, and on a loaded machine (2 cores, load 4) the medians gave 8-30 us per Identity node from one
+    call to the next where the 10th percentiles of 100 runs gave 7.6-9.4 us. Returns ``ms`` and the percentiles
+    behind it (10th, 25th, 50th, 75th; ms per run).
+
+    The runtime pays this for every node on every run (the step's inputs gathered, the operator's namespace
+    built from its attributes, its expression evaluated), where :func:`relsat.extract.torch_cuda.time_op` builds the closure once and
+    times only its call; with ``op_type`` Identity (no kernel) it is the part of a node's cost that one-node
+    timings minus the call overhead (an Identity timed by ``time_op``) do not see. Registered with
+    :data:`relsat.extract.profile.NODE_TIMERS` (extract measures it through this runtime without importing driver)."""
+    import torch
+
+    short, long = (TorchSession(_chain(op_type, n), device) for n in (nodes, 2 * nodes))
+    x = {"v0": torch.zeros(1, device=device)}
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    for _ in range(warmup):
+        short.run_on_device(x)
+        long.run_on_device(x)
+    sync()
+    times: dict[str, list[float]] = {"short": [], "long": []}
+    for i in range(rounds):
+        for name in (("short", "long") if i % 2 == 0 else ("long", "short")):
+            session = short if name == "short" else long
+            t = time.perf_counter()
+            session.run_on_device(x)
+            times[name].append((time.perf_counter() - t) * 1e3)
+    stats = {name: [float(v) for v in np.percentile(t, [10, 25, 50, 75])] for name, t in times.items()}
+    return {"ms": max((stats["long"][0] - stats["short"][0]) / nodes, 0.0), "op_type": op_type, "nodes": nodes,
+            "rounds": rounds, "short_ms": stats["short"], "long_ms": stats["long"]}
+
+
+NODE_TIMERS["cuda-torch"] = runtime_node_ms  # the per-node cost extract's CUDA pricing adds (profile)
