@@ -6,7 +6,7 @@ names, defaults filled in here), ``consts`` the values of constant inputs that f
 shape, ReduceSum's axes). Lowered: MatMul (rank >= 2, batch broadcasting), Gemm, Conv and
 ConvTranspose over 2-D images (strides, pads, dilations, groups, bias; ConvTranspose's
 output_padding), Einsum (no ellipsis), Transpose, Reshape, element-wise unary and binary ops with
-broadcasting, ReduceSum and ReduceMax, Softmax. Anything else raises ``NotLowerable`` naming what.
+broadcasting, ReduceSum and ReduceMax, Softmax, DepthToSpace (DCR, CRD) and SpaceToDepth. Anything else raises ``NotLowerable`` naming what.
 
 Iterators are named by role: ``o<k>`` for the output's axes, ``s<k>`` for summations, so that two
 lowerings of the same computation are equal as values.
@@ -259,10 +259,38 @@ _UNARY = {"Exp", "Log", "Sqrt", "Neg", "Abs", "Tanh", "Relu", "Sigmoid", "Identi
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
 assert _UNARY | _BINARY <= FUNCTIONS
 
+def _depth_to_space(op_type, attrs, inputs, consts) -> Program:
+    """DepthToSpace (DCR or CRD) and SpaceToDepth: pure gathers whose channel index mixes a floor and a remainder,
+    written as floor terms (``h % b = h - b·⌊h / b⌋``)."""
+    (x, sx), = inputs
+    b = int(attrs.get("blocksize", 0))
+    if len(sx) != 4 or b < 1:
+        raise NotLowerable(f"{op_type} over rank {len(sx)} (or blocksize {b}) is not lowered")
+    n, c, h, w = sx
+    if op_type == "SpaceToDepth":
+        if h % b or w % b:
+            raise NotLowerable(f"SpaceToDepth: {h}x{w} does not split into blocks of {b}")
+        # out[n, (bh·b + bw)·C + c, h, w] = x[n, c, h·b + bh, w·b + bw], with q = the output channel
+        index = (Index.of("o0"), Index((("o1", 1), ("o1", -c, c))),
+                 Index((("o2", b), ("o1", 1, c * b))), Index((("o3", b), ("o1", 1, c), ("o1", -b, c * b))))
+        return _program(inputs, Expr(_scope((n, c * b * b, h // b, w // b)), (), Access(x, index)))
+    if c % (b * b):
+        raise NotLowerable(f"DepthToSpace: {c} channels do not split by {b}x{b}")
+    cc = c // (b * b)
+    hm, wm = (("o2", 1), ("o2", -b, b)), (("o3", 1), ("o3", -b, b))  # h % b, w % b
+    if str(attrs.get("mode", "DCR")) == "CRD":  # channel c·b² + (h % b)·b + (w % b)
+        chan = (("o1", b * b), *((t[0], t[1] * b, *t[2:]) for t in hm), *wm)
+    else:  # DCR: channel (h % b)·b·C' + (w % b)·C' + c
+        chan = (*((t[0], t[1] * b * cc, *t[2:]) for t in hm), *((t[0], t[1] * cc, *t[2:]) for t in wm), ("o1", 1))
+    index = (Index.of("o0"), Index(tuple(chan)), Index((("o2", 1, b),)), Index((("o3", 1, b),)))
+    return _program(inputs, Expr(_scope((n, cc, h * b, w * b)), (), Access(x, index)))
+
+
 LOWERINGS = {
     **{op: _elementwise for op in _UNARY | _BINARY},
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose, "Einsum": _einsum,
     "Transpose": _transpose, "Reshape": _reshape, "ReduceSum": _reduce, "ReduceMax": _reduce, "Softmax": _softmax,
+    "DepthToSpace": _depth_to_space, "SpaceToDepth": _depth_to_space,
 }
 
 

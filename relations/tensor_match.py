@@ -144,6 +144,10 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
                                                      {"shape": target}).result, src)):
             out.node("Reshape", [ins[0], out.const(target, np.int64)], output)
             return
+        for op, attrs in _space_depth(src, e.shape):  # a gather that is DepthToSpace / SpaceToDepth, by its map
+            if np.array_equal(gather_map(e, src), gather_map(lower(op, attrs, [(ins[0], src)]).result, src)):
+                out.node(op, ins, output, **attrs)
+                return
         if _window_gather(e, output, shapes, out):
             return
     for pair in (ins, ins[::-1]) if len(e.sums) == 1 and len(ins) == 2 else ():
@@ -188,6 +192,20 @@ def _step(e: Expr, output: str, shapes, out: _Out) -> None:
         out.node("Unsqueeze", [tmp, out.const(np.array(idle, np.int64), np.int64)], output)
         return
     raise NoMatch(f"{output}: no ONNX operator here computes {e}")
+
+
+def _space_depth(src, dst):
+    """The DepthToSpace (both modes) and SpaceToDepth nodes whose output shape from ``src`` is ``dst``."""
+    if len(src) != 4 or len(dst) != 4 or src[0] != dst[0]:
+        return []
+    if dst[2] > src[2] and dst[2] % src[2] == 0 and dst[2] // src[2] == dst[3] // src[3] \
+            and dst[3] == src[3] * (dst[2] // src[2]) and src[1] == dst[1] * (dst[2] // src[2]) ** 2:
+        b = dst[2] // src[2]
+        return [("DepthToSpace", {"blocksize": b, "mode": m}) for m in ("DCR", "CRD")]
+    if src[2] > dst[2] and src[2] % dst[2] == 0 and src[3] == dst[3] * (src[2] // dst[2]) \
+            and dst[1] == src[1] * (src[2] // dst[2]) ** 2:
+        return [("SpaceToDepth", {"blocksize": src[2] // dst[2]})]
+    return []
 
 
 MAX_OFFSETS = 64  # summation points an offset sum is unrolled into (Slices added up) at most

@@ -49,6 +49,10 @@ CASES = {
     "reduce_max": ("ReduceMax", {"axes": [-1], "keepdims": 1}, [(2, 3, 4)], {}, 17),
     "softmax": ("Softmax", {"axis": -1}, [(2, 3, 5)], {}, 17),
     "softmax_axis1": ("Softmax", {"axis": 1}, [(2, 3, 5)], {}, 17),
+    "depth_to_space_dcr": ("DepthToSpace", {"blocksize": 2, "mode": "DCR"}, [(1, 12, 3, 4)], {}, 17),
+    "depth_to_space_crd": ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}, [(2, 8, 3, 2)], {}, 17),
+    "depth_to_space_3": ("DepthToSpace", {"blocksize": 3}, [(1, 18, 2, 2)], {}, 17),
+    "space_to_depth": ("SpaceToDepth", {"blocksize": 2}, [(1, 3, 4, 6)], {}, 17),
 }
 
 
