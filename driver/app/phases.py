@@ -383,7 +383,7 @@ def _derive(run: Run, imported: Imported) -> Derived:
 
 
 def _derive_search(run: Run, imported: Imported):
-    """``--derive-search``: derivation_search.search over the model's contraction nodes (None: none to search)."""
+    """``--derive-search``: derive_search.search over the model's contraction nodes (None: none to search)."""
     from relsat.driver.app import derive as dv
     from relsat.driver.app import derive_search as dsr
 
