@@ -463,16 +463,16 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
             go_on_unchecked: bool = False) -> list[tuple]:
     """The round's new programs: distances (SQL), duplicates and the numeric check (per program), the next
     frontier; duplicate and refuted programs' rows deleted."""
-    con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, enode FROM texpr_derived "
-                "WHERE round = ? AND status IS NULL", [rnd.number])
+    _new(con, [e for e, in con.execute("SELECT enode FROM texpr_derived WHERE round = ? AND status IS NULL",
+                                       [rnd.number]).fetchall()])
     _distances(con)
-    rows = con.execute("SELECT enode, root_op, root_enode, parent_op, parent_enode, distance FROM texpr_derived "
-                       "WHERE status IS NULL ORDER BY enode").fetchall()
+    rows = con.execute("SELECT d.enode, d.root_op, d.root_enode, d.parent_op, d.parent_enode, d.distance, p.distance "
+                       "FROM texpr_derived d LEFT JOIN texpr_derived p ON d.parent_op = 'derived' "
+                       "AND p.enode = d.parent_enode WHERE d.status IS NULL ORDER BY d.enode").fetchall()
     programs = load_many(con, [("derived", r[0]) for r in rows])
-    parent_distance = dict(con.execute("SELECT enode, distance FROM texpr_derived").fetchall())
     status: dict[int, str] = {}
     forms: dict = {}
-    for enode, root_op, root_enode, parent_op, parent_enode, distance in rows:
+    for enode, root_op, root_enode, parent_op, parent_enode, distance, _ in rows:
         root = (root_op, root_enode)
         c = forms[enode] = canonical(programs[("derived", enode)])
         if c in seen[root]:
@@ -495,7 +495,7 @@ def _settle(con, rnd: Round, root_programs, seen, converging: bool, beam, check_
     # stored canonical (the rules then see one naming and factor order); rows already so are left as written
     _store_canonical(con, {r[0]: forms[r[0]] for r in kept if forms[r[0]] != programs[("derived", r[0])]})
     if converging:
-        kept = [r for r in kept if r[3] != "derived" or r[5] <= parent_distance.get(r[4], r[5])]
+        kept = [r for r in kept if r[6] is None or r[5] <= r[6]]  # no farther than a derived parent
     by_root: dict = {}
     for r in sorted(kept, key=lambda r: (r[5], r[0])):
         by_root.setdefault((r[1], r[2]), []).append(r)
@@ -509,21 +509,31 @@ def _distances(con) -> None:
                 f"LEFT JOIN ({DISTANCE_SQL}) x USING (op, enode) WHERE d.enode = n.enode")
 
 
+def _new(con, enodes) -> None:
+    """``texpr_new``: the derived programs ``enodes`` (what the next statements work on)."""
+    con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, unnest(?::BIGINT[]) AS enode",
+                [list(enodes)])
+
+
+def _write_programs(con, programs: dict[int, tuple]) -> None:
+    """The rows of derived programs (enode -> (e-class, program)), one insert per table."""
+    rows: dict[str, list] = {t: [] for t in TABLES}
+    for enode, (eclass, p) in programs.items():
+        for t, r in rows_of("derived", enode, eclass, p).items():
+            rows[t] += r
+    write(con, rows, replace=False)
+
+
 def _store_canonical(con, programs: dict[int, object]) -> None:
     """Replace the rows of derived programs by their canonical forms' (the rules then see every program in one
     naming and factor order, as tensor_derive.derive does)."""
     if not programs:
         return
-    eclass = dict(con.execute("SELECT enode, eclass FROM texpr_program WHERE op = 'derived'").fetchall())
-    con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, unnest(?::BIGINT[]) AS enode",
-                [list(programs)])
+    _new(con, programs)
+    eclass = dict(con.execute("SELECT enode, eclass FROM texpr_program JOIN texpr_new USING (op, enode)").fetchall())
     for t in TABLES:
         con.execute(f"DELETE FROM {t} WHERE op = 'derived' AND enode IN (SELECT enode FROM texpr_new)")
-    rows: dict[str, list] = {t: [] for t in TABLES}
-    for enode, p in programs.items():
-        for t, r in rows_of("derived", enode, eclass.get(enode), p).items():
-            rows[t] += r
-    write(con, rows, replace=False)
+    _write_programs(con, {e: (eclass.get(e), p) for e, p in programs.items()})
 
 
 def _start(con, roots: list) -> list[tuple]:
@@ -531,17 +541,16 @@ def _start(con, roots: list) -> list[tuple]:
     search's first frontier."""
     base = con.execute(f"SELECT {_BASE}").fetchone()[0]
     programs = load_many(con, roots)
-    eclass = {(o, e): c for o, e, c in con.execute("SELECT op, enode, eclass FROM texpr_program").fetchall()}
-    rows, out = [], {t: [] for t in TABLES}
+    eclass = {(o, e): c for o, e, c in con.execute("SELECT op, enode, eclass FROM texpr_program "
+                                                   "WHERE op <> 'derived'").fetchall()}
+    rows, start = [], {}
     for enode, root in enumerate((r for r in roots if r in programs), start=base + 1):
         rows.append((enode, root[0], root[1], root[0], root[1], "canonical", 0, None, "kept"))
-        for t, x in rows_of("derived", enode, eclass.get(root), canonical(programs[root])).items():
-            out[t] += x
+        start[enode] = (eclass.get(root), canonical(programs[root]))
     if rows:
         con.executemany("INSERT INTO texpr_derived VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    write(con, out, replace=False)
-    con.execute("CREATE OR REPLACE TEMP TABLE texpr_new AS SELECT 'derived' AS op, unnest(?::BIGINT[]) AS enode",
-                [[r[0] for r in rows]])
+    _write_programs(con, start)
+    _new(con, start)
     _distances(con)
     return [("derived", row[0], row[1], row[2]) for row in rows]
 
