@@ -354,32 +354,32 @@ def _derive(run: Run, imported: Imported) -> Derived:
         found = [[(c, d) for c, d in rank if c.root not in taken] for rank in searched[0]]
         skipped += searched[1]
     notices = [f"derivation skipped at {r}: {w}" for r, w in skipped if r != "(convolutions)"]  # that one: report
-    if applied:
-        derived_model = model
-        for c, d in applied:
-            derived_model = dv.derived_model(derived_model, c, d)
-        g = imported.g
-        o = run.opts
-        res = import_model(derived_model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
-        g.union([imported.graph.values[c.root] for c, _ in applied], [res.values[c.root] for c, _ in applied])
-        g.rebuild()
-        same = g.find(imported.roots).tolist() == g.find([cid for _, cid in res.outputs]).tolist()
-        if not same:
+    # the derivations above in one derived model, then each rank of the search's in one more (a node is replaced
+    # once per model); each imported into the e-graph with its results unioned with the originals'
+    for pairs in [applied, *(r for r in found if r)]:
+        if pairs and not _import_derived(run, imported, pairs):
             notices.append("derived model's outputs did not join the input's e-classes after the union")
-    for rank in (r for r in found if r):  # each rank one derived model: a node is replaced once per model
-        derived_model = model
-        for c, d in rank:
-            derived_model = dv.derived_model(derived_model, c, d)
-        g = imported.g
-        res = import_model(derived_model, input_shapes=run.opts.input_shapes, fix_shapes=run.opts.fix_shapes, egraph=g)
-        g.union([imported.graph.values[c.root] for c, _ in rank], [res.values[c.root] for c, _ in rank])
-        g.rebuild()
-        applied += rank
+    applied += [p for r in found for p in r]
     notices += [f"derived at {d.root}: {d.detail}; {sum(d.ops.values())} nodes "
                 f"({', '.join(f'{k} x{v}' for k, v in sorted(d.ops.items()))}) for {len(d.replaced)}; checked "
                 f"under ONNX Runtime, max abs error {d.max_error:.1e}; {d.seconds:.1f} s" for _, d in applied]
     return Derived(tuple(d for _, d in applied), tuple(skipped), tuple(notices),
                    searched[2] if searched else None)
+
+
+def _import_derived(run: Run, imported: Imported, pairs) -> bool:
+    """The input model with each (chain, derivation) of ``pairs`` replaced, imported into the e-graph (hash-consed)
+    and each derived result unioned with the original's; whether the outputs' e-classes joined the input's."""
+    from relsat.driver.app import derive as dv
+
+    derived_model = imported.model
+    for c, d in pairs:
+        derived_model = dv.derived_model(derived_model, c, d)
+    g, o = imported.g, run.opts
+    res = import_model(derived_model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
+    g.union([imported.graph.values[c.root] for c, _ in pairs], [res.values[c.root] for c, _ in pairs])
+    g.rebuild()
+    return g.find(imported.roots).tolist() == g.find([cid for _, cid in res.outputs]).tolist()
 
 
 def _derive_search(run: Run, imported: Imported):
