@@ -303,9 +303,15 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
     return export_graph(imported, choice)[0]
 
 
-def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -> tuple[onnx.ModelProto, list[int]]:
+def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
+                 folds: dict | None = None) -> tuple[onnx.ModelProto, list[int]]:
     """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
-    Identity nodes that give an output its original name): what in-context profiling charges."""
+    Identity nodes that give an output its original name): what in-context profiling charges.
+
+    ``folds``: a dict the caller keeps between exports of one e-graph (the candidates of a search): the
+    values of folded constants, each keyed by its e-class and the e-nodes chosen below it, so that a
+    constant computed for one graph is not computed again by ONNX Runtime for the next (0.6 s a graph on
+    ConvNeXt-T) and a graph is the same whatever was exported before it."""
     g = imported.egraph
     dims = imported.symbols.onnx_dims  # dynamic dims written as the original's dim_params (or unnamed)
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
@@ -322,7 +328,14 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None) -
         if n.op == "opaque":
             taken |= _subgraph_names(n.attrs["node"])
     fold = _fold_roots(roots, nodes, info)
-    folded = _evaluate(imported, nodes, info, fold, taken) if fold else {}
+    if folds is None:
+        folded = _evaluate(imported, nodes, info, fold, taken) if fold else {}
+    else:
+        keys = {c: (c, tuple(nodes[k].id for k in _topo([c], nodes))) for c in fold}
+        todo = [c for c in fold if keys[c] not in folds]
+        if todo:
+            folds.update((keys[c], v) for c, v in _evaluate(imported, nodes, info, todo, taken).items())
+        folded = {c: folds[keys[c]] for c in fold if keys[c] in folds}
     w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported))
     for name, c in zip([o for o, _ in imported.outputs], roots):
         if nodes[c].op != "Input" and c not in w.name:

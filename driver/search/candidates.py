@@ -130,6 +130,7 @@ class Search:
         self.profiles_measured = self.profiles_cached = 0
         self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
         self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
+        self._folds: dict = {}  # the folded constants of the graphs exported (``export_graph``'s ``folds``)
 
     def _reset_prices(self) -> None:
         self.ctx = np.full(len(self.alone), np.nan)
@@ -181,7 +182,7 @@ class Search:
     # ------------------------------------------------------------------ graphs
     def _export(self, cand: Candidate, *, load: bool = True) -> list[int] | None:
         try:
-            cand.model, origins = export_graph(self.imported, cand.choice)
+            cand.model, origins = export_graph(self.imported, cand.choice, folds=self._folds)
             if load:  # loadable with ONNX Runtime's optimizations on (profiling loads it anyway)
                 runtime.session(cand.model)
         except Exception as e:  # never fail a valid model: this candidate is dropped
