@@ -96,9 +96,12 @@ class _Scratch:
             self.made.append(table)
 
     def create(self, part: str, sql: str) -> str:
+        return self.counted(part, sql)[0]
+
+    def counted(self, part: str, sql: str) -> tuple[str, int]:
+        """``create``, and the table's row count (DuckDB answers a CREATE ... AS with it: no count query)."""
         t = self.claim(part)
-        self.g.con.execute(f"CREATE OR REPLACE TEMP TABLE {t} AS {sql}")
-        return t
+        return t, self.g.con.execute(f"CREATE OR REPLACE TEMP TABLE {t} AS {sql}").fetchall()[0][0]
 
     def register(self, part: str, frame) -> str:
         name = self.prefix + part
@@ -248,13 +251,15 @@ class EGraph:
             # one row per missing key (hashed, not sorted): any rid, the least target
             least = f", min({q(target)}) AS {q(target)}" if target else ""
             missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM {looked} WHERE out IS NULL GROUP BY ALL"
-            fresh = cand = tmp.create("cand", rule_select(op, missing, given=set(keys), carry=extra, valid_only=True))
+            fresh, fresh_rows = tmp.counted("cand", rule_select(op, missing, given=set(keys), carry=extra,
+                                                                valid_only=True))
+            cand = fresh
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
             cand = tmp.create("cand", rule_select(op, source, given=src, carry=carried, valid_only=True))
-            fresh = tmp.create("fresh", f"SELECT DISTINCT ON ({keysel}) * FROM {cand} c "
-                                        f"WHERE NOT EXISTS (SELECT 1 FROM {op.table} o WHERE {on}){pick}")
-        if limit is not None and c.execute(f"SELECT count(*) FROM {fresh}").fetchall()[0][0] > limit:
+            fresh, fresh_rows = tmp.counted("fresh", f"SELECT DISTINCT ON ({keysel}) * FROM {cand} c "
+                                                     f"WHERE NOT EXISTS (SELECT 1 FROM {op.table} o WHERE {on}){pick}")
+        if limit is not None and fresh_rows > limit:
             # the least keys (sorted for only when the limit cuts)
             fresh = tmp.create("fresh", f"SELECT * FROM {fresh} ORDER BY {keysel} LIMIT {int(limit)}")
         # new nodes numbered in key order (those with a fresh e-class first); a statement takes one
@@ -263,20 +268,20 @@ class EGraph:
         tgt = f"{q(target)} IS NOT NULL" if target else "false"
         cls = "min(_cid) OVER () + _k - 1"
         out = f"coalesce({q(target)}, {cls})" if target else cls
-        new = tmp.create(
+        new, added = tmp.counted(
             "new", f"SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
             f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, rid FROM (SELECT nextval('node_seq') AS _nid, "
             f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
             f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM {fresh}))")
-        added, targeted = c.execute(f"SELECT count(*), count(*) FILTER (tgt) FROM {new}").fetchall()[0]
         if target:
             self._check_targets(new)
         c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM {new}")
         if origin is not None and added:
             c.execute(f"INSERT INTO explain_nodes SELECT {literal(op.op_type)}, id, out, NOT tgt, {literal(origin)}, "
                       f"{int(ts)}, rid FROM {new}")
-        c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
-                  f"FROM {new} WHERE NOT tgt")
+        classes = c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
+                            f"FROM {new} WHERE NOT tgt").fetchall()[0][0]
+        targeted = added - classes  # the new nodes that went into their target e-class (no e-class of their own)
         if added:
             self.live.add(op.table)
         if not op.canon and not op.leaf:
