@@ -32,7 +32,14 @@ def test_shipped_files_parse():
         assert ruleset.rules, name
 
 
-@pytest.mark.parametrize("file, rule", CASES, ids=[f"{f}:{r.name}" for f, r in CASES])
+# ~20 s each (their instances need per-channel operands, found only after hundreds of rejected draws, each shape
+# check a DuckDB query): -m slow. By default tests/test_runtime_rules.py::test_affine_folding_into_conv applies
+# each of them to a Conv with and without a bias and compares the written model under ONNX Runtime.
+SLOW_CHECKS = {"conv-add-fold-channel", "conv-add-fold-channel-nobias", "conv-mul-fold-channel-nobias"}
+
+
+@pytest.mark.parametrize("file, rule", [pytest.param(f, r, marks=pytest.mark.slow) if r.name in SLOW_CHECKS
+                                        else (f, r) for f, r in CASES], ids=[f"{f}:{r.name}" for f, r in CASES])
 def test_rule_is_sound(file, rule):
     result = verdict(rule)
     assert result.skipped is None, result.skipped

@@ -66,18 +66,24 @@ def ops(model):
     return Counter(n.op_type for n in model.graph.node)
 
 
-@pytest.mark.parametrize("scale_shape", [(1,), (), (1, 6, 1, 1), (6, 1, 1)])
-def test_affine_folding_into_conv(scale_shape):
-    """conv(x) * s + t for a one-element or per-channel s, t (either operand order) is one Conv."""
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+@pytest.mark.parametrize("scale_shape, bias", [((1,), True), ((), True), ((1, 6, 1, 1), True), ((6, 1, 1), True),
+                                               ((1, 6, 1, 1), False)])
+def test_affine_folding_into_conv(scale_shape, bias):
+    """conv(x) * s + t for a one-element or per-channel s, t (either operand order) is one Conv. Without a
+    bias: the -nobias forms (in the default run these stand for their rule soundness checks, which are slow:
+    tests/test_rules.py SLOW_CHECKS)."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["s", "c"], ["m"]), helper.make_node("Add", ["m", "t"], ["y"])]
     n = int(np.prod(scale_shape))
-    inits = [w("w", 6, 3, 3, 3), w("b", 6), numpy_helper.from_array(RNG.random(n).astype(np.float32).reshape(
-        scale_shape) + 0.5, "s"), numpy_helper.from_array(RNG.random(n).astype(np.float32).reshape(scale_shape), "t")]
+    inits = [w("w", 6, 3, 3, 3), *([w("b", 6)] if bias else []), numpy_helper.from_array(
+        RNG.random(n).astype(np.float32).reshape(scale_shape) + 0.5, "s"),
+        numpy_helper.from_array(RNG.random(n).astype(np.float32).reshape(scale_shape), "t")]
     m = model_of(nodes, [2, 3, 8, 8], [2, 6, 8, 8], inits)
     out, applied = rewrite(m, {"Mul", "Add"})
     assert ops(out) == Counter({"Conv": 1}), ops(out)
     assert any(k.startswith("conv-mul-fold") for k in applied) and any(k.startswith("conv-add-fold") for k in applied)
+    if not bias:
+        assert {"conv-mul-fold-channel-nobias", "conv-add-fold-channel-nobias"} <= set(applied), applied
     same_outputs(m, out, [2, 3, 8, 8])
 
 

@@ -16,7 +16,10 @@ from relsat.driver.errors import RelsatError  # noqa: E402
 
 REFUSED = {"fasterrcnn_mobilenet_v3": "TopK", "silero_vad": "If", "silero_vad_16k": "If"}
 SLOW = {"gpt2", "bert_base", "swin_tiny", "whisper_tiny_encoder", "distilbert", "t5_small_encoder",
-        "convnextv2_tiny"}  # 5 to 15 s each on a CPU; the others take a few seconds
+        "convnextv2_tiny",  # 5 to 15 s each on a CPU; the others take a few seconds
+        # 6 to 10 s each; their operators are all in the default run's models (mobilenetv3_large, yolo11n,
+        # ppocr_det_v5, ppocr_rec_v5, ppocr_det_v3_en, ppocr_cls_v2, doc_orientation, distilhubert, vit_b16)
+        "regnety_016", "convnext_tiny", "ppocr_det_v4", "ppocr_rec_v4", "yolov8n", "efficientnet_b0"}
 
 
 def _path(name: str):
