@@ -138,11 +138,12 @@ def test_batch_optimizes_good_models_reports_bad_ones_and_resumes(zoo_dir, tmp_p
     assert leftovers(out) == []
 
 
-def small_zoo(root):
-    """Every zoo model (reduced size) and a corrupt file in ROOT/models; the wrong rule in ROOT/wrong.rules."""
+def small_zoo(root, names=zoo.NAMES):
+    """Every zoo model (reduced size; or those of NAMES) and a corrupt file in ROOT/models; the wrong rule in
+    ROOT/wrong.rules."""
     models = root / "models"
     models.mkdir()
-    for name in zoo.NAMES:
+    for name in names:
         zoo.save(zoo.build(name, small=True), models / f"{name}.onnx")
     (models / "broken.onnx").write_bytes(b"\x08\x07not a model" * 10)
     wrong = root / "wrong.rules"
@@ -150,15 +151,15 @@ def small_zoo(root):
     return models, wrong
 
 
-def check_small_zoo_batch(models, out, run, failing):
-    """Run a batch over ``small_zoo``'s models with ``run()`` twice and check what every executor must
+def check_small_zoo_batch(models, out, run, failing, names=zoo.NAMES):
+    """Run a batch over ``small_zoo``'s models (``names``) with ``run()`` twice and check what every executor must
     give: the models of ``failing`` (name -> words of the reason) failed with no files, every other
     one is optimized, verifies and has its hashes in its row, no temporary files are left, and the
     rerun skips the done models (files untouched) and tries the failed ones again."""
     run()
     rows = table(out)
     assert {m: r["status"] for m, r in rows.items()} == \
-        {**dict.fromkeys(zoo.NAMES, "ok"), **dict.fromkeys(failing, "failed")}
+        {**dict.fromkeys(names, "ok"), **dict.fromkeys(failing, "failed")}
     done = sorted(set(rows) - set(failing))
     for name, needle in failing.items():
         assert needle in rows[name]["reason"] and "\n" not in rows[name]["reason"], rows[name]["reason"]

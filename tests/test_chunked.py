@@ -136,7 +136,8 @@ def compare(make, rules, limits: Limits, chunk_rows: int) -> dict:
     return {"nodes": nodes, "classes": classes, "report": parts}
 
 
-@pytest.mark.parametrize("n, chunk_rows", [(5, 10), (7, 400), (9, 4000)])
+# (9, 4000) is ~12 s: -m slow; (5, 10) and (7, 400) cover chunked rounds equal to whole ones by default
+@pytest.mark.parametrize("n, chunk_rows", [(5, 10), (7, 400), pytest.param(9, 4000, marks=pytest.mark.slow)])
 def test_ac_add_chunked_equals_whole(n, chunk_rows):
     out = compare(lambda: add_chain(n), AC_ADD, Limits(iterations=50, enodes=10**6, seconds=600), chunk_rows)
     assert out["nodes"] - n == 3**n - 2 ** (n + 1) + 1  # the exact answer (the inputs are e-nodes too)

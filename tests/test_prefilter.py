@@ -55,7 +55,8 @@ def test_zoo_with_generated_rules_same_egraph_with_and_without_prefilter(model, 
     assert runs[True]["statements"] < runs[False]["statements"]  # what it is for
 
 
-@pytest.mark.parametrize("n", [5, 7, 9])
+# n = 9 (~8 s): -m slow; n = 5 and 7 compare the e-graphs by default
+@pytest.mark.parametrize("n", [5, 7, pytest.param(9, marks=pytest.mark.slow)])
 def test_ac_add_same_egraph_with_and_without_prefilter(n):
     runs = {}
     for prefilter in (False, True):

@@ -27,7 +27,8 @@ def saturate(g, rules=AC_ADD, **kw):
     return Runner(g, rules, limits, **kw).run()
 
 
-@pytest.mark.parametrize("n", range(2, 10))
+# n = 9 (~5 s): -m slow; n = 2..8 check the exact sizes by default
+@pytest.mark.parametrize("n", [*range(2, 9), pytest.param(9, marks=pytest.mark.slow)])
 def test_ac_add_exact_sizes(n, tmp_path):
     path = tmp_path / "g.duckdb"
     g = add_chain(n, path)
