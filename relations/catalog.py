@@ -172,11 +172,10 @@ CREATE OR REPLACE MACRO valid_shape(l) AS CASE WHEN l IS NOT NULL AND list_count
 CREATE OR REPLACE MACRO sym_add(d, a) AS CASE WHEN NOT is_sym(d) THEN d + a WHEN a = 0 THEN d END;
 CREATE OR REPLACE MACRO reshape_ok(t, x) AS len(list_filter(list_transform(t, lambda d, i: is_sym(d)
     AND NOT (i <= len(x) AND x[i] = d)), lambda f: f)) <= 1 AND NOT (list_contains(t, 0) AND has_sym(t));
-CREATE OR REPLACE MACRO bdim(a, n, i) AS CASE WHEN i >= n - len(a) THEN a[i - n + len(a) + 1] ELSE 1 END;
-CREATE OR REPLACE MACRO bcast(a, b) AS CASE WHEN a = b THEN a ELSE valid_shape(list_transform(range(greatest(len(a), len(b))), lambda i:
-    CASE WHEN bdim(a, greatest(len(a), len(b)), i) = bdim(b, greatest(len(a), len(b)), i)
-              OR bdim(b, greatest(len(a), len(b)), i) = 1 THEN bdim(a, greatest(len(a), len(b)), i)
-         WHEN bdim(a, greatest(len(a), len(b)), i) = 1 THEN bdim(b, greatest(len(a), len(b)), i) END)) END;
+CREATE OR REPLACE MACRO bcast(a, b) AS CASE WHEN a = b THEN a WHEN a IS NOT NULL OR b IS NOT NULL THEN valid_shape(
+    list_transform(list_zip(list_resize([]::BIGINT[], greatest(len(a), len(b)) - len(coalesce(a, [])), 1) || coalesce(a, []),
+                            list_resize([]::BIGINT[], greatest(len(a), len(b)) - len(coalesce(b, [])), 1) || coalesce(b, [])),
+                   lambda p: CASE WHEN p[1] = p[2] OR p[2] = 1 THEN p[1] WHEN p[1] = 1 THEN p[2] END)) END;
 CREATE OR REPLACE MACRO matmul_shape(a, b) AS CASE
     WHEN len(a) = 0 OR len(b) = 0 THEN NULL
     WHEN len(a) = 1 AND len(b) = 1 THEN CASE WHEN a[1] = b[1] THEN []::BIGINT[] END
