@@ -78,6 +78,8 @@ class Compiled:
     carried_sql: str = ""  # ``witness_sql`` over matches that carry them: a projection of the matches
     split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
     # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
+    whole_sql: str = ""  # the semi-naive match as one join (every alias older than {until}, the newest of them at
+    # least {since}): the rows of the parts together, in one statement (``match_live(whole=True)``)
 
     def witness(self, mids: str, until: int, carried: bool = False) -> str:
         """The SELECT of the explanation rows of the matches whose ``mid`` is in the SELECT ``mids``: the
@@ -97,7 +99,7 @@ class Compiled:
         return self.match_sql.format(since=int(since), until=int(until))
 
     def match_live(self, since: int, until: int, newest: dict[str, int], oldest: dict[str, int],
-                   carry: bool = False, part: tuple[int, int] | None = None) -> str | None:
+                   carry: bool = False, part: tuple[int, int] | None = None, whole: bool = False) -> str | None:
         """``match(since, until)`` without the semi-naive parts that are empty by the tables' ts ranges alone
         (``newest``/``oldest``: each op table's greatest and least ``ts``; an empty table absent): part k needs a
         row of its alias k's table with ts >= since and, for every alias before it, a row with ts < since (at
@@ -105,7 +107,10 @@ class Compiled:
         ``carry`` (where ``self.carry``): the rows also carry their e-nodes, for ``witness(carried=True)``.
         ``part`` ``(i, k)``: only the matches whose first root is ``i`` modulo ``k`` (a condition on a column of
         one table, which DuckDB applies as it scans it: a part costs about 1/k of the join); every match row is in
-        exactly one part, since all its rows agree on the root (a ``UNION`` of parts removes the same repeats)."""
+        exactly one part, since all its rows agree on the root (a ``UNION`` of parts removes the same repeats).
+        ``whole``: where more than one part is left, the match as one join over all rows instead (``whole_sql``:
+        the same rows; DuckDB plans each part anew, 3-5 ms for a join of eight tables, which on small tables is
+        most of its cost)."""
         keep = []
         for k, (table, sql) in enumerate(self.parts):
             if newest.get(table, -1) < since:
@@ -116,8 +121,8 @@ class Compiled:
         if not keep:
             return None
         split = "true" if part is None else f"{self.split} % {int(part[1])} = {int(part[0])}"
-        return self.joiner.join(keep).format(since=int(since), until=int(until), carry=self.carry if carry else "",
-                                             part=split)
+        text = self.whole_sql if whole and len(keep) > 1 and self.whole_sql else self.joiner.join(keep)
+        return text.format(since=int(since), until=int(until), carry=self.carry if carry else "", part=split)
 
 
 @dataclass(frozen=True)
@@ -294,6 +299,12 @@ def compile_rule(rule: Rule) -> Compiled:
                                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}"))
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
     joiner = " UNION " if lhs.loose else " UNION ALL "
+    newest = f"greatest({', '.join(f'{a}.ts' for a in lhs.aliases)})" if len(lhs.aliases) > 1 else \
+        f"{lhs.aliases[0]}.ts" if lhs.aliases else ""
+    whole = (f"SELECT {'DISTINCT ' if lhs.loose else ''}{', '.join(cols)}{{carry}} FROM "
+             f"{', '.join(f.sql() for f in lhs.froms)} WHERE "
+             f"{' AND '.join(lhs.where + conds + [f'{a}.ts < {{until}}' for a in lhs.aliases] + [f'{newest} >= {{since}}', '{part}'])}"
+             if lhs.aliases else "")
     match_sql = joiner.join(sql.replace("{carry}", "").replace("{part}", "true") for _, sql in parts)
     carry = "" if lhs.loose else "".join(f", {a}.id AS _n{k}, {a}.out AS _c{k}" for k, a in enumerate(lhs.aliases))
     plan: list[_Step] = []
@@ -316,7 +327,8 @@ def compile_rule(rule: Rule) -> Compiled:
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
                     joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds),
                     witness_sql=_witness(lhs, conds, roots, lets),
-                    carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0])
+                    carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0],
+                    whole_sql=whole)
 
 
 def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str]:
