@@ -553,9 +553,11 @@ class EGraph:
 
     # ------------------------------------------------------------------ facts
     def counts(self) -> dict:
-        enodes = self.con.execute("SELECT count(*) FROM enodes").fetchall()[0][0]
-        eclasses = self.con.execute("SELECT count(*) FROM eclass").fetchall()[0][0]
-        return {"enodes": enodes, "eclasses": eclasses}
+        """E-nodes and e-classes, in one statement over the op tables that hold rows (counting the ``enodes``
+        view built every node's row, children lists and attributes: 15 ms a call on ViT-B/16, twice a round)."""
+        nodes = " + ".join(f"(SELECT count(*) FROM {t})" for t in sorted(self.live)) or "0"
+        enodes, eclasses = self.con.execute(f"SELECT {nodes}, (SELECT count(*) FROM eclass)").fetchall()[0]
+        return {"enodes": int(enodes), "eclasses": int(eclasses)}
 
     def table_counts(self) -> dict[str, int]:
         rows = self.con.execute("SELECT op, count(*) FROM enodes GROUP BY op ORDER BY op").fetchall()
