@@ -194,7 +194,9 @@ def test_batch_over_the_whole_small_zoo(tmp_path, monkeypatch):
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
     out = tmp_path / "out"
     check_small_zoo_batch(
-        models, out, lambda: B.run_batch(models, out, rules=["default", str(wrong)], check_rules=False, **FAST),
+        # two workers (FAST keeps each to one thread): ~40 s with one
+        models, out, lambda: B.run_batch(models, out, jobs=2, rules=["default", str(wrong)], check_rules=False,
+                                         **FAST),
         {"nasrnn": "verification failed", "broken": "not an ONNX model"})
 
 
