@@ -227,6 +227,17 @@ def _runs(run, clock, budget_s: float) -> tuple[float, int, float, float]:
     return float(med), n, float(q1), float(q3)
 
 
+def graph_latency(model: onnx.ModelProto | bytes, feeds: dict[str, np.ndarray], *, backend: Backend = CPU,
+                  threads: int = 1, budget_s: float = BUDGET_S) -> tuple[float, float, float, int]:
+    """(median, first and third quartile in ms, runs) of ``model`` as a whole, measured as
+    :func:`profile_graph` measures a profile's latency (one session, warm-up, runs back to back, the
+    same clock), without the profiler and without touching the cache: what re-measuring a cached
+    profile's latency takes."""
+    sess = _session(model, backend, threads, None)
+    median, runs, q1, q3 = _runs(lambda: sess.run(None, feeds), timer(timing_kind(backend), threads), budget_s)
+    return median, q1, q3, runs
+
+
 def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, backend: Backend = CPU,
                   threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
                   refresh: bool | Callable[[str], bool] = False) -> GraphProfile:

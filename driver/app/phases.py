@@ -563,6 +563,13 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
             f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
             f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
+    if fid.get("confirmed"):
+        held = fid["confirmed"]
+        ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)
+        notices.append(
+            f"{len(held)} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise, but measured "
+            f"again as they were taken they held ({ratios} of the new measurement): the timing moved, not the "
+            f"profile, and the candidates were not searched again")
     if fid.get("original_within_tolerance") is False:
         notices.append(
             f"the in-context prediction of the original is {fid['original_prediction_ratio']:.2f}x its measured "
