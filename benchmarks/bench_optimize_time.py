@@ -48,6 +48,7 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
     phases = r.get("phases_s") or {}
     return {"seconds": round(seconds, 1), "phases": {k: round(phases.get(k, 0.0), 1) for k in PHASES},
             "searches": fid.get("searches", 1), "timings_reused": fid.get("timings_reused", 0),
+            "confirmed": len(fid.get("confirmed") or []),
             "profiles_measured": fid.get("profiles_measured"), "profiles_cached": fid.get("profiles_from_cache"),
             "written": r.get("written"),
             "threads": r.get("threads")}
