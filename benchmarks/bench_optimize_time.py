@@ -50,7 +50,8 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
             "searches": fid.get("searches", 1), "timings_reused": fid.get("timings_reused", 0),
             "confirmed": len(fid.get("confirmed") or []),
             "profiles_measured": fid.get("profiles_measured"), "profiles_cached": fid.get("profiles_from_cache"),
-            "written": r.get("written"),
+            "written": r.get("written"), "verdict": r.get("verdict"),
+            "speedup": (r.get("latency") or {}).get("speedup"),  # the guard's: input over written/fastest
             "threads": r.get("threads")}
 
 
