@@ -1,8 +1,10 @@
 """A cached whole-graph profile that the fresh timing disagrees with is measured again, as it was taken, before
 the candidates are searched again: when that measurement agrees with the row, the row holds (the timing moved,
-not the profile) and there is no second search; when it does not (a poisoned row), the search runs again on a
-re-taken row (tests/test_cache_fidelity.py). Real ONNX Runtime sessions, real DuckDB cost caches, no mocks of
-either: the timing that "moved" is the check's verdict, turned for the first check only."""
+not the profile) and there is no second search; when it does not, the search runs again on a re-taken row (a
+poisoned row always: tests/test_cache_fidelity.py). Real ONNX Runtime sessions, real DuckDB cost caches: the
+timing that "moved" is the check's verdict, turned for the first check only. Whether a tiny model's row holds
+when measured in a new session depends on the machine (sessions of a 0.2 ms graph differ by 10 % and more), so
+each outcome is checked for what it must lead to."""
 
 import shutil
 
@@ -12,8 +14,12 @@ from relsat.driver.search.candidates import Search
 from test_cache_fidelity import MODEL, THREADS, honest, rows  # noqa: F401  (the module-scoped fixture)
 
 
-def test_a_disagreeing_row_that_holds_when_measured_again_is_kept_without_a_second_search(honest, tmp_path,
-                                                                                          monkeypatch):
+def within(h) -> bool:
+    return 1 / (1 + h["tolerance"]) <= h["ratio"] <= 1 + h["tolerance"]
+
+
+def test_a_disagreeing_row_is_measured_again_and_only_a_row_that_fails_again_is_searched_for(honest, tmp_path,
+                                                                                             monkeypatch):
     real = Search.check
     calls = []
 
@@ -23,19 +29,24 @@ def test_a_disagreeing_row_that_holds_when_measured_again_is_kept_without_a_seco
         return [{**r, "agrees": False} if len(calls) == 1 and r["profile"] == "cache" else r for r in found]
 
     monkeypatch.setattr(Search, "check", moved)
-    for attempt in range(3):  # the new measurement must land within the noise of the row: up to three runs
-        calls.clear()
-        path = tmp_path / f"costs{attempt}.duckdb"
-        shutil.copy(honest[0], path)
-        before = rows(path)
-        report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path).report
-        fid = report["fidelity"]
-        if fid["confirmed"]:
-            break
-    held = fid["confirmed"]
-    assert held and all(1 / (1 + h["tolerance"]) <= h["ratio"] <= 1 + h["tolerance"] for h in held)
-    assert {h["key"] for h in held} <= set(before)
-    if not fid["stale"]:  # every row held: one search, nothing re-taken, the cache as it was
+    path = tmp_path / "costs.duckdb"
+    shutil.copy(honest[0], path)
+    before = rows(path)
+    report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path).report
+    fid = report["fidelity"]
+    again = fid["remeasured"]
+    turned = [r for r in (fid["first_pass"] or fid)["checked"] if r["profile"] == "cache"]
+    assert turned and {h["key"] for h in again} >= {r["key"] for r in turned}  # every one measured again
+    for h in again:
+        assert h["fresh_ms"] > 0 and h["held"] == within(h)
+        assert h["cached_ms"] == before[h["key"]][0]
+    assert fid["confirmed"] == [h for h in again if h["held"]]
+    failed = {h["key"] for h in again if not h["held"]}
+    assert {r["key"] for r in fid["stale"]} == failed  # only those that failed again are stale
+    if failed:  # searched again on re-taken rows
+        assert fid["searches"] == 2 and fid["first_pass"] is not None and fid["retaken"] >= 1
+    else:  # every row held: one search, nothing re-taken, the cache as it was
         assert fid["searches"] == 1 and fid["first_pass"] is None and fid["retaken"] == 0
         assert rows(path) == before
-    assert any("held" in n for n in report["notices"])
+    if fid["confirmed"]:
+        assert any("held" in n for n in report["notices"])

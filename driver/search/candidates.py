@@ -420,9 +420,9 @@ class Search:
             # threads with a test suite beside it: a re-take of its fresh profile cost 79 s and left it 12 % off)
             stale = [r for r in checks if not r["agrees"] and r["profile"] == "cache"]
             if stale:  # a row that a fresh measurement of its own kind confirms is not stale: the timing moved
-                confirmed = self._remeasure(stale, status)
-                held += confirmed
-                stale = [r for r in stale if r["key"] not in {h["key"] for h in confirmed}]
+                again = self._remeasure(stale, status)
+                held += again
+                stale = [r for r in stale if r["key"] not in {h["key"] for h in again if h["held"]}]
             stale_all += [{**r, "search": attempt + 1} for r in stale]
             if not stale or self._run_args is None:
                 break
@@ -439,7 +439,7 @@ class Search:
                          "retaken": len(self._retaken), "stale_rows_removed": removed,
                          "stale_rows_replaced": len(self._stale & self._retaken),
                          "retake_s": time.perf_counter() - t_retake if t_retake else 0.0, "timings_reused": reused,
-                         "confirmed": held,
+                         "remeasured": held, "confirmed": [h for h in held if h["held"]],
                          "first_pass": first if retaken else None}
         if not cands:
             return None, None, None
@@ -465,7 +465,8 @@ class Search:
         return picked, check, guard.as_dict()
 
     def _remeasure(self, rows: list[dict], status) -> list[dict]:
-        """The rows of ``rows`` (cached profiles the check found off the fresh timing) that hold: their graph's
+        """Each row of ``rows`` (cached profiles the check found off the fresh timing) measured again, ``held``
+        where it holds: its graph's
         latency measured again now, as its profile measured it (``graph_latency``: one session, runs back to
         back), agrees with the cached latency within the noise (the floor, or those runs' spread). Then the row
         is not stale: the timing, interleaved with the other candidates and a minute later, moved (this machine's
@@ -486,9 +487,9 @@ class Search:
                 continue
             tolerance = max(self.fidelity_floor, (q3 - q1) / ms if ms > 0 else 0.0)
             ratio = r["profiled_ms"] / ms if ms > 0 else math.inf
-            if 1 / (1 + tolerance) <= ratio <= 1 + tolerance:
-                held.append({"label": r["label"], "key": r["key"], "cached_ms": r["profiled_ms"], "fresh_ms": ms,
-                             "ratio": ratio, "tolerance": tolerance, "timed_ms": r["measured_ms"]})
+            held.append({"label": r["label"], "key": r["key"], "cached_ms": r["profiled_ms"], "fresh_ms": ms,
+                         "ratio": ratio, "tolerance": tolerance, "timed_ms": r["measured_ms"],
+                         "held": 1 / (1 + tolerance) <= ratio <= 1 + tolerance})
         return held
 
     @staticmethod
