@@ -269,10 +269,9 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         else:
             clock = timer(kind, threads)
             fetch = [o.name for o in model.graph.output]
-            plain = _session(renamed if blob is None else blob, backend, threads, None)
             cond = conditions(threads)  # taken as the timing starts
-            latency, runs, q1, q3 = _runs(lambda: plain.run(fetch, feeds), clock, budget_s)
-            del plain
+            latency, q1, q3, runs = graph_latency(renamed if blob is None else blob, feeds, backend=backend,
+                                                  threads=threads, budget_s=budget_s)
             with tempfile.TemporaryDirectory() as tmp:
                 prof = _session(renamed if blob is None else blob, backend, threads, tmp)
                 _runs(lambda: prof.run(fetch, feeds), clock, budget_s / 2)

@@ -299,12 +299,12 @@ def compile_rule(rule: Rule) -> Compiled:
                                     f"WHERE {' AND '.join(lhs.where + conds + fresh)}"))
     # pattern rows are unique by key, so a match row repeats only when an attribute is left free
     joiner = " UNION " if lhs.loose else " UNION ALL "
-    newest = f"greatest({', '.join(f'{a}.ts' for a in lhs.aliases)})" if len(lhs.aliases) > 1 else \
-        f"{lhs.aliases[0]}.ts" if lhs.aliases else ""
+    # the parts as one join (several aliases only: with one there is one part)
+    ts = [f"{a}.ts" for a in lhs.aliases]
+    window = [f"{t} < {{until}}" for t in ts] + [f"greatest({', '.join(ts)}) >= {{since}}", "{part}"]
     whole = (f"SELECT {'DISTINCT ' if lhs.loose else ''}{', '.join(cols)}{{carry}} FROM "
-             f"{', '.join(f.sql() for f in lhs.froms)} WHERE "
-             f"{' AND '.join(lhs.where + conds + [f'{a}.ts < {{until}}' for a in lhs.aliases] + [f'{newest} >= {{since}}', '{part}'])}"
-             if lhs.aliases else "")
+             f"{', '.join(f.sql() for f in lhs.froms)} WHERE {' AND '.join(lhs.where + conds + window)}"
+             if len(ts) > 1 else "")
     match_sql = joiner.join(sql.replace("{carry}", "").replace("{part}", "true") for _, sql in parts)
     carry = "" if lhs.loose else "".join(f", {a}.id AS _n{k}, {a}.out AS _c{k}" for k, a in enumerate(lhs.aliases))
     plan: list[_Step] = []

@@ -253,7 +253,6 @@ class EGraph:
             missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM {looked} WHERE out IS NULL GROUP BY ALL"
             fresh, fresh_rows = tmp.counted("cand", rule_select(op, missing, given=set(keys), carry=extra,
                                                                 valid_only=True))
-            cand = fresh
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
             cand = tmp.create("cand", rule_select(op, source, given=src, carry=carried, valid_only=True))

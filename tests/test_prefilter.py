@@ -126,9 +126,9 @@ def test_survey_needs_a_row_with_the_literal_attributes():
     g.close()
 
 
-def test_live_parts_give_the_rows_of_the_whole_match():
-    """``match_live`` leaves out only parts empty by the tables' ts ranges: at every ``since`` it returns the
-    rows ``match`` returns."""
+def surveyed_nasrnn():
+    """The small NasRNN after one round of the default and merge rules, its rules compiled, and each op table's
+    newest and oldest ``ts`` (what the runner's survey hands ``match_live``): (g, compiled, newest, oldest)."""
     g = import_model(zoo.build("nasrnn", small=True)).egraph
     rules = load_rule_list(["default", "merge"])
     Runner(g, rules, Limits(iterations=1, enodes=3000, seconds=600)).run()
@@ -138,6 +138,13 @@ def test_live_parts_give_the_rows_of_the_whole_match():
                                                                      for t in tables))}
     newest = {t: v[0] for t, v in ts.items() if v[0] is not None}
     oldest = {t: v[1] for t, v in ts.items() if v[0] is not None}
+    return g, compiled, newest, oldest
+
+
+def test_live_parts_give_the_rows_of_the_whole_match():
+    """``match_live`` leaves out only parts empty by the tables' ts ranges: at every ``since`` it returns the
+    rows ``match`` returns."""
+    g, compiled, newest, oldest = surveyed_nasrnn()
     checked = 0
     for c in compiled:
         if not all(t in newest for t in c.tables):

@@ -8,21 +8,13 @@ from relsat.driver.boundary import zoo
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.search import runner as runner_module
 from relsat.driver.search.runner import Limits, Runner
-from relsat.programs.compiler import compile_rule
 from relsat.programs.rulesets import load_rule_list
 from test_determinism import fingerprint
+from test_prefilter import surveyed_nasrnn
 
 
 def test_one_join_gives_the_rows_of_the_parts():
-    g = import_model(zoo.build("nasrnn", small=True)).egraph
-    rules = load_rule_list(["default", "merge"])
-    Runner(g, rules, Limits(iterations=1, enodes=3000, seconds=600)).run()
-    compiled = [compile_rule(r) for r in rules]
-    tables = sorted({t for c in compiled for t in c.tables})
-    ts = {t: (new, old) for t, new, old in g.sql(" UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts) FROM {t}"
-                                                                     for t in tables))}
-    newest = {t: v[0] for t, v in ts.items() if v[0] is not None}
-    oldest = {t: v[1] for t, v in ts.items() if v[0] is not None}
+    g, compiled, newest, oldest = surveyed_nasrnn()
     several = found = 0
     for c in compiled:
         if not all(t in newest for t in c.tables):

@@ -398,7 +398,7 @@ class Search:
             self._serialized = {}
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
-        t_retake, removed, measured, first, stale_all, reused, held = None, 0, [], None, [], 0, []
+        t_retake, removed, measured, first, stale_all, reused, remeasured = None, 0, [], None, [], 0, []
         timed = None  # the last timing: the original and the candidates it timed
         for attempt in range(RETAKES + 1):
             cands = self.usable()
@@ -421,7 +421,7 @@ class Search:
             stale = [r for r in checks if not r["agrees"] and r["profile"] == "cache"]
             if stale:  # a row that a fresh measurement of its own kind confirms is not stale: the timing moved
                 again = self._remeasure(stale, status)
-                held += again
+                remeasured += again
                 stale = [r for r in stale if r["key"] not in {h["key"] for h in again if h["held"]}]
             stale_all += [{**r, "search": attempt + 1} for r in stale]
             if not stale or self._run_args is None:
@@ -439,7 +439,7 @@ class Search:
                          "retaken": len(self._retaken), "stale_rows_removed": removed,
                          "stale_rows_replaced": len(self._stale & self._retaken),
                          "retake_s": time.perf_counter() - t_retake if t_retake else 0.0, "timings_reused": reused,
-                         "remeasured": held, "confirmed": [h for h in held if h["held"]],
+                         "remeasured": remeasured, "confirmed": [h for h in remeasured if h["held"]],
                          "first_pass": first if retaken else None}
         if not cands:
             return None, None, None
@@ -466,14 +466,13 @@ class Search:
 
     def _remeasure(self, rows: list[dict], status) -> list[dict]:
         """Each row of ``rows`` (cached profiles the check found off the fresh timing) measured again, ``held``
-        where it holds: its graph's
-        latency measured again now, as its profile measured it (``graph_latency``: one session, runs back to
-        back), agrees with the cached latency within the noise (the floor, or those runs' spread). Then the row
-        is not stale: the timing, interleaved with the other candidates and a minute later, moved (this machine's
+        where it holds: its graph's latency measured again now, as its profile measured it (``graph_latency``: one
+        session, runs back to back), agrees with the cached latency within the noise (the floor, or those runs'
+        spread). Then the row is not stale: the timing, interleaved with the other candidates and a minute later, moved (this machine's
         speed moved 15 % within a minute, and on DistilBERT the original's profile and a fresh re-take of it were
         both 14-19 % under the timing), and a second search on a re-taken row would find the same prices. One
         session and a few runs per row, where a second search took 10-40 s."""
-        held = []
+        again = []
         for r in rows:
             c = next((x for x in [self.original, *self.usable()] if x is not None and x.profile_key == r["key"]
                       and x.model is not None), None)
@@ -487,10 +486,10 @@ class Search:
                 continue
             tolerance = max(self.fidelity_floor, (q3 - q1) / ms if ms > 0 else 0.0)
             ratio = r["profiled_ms"] / ms if ms > 0 else math.inf
-            held.append({"label": r["label"], "key": r["key"], "cached_ms": r["profiled_ms"], "fresh_ms": ms,
-                         "ratio": ratio, "tolerance": tolerance, "timed_ms": r["measured_ms"],
-                         "held": 1 / (1 + tolerance) <= ratio <= 1 + tolerance})
-        return held
+            again.append({"label": r["label"], "key": r["key"], "cached_ms": r["profiled_ms"], "fresh_ms": ms,
+                          "ratio": ratio, "tolerance": tolerance, "timed_ms": r["measured_ms"],
+                          "held": 1 / (1 + tolerance) <= ratio <= 1 + tolerance})
+        return again
 
     @staticmethod
     def _key(c: Candidate) -> tuple:
