@@ -270,6 +270,40 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
     return f"({_expr(c.left, lhs, lets, raw)}) {op} ({_expr(c.right, lhs, lets, raw)})"
 
 
+def lhs_tables(rule: Rule) -> tuple[str, ...]:
+    """The op tables a rule's left side joins, in the order ``compile_rule`` joins them (its ``Compiled.tables``),
+    read off the patterns alone: whether a rule can match at all is known before it is compiled (a generated rule
+    set is mostly rules over operators a model does not have; compiling all 2,624 cost 1.8 s a run)."""
+    found: dict[str, None] = {}
+
+    def walk(t: Term) -> None:
+        found[BY_TYPE[t.op].table] = None
+        for child in t.children:
+            if isinstance(child, Term):
+                walk(child)
+
+    for p in rule.patterns:
+        walk(p)
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a left side needs of the e-graph to match at all (``Compiled.edges`` and ``Compiled.kinds``)."""
+
+    edges: frozenset[tuple[str, str, int, str]]
+    kinds: frozenset[tuple[str, str]]
+
+
+def lhs_needs(rule: Rule) -> Needs:
+    """A rule's ``Compiled.edges`` and ``Compiled.kinds`` from a walk of its patterns alone (a fifth of compiling
+    it): whether the e-graph can hold a match is known before the rule is compiled."""
+    lhs = _Lhs()
+    for p in rule.patterns:
+        lhs.term(p)
+    return Needs(frozenset(lhs.edges), frozenset(lhs.kinds))
+
+
 def compile_rule(rule: Rule) -> Compiled:
     lhs = _Lhs()
     roots = [lhs.term(p) for p in rule.patterns]

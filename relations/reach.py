@@ -63,23 +63,38 @@ def cyclic_matches(g, pairs: str, result: str, scratch=None) -> int:
     return c.execute(f"SELECT count(*) FROM {result}").fetchall()[0][0]
 
 
+BITS = 1024  # start classes per bitstring in ``_reaching``: rows of the search are (group of starts, class)
+
+
 def _reaching(x: str, y: str, nx: int, ny: int, cpairs: str, edges: str) -> str:
     """A SELECT of the ``mid`` of the rows of ``cpairs`` (mid, a, b) whose class ``x`` reaches their
-    class ``y`` along ``edges`` (parent, child).
+    class ``y`` along ``edges`` (parent, child) by a path of one edge or more.
 
-    Searched down from the x side within the ancestors of the y side, or, when the y side has
-    fewer classes, up from the y side within the descendants of the x side."""
+    The side with fewer distinct classes is the start: each start class gets a bit (``BITS`` to a bitstring, a
+    row per group of starts and class), and the bits flow along the edges away from it (up to the parents from
+    the y side, or down to the children from the x side), inside the classes the other side reaches going the
+    opposite way (``near``); a class's row is rewritten only when it gains a bit, so the search ends, cycles
+    included, after as many steps as the longest path it follows.  A row of ``cpairs`` is a hit where the other
+    side's class holds its start's bit.  The search's rows are one per (group, class) reached, not one per (start,
+    class) reached as a closure of pairs would be: on NasRNN, 920 starts whose ancestors are most of the
+    37,000 e-classes, 3.4 s as such a closure."""
     if ny <= nx:
-        start, other, fwd, back, hit = y, x, "parent", "child", f"r.s = p.{y} AND r.c = p.{x}"
+        start, other, fwd, back = y, x, "parent", "child"
     else:
-        start, other, fwd, back, hit = x, y, "child", "parent", f"r.s = p.{x} AND r.c = p.{y}"
-    # `near`: the classes the other side reaches going the opposite way; the search stays inside
+        start, other, fwd, back = x, y, "child", "parent"
+    w = BITS
     return (
-        f"SELECT p.mid FROM {cpairs} p JOIN (WITH RECURSIVE "
+        f"SELECT mid FROM (WITH RECURSIVE "
+        f"ids AS (SELECT s, row_number() OVER (ORDER BY s) - 1 AS i FROM (SELECT DISTINCT {start} AS s FROM {cpairs})), "
         f"near(c) AS (SELECT {other} FROM {cpairs} UNION SELECT e.{back} FROM near JOIN {edges} e ON e.{fwd} = near.c), "
-        f"r(s, c) AS (SELECT DISTINCT {start}, {start} FROM {cpairs} UNION SELECT r.s, e.{fwd} FROM r "
-        f"JOIN {edges} e ON e.{back} = r.c WHERE e.{fwd} IN (SELECT c FROM near)) "
-        f"SELECT s, c FROM r WHERE s <> c) r ON {hit}"
+        f"r(g, c, bits) USING KEY (g, c) AS ("
+        f"SELECT i // {w}, s, bitstring_agg(i % {w}, 0, {w - 1}) FROM ids GROUP BY ALL "
+        f"UNION SELECT n.g, n.c, CASE WHEN o.bits IS NULL THEN n.bits ELSE o.bits | n.bits END FROM ("
+        f"SELECT r.g, e.{fwd} AS c, bit_or(r.bits) AS bits FROM r JOIN {edges} e ON e.{back} = r.c "
+        f"WHERE e.{fwd} IN (SELECT c FROM near) GROUP BY ALL) n "
+        f"LEFT JOIN recurring.r o ON o.g = n.g AND o.c = n.c WHERE o.bits IS NULL OR (o.bits | n.bits) <> o.bits) "
+        f"SELECT p.mid FROM {cpairs} p JOIN ids ON ids.s = p.{start} "
+        f"JOIN r ON r.g = ids.i // {w} AND r.c = p.{other} WHERE get_bit(r.bits, (ids.i % {w})::INTEGER) = 1)"
     )
 
 

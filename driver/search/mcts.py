@@ -47,7 +47,7 @@ import numpy as np
 
 from relsat.extract.analytic import problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract
-from relsat.programs.compiler import compile_rule
+from relsat.programs.compiler import lhs_tables
 from relsat.programs.ir import Rule
 from relsat.relations.egraph import EGraph
 from relsat.relations.states import State, States
@@ -98,7 +98,7 @@ class _Env:
         self.limits, self.scheduler, self.extractor = limits, scheduler, extractor
         self.states = States(g)
         self.productive: set[int] = set()  # rules that changed some e-graph of the search
-        self.tables = [compile_rule(r).tables for r in self.rules]  # the op tables each rule joins
+        self.tables = [lhs_tables(r) for r in self.rules]  # the op tables each rule joins
         self.steps = 0
 
     def label(self, a: int | None) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from relsat.programs.compiler import Compiled
+from relsat.programs.compiler import Compiled, Needs
 from relsat.relations.schema import literal, q
 
 Edge = tuple[str, str, int, str]  # (op table, child column, list position (0: a plain column), child's op table)
@@ -34,43 +34,56 @@ Kind = tuple[str, str]  # (op table, a term's literal attribute conditions on it
 class Survey:
     """The edge types the e-graph has, among those the rules need (see the module docstring)."""
 
-    def __init__(self, rules: Iterable[Compiled]) -> None:
-        rules = list(rules)
-        self.need: frozenset[Edge] = frozenset().union(*(c.edges for c in rules))
+    def __init__(self, rules: Iterable[Compiled | Needs] = ()) -> None:
+        self.need: set[Edge] = set()
         self.seen: set[Edge] = set()
-        self.need_kinds: frozenset[Kind] = frozenset().union(*(c.kinds for c in rules))
+        self.need_kinds: set[Kind] = set()
         self.seen_kinds: set[Kind] = set()
+        self.added: set[Edge | Kind] = set()  # needs added since the previous survey: their rows of every round
+        # are read once (the older rows were not read for them)
         self.last = 0  # the round of the previous survey: rows older than it were read then
+        self.add(rules)
+
+    def add(self, rules: Iterable[Compiled | Needs]) -> None:
+        """The needs of more rules (a runner reads a rule's needs once its op tables hold rows)."""
+        for c in rules:
+            self.added |= (c.edges - self.need) | (c.kinds - self.need_kinds)
+            self.need |= c.edges
+            self.need_kinds |= c.kinds
 
     def update(self, con, round: int, present: Iterable[str]) -> None:
         """Look for the needed, unseen edge types among the rows of tables in ``present`` (the non-empty op
         tables) that are of rounds ``self.last`` .. ``round - 1`` on at least one side of the edge, and for the
-        needed, unseen kinds among that table's rows of those rounds."""
-        present = set(present)
+        needed, unseen kinds among that table's rows of those rounds; needs added since the previous survey
+        among all rows."""
+        present, fresh = set(present), self.added if self.last else set()
         todo = [e for e in self.need - self.seen if e[0] in present and e[3] in present]
-        if todo:
-            self.seen |= self._find(con, todo)
+        for group, since in (([e for e in todo if e not in fresh], self.last), ([e for e in todo if e in fresh], 0)):
+            if group:
+                self.seen |= self._find(con, group, since)
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
-        if kinds:
-            self.seen_kinds |= self._find_kinds(con, kinds)
+        for group, since in (([k for k in kinds if k not in fresh], self.last), ([k for k in kinds if k in fresh], 0)):
+            if group:
+                self.seen_kinds |= self._find_kinds(con, group, since)
+        self.added = set()
         self.last = round
 
-    def allows(self, c: Compiled) -> bool:
+    def allows(self, c: Compiled | Needs) -> bool:
         return c.edges <= self.seen and c.kinds <= self.seen_kinds
 
-    def _find_kinds(self, con, kinds: list[Kind]) -> set[Kind]:
-        parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(self.last)} AND ({w}) "
+    def _find_kinds(self, con, kinds: list[Kind], since: int) -> set[Kind]:
+        parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(since)} AND ({w}) "
                                    "LIMIT 1)" for i, (t, w) in enumerate(kinds))
         return {kinds[i] for (i,) in con.execute(parts).fetchall()}
 
-    def _find(self, con, todo: list[Edge]) -> set[Edge]:
+    def _find(self, con, todo: list[Edge], since: int) -> set[Edge]:
         slots = sorted({(t, col, pos) for t, col, pos, _ in todo})
         kids = sorted({child for *_, child in todo})
         parents = " UNION ALL ".join(
             f"SELECT {literal(t)} AS p, {literal(col)} AS c, {pos} AS k, "
             f"{q(col) + f'[{pos}]' if pos else q(col)} AS ch, ts FROM {t}" for t, col, pos in slots)
         children = " UNION ALL ".join(f"SELECT {literal(t)} AS t, out, ts FROM {t}" for t in kids)
-        since = int(self.last)
+        since = int(since)
         join = "SELECT a.p, a.c, a.k, b.t FROM ({}) a JOIN ({}) b ON b.out = a.ch"
         if since == 0:
             sql = join.format(parents, children)

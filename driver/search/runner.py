@@ -73,7 +73,7 @@ from enum import Enum
 
 import numpy as np
 
-from relsat.programs.compiler import SNAPSHOT_ALL, Compiled, compile_rule
+from relsat.programs.compiler import MATCHES, SNAPSHOT_ALL, Compiled, Needs, compile_rule, lhs_needs, lhs_tables
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
@@ -150,15 +150,15 @@ class Report:
 class Scheduler(abc.ABC):
     """Decides which rules run in each round (egg's ``RewriteScheduler``).
 
-    ``rules`` are the run's compiled rules, the same objects in every round of a run (a scheduler
-    may key its state on them by identity).  A scheduler object keeps its state across runs.
+    ``rules`` are the run's rules (``RuleState``: ``rule`` its name, ``multi``), the same objects in every round
+    of a run (a scheduler may key its state on them by identity).  A scheduler object keeps its state across runs.
     """
 
     @abc.abstractmethod
-    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+    def select(self, round: int, rules: Sequence[RuleState]) -> list[RuleState]:
         """The rules (of ``rules``) to match in this round, in the order they run."""
 
-    def matched(self, round: int, rule: Compiled, matches: int) -> bool:
+    def matched(self, round: int, rule: RuleState, matches: int) -> bool:
         """``rule`` found ``matches`` matches: apply them (True) or ban the rule for now (False)."""
         return True
 
@@ -170,7 +170,7 @@ class Scheduler(abc.ABC):
 class SimpleScheduler(Scheduler):
     """Every rule, every round."""
 
-    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+    def select(self, round: int, rules: Sequence[RuleState]) -> list[RuleState]:
         return list(rules)
 
 
@@ -191,15 +191,15 @@ class BackoffScheduler(Scheduler):
         self._bans: dict[int, _Ban] = {}  # id(rule) -> its bans
         self._held: dict[int, bool] = {}  # round -> a rule was banned in it
 
-    def _ban(self, rule: Compiled) -> _Ban:
+    def _ban(self, rule: RuleState) -> _Ban:
         return self._bans.setdefault(id(rule), _Ban())
 
-    def select(self, round: int, rules: Sequence[Compiled]) -> list[Compiled]:
+    def select(self, round: int, rules: Sequence[RuleState]) -> list[RuleState]:
         chosen = [r for r in rules if round > self._ban(r).until]
         self._held[round] = len(chosen) < len(rules)
         return chosen
 
-    def matched(self, round: int, rule: Compiled, matches: int) -> bool:
+    def matched(self, round: int, rule: RuleState, matches: int) -> bool:
         ban = self._ban(rule)
         if matches <= self.match_limit << ban.times or ban.forced:
             ban.forced = False
@@ -231,11 +231,25 @@ SCHEDULERS = {"simple": SimpleScheduler, "backoff": BackoffScheduler}
 # --- the runner ---------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class RuleState:
-    compiled: Compiled
+    """One rule of a run, what a ``Scheduler`` is handed: its name (``rule``), ``multi``, and its compiled SQL once
+    it can match (``Runner._ready``)."""
+
+    ir: Rule
+    tables: tuple[str, ...]  # the op tables its left side joins (``lhs_tables``)
+    needs: Needs | None = None  # read once its op tables all hold rows (``Runner._ready``)
+    compiled: Compiled | None = None  # compiled once the e-graph has what it needs (``Runner._ready``)
     since: int = 0  # semi-naive: rows with ts >= since are new for this rule
     last: int = 0  # its matches when it last matched something (whether the next run counts them first: ``_parts``)
+
+    @property
+    def rule(self) -> str:
+        return self.ir.name
+
+    @property
+    def multi(self) -> bool:
+        return len(self.ir.patterns) > 1
 
 
 @dataclass
@@ -328,21 +342,22 @@ class Runner:
                     stop = reason
                     break
                 r = _Round(Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0), self.limits.enodes - enodes)
-                scheduled = self._schedule(rnd)
-                self._survey(r, scheduled)
-                for st in scheduled:
-                    sql = self._live(r, st)
+                eligible = self._eligible(rnd)
+                self._survey(r, eligible)
+                for st in s.scheduler.select(rnd, eligible):
+                    # not compiled: it cannot match (``_ready``)
+                    sql = self._live(r, st) if st.compiled is not None else None
                     if sql is None:  # as a run that matched nothing, without its statements
-                        banned = not s.scheduler.matched(rnd, st.compiled, 0)
+                        banned = not s.scheduler.matched(rnd, st, 0)
                         if not banned:
                             st.since = rnd
-                        r.stats.append((rnd, st.compiled.rule, 0, 0, 0, 0.0, banned))
+                        r.stats.append((rnd, st.rule, 0, 0, 0, 0.0, banned))
                         continue
                     m = self._match(r, st, sql)
-                    if s.scheduler.matched(rnd, st.compiled, m.count):
+                    if s.scheduler.matched(rnd, st, m.count):
                         self._apply(r, m)
                     else:  # banned: the matches are not applied, so the rule's `since` stays
-                        r.stats.append((rnd, st.compiled.rule, m.count, 0, 0, m.seconds, True))
+                        r.stats.append((rnd, st.rule, m.count, 0, 0, m.seconds, True))
                 self._rebuild(r)
                 s.report.statements.append(counter.count)
                 self._record(r)
@@ -358,7 +373,7 @@ class Runner:
         ``tmp``: the run's scratch, which drops the rules' matches tables at the end."""
         # applied in name order: a round's result, ids and node-limit cut included, does not depend on
         # the order of the rules in a file
-        rules = [RuleState(compile_rule(r)) for r in sorted(self.rules, key=lambda r: r.name)]
+        rules = [RuleState(r, lhs_tables(r)) for r in sorted(self.rules, key=lambda r: r.name)]
         sched = self.scheduler
         if isinstance(sched, str):
             if sched not in SCHEDULERS:
@@ -367,9 +382,8 @@ class Runner:
                      else SCHEDULERS[sched]())
         start = time.perf_counter()
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
-        for st in rules:
-            tmp.keep(st.compiled.matches)
-        return _Run(rules, sched, last + 1, start, tmp, Survey(st.compiled for st in rules), self.chunk_budget())
+        tmp.keep(MATCHES)
+        return _Run(rules, sched, last + 1, start, tmp, Survey(), self.chunk_budget())
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -379,28 +393,42 @@ class Runner:
             return StopReason.TIME_LIMIT
         return None
 
-    def _schedule(self, rnd: int) -> list[RuleState]:
-        """The rules of round ``rnd``: multi-pattern ones only in the first ``multi_rounds``, then
-        the scheduler's choice."""
+    def _eligible(self, rnd: int) -> list[RuleState]:
+        """The rules that may run in round ``rnd``, in name order, before the scheduler's choice: multi-pattern ones
+        only in the first ``multi_rounds``."""
         s = self._state
         multi_done = rnd - s.first_round >= self.limits.multi_rounds
-        eligible = [st for st in s.rules if not (st.compiled.multi and multi_done)]
-        by_id = {id(st.compiled): st for st in eligible}
-        return [by_id[id(c)] for c in s.scheduler.select(rnd, [st.compiled for st in eligible])]
+        return [st for st in s.rules if not (st.multi and multi_done)]
 
-    def _survey(self, r: _Round, scheduled: list[RuleState]) -> None:
-        """The newest and oldest row's ts and the rows of every op table the scheduled rules join (one statement;
-        empty tables left out), then the edge types and literal-attribute kinds the rules need that are new since the
-        last round (``Survey``: at most two statements)."""
-        tables = sorted({t for st in scheduled for t in st.compiled.tables})
-        if not tables:
-            return
-        sql = " UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts), count(*) FROM {t}" for t in tables)
-        for t, new, old, rows in self.egraph.con.execute(sql).fetchall():
-            if new is not None:
-                r.newest[t], r.oldest[t], r.rows[t] = new, old, rows
-        if self.prefilter:
-            self._state.survey.update(self.egraph.con, r.it.round, r.newest)
+    def _survey(self, r: _Round, eligible: list[RuleState]) -> None:
+        """The newest and oldest row's ts and the rows of every op table the eligible rules join (one statement;
+        empty tables left out); then the edge types and literal-attribute kinds the rules need that are new since the
+        last round (``Survey``: at most two statements, four in a round that adds needs); then the rules that can
+        match compiled (``_ready``)."""
+        tables = sorted({t for st in eligible for t in st.tables})
+        if tables:
+            sql = " UNION ALL ".join(f"SELECT '{t}', max(ts), min(ts), count(*) FROM {t}" for t in tables)
+            for t, new, old, rows in self.egraph.con.execute(sql).fetchall():
+                if new is not None:
+                    r.newest[t], r.oldest[t], r.rows[t] = new, old, rows
+        survey = self._state.survey
+        fresh = [st for st in eligible if st.needs is None and all(t in r.newest for t in st.tables)]
+        for st in fresh:
+            st.needs = lhs_needs(st.ir)
+        survey.add(st.needs for st in fresh)
+        if tables and self.prefilter:
+            survey.update(self.egraph.con, r.it.round, r.newest)
+        self._ready(eligible)
+
+    def _ready(self, eligible: list[RuleState]) -> None:
+        """Compile the eligible rules that can match now: their op tables all hold rows and (with the prefilter)
+        the e-graph has the edge types and attribute kinds they need.  A generated rule set is mostly rules over
+        operators, edges or shapes a model does not have: compiling all 2,624 of them cost 1.8 s a run (BERT), more
+        than the statements of those that run.  Until then a rule runs as one that matched nothing (as it would)."""
+        survey = self._state.survey
+        for st in eligible:
+            if st.compiled is None and st.needs is not None and (not self.prefilter or survey.allows(st.needs)):
+                st.compiled = compile_rule(st.ir)
 
     def _live(self, r: _Round, st: RuleState, part: tuple[int, int] | None = None) -> str | None:
         """The SELECT of the rule's matches this round, or None when it is empty without running it: one of
