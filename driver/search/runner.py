@@ -89,6 +89,8 @@ WHOLE_ROWS = 20_000  # a rule whose tables hold at most this many rows in all is
 # reading the old rows again (ViT-B/16's default rules at round 10: 0.61 -> 0.33 s over 81 rules, GELU's 8-part
 # pattern 33 -> 7 ms)
 GROWTH = 8  # a rule whose last matches times this reach the chunk budget is counted before it is matched
+SAMPLE_ROWS = 10_000  # an application of this many matches or more is followed by a look at DuckDB's temp files
+# (``Iteration.temp_mib``); a smaller one spills nothing of its own, and the look costs a statement (1 ms)
 ROW_BYTES = 1000  # memory per match row of one application (the matches, the build tables, the lookups and
 # the new rows each holds): ``--memory-limit`` over this is the most rows applied at once (``Runner.chunk_budget``)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -130,7 +132,7 @@ class Iteration:
     unions: int  # e-class ids merged by the rebuild
     new_nodes: int
     temp_mib: float = 0.0  # the largest size of DuckDB's temp files (what spilled past --memory-limit), sampled
-    # after each rule's application and after the rebuild
+    # after each application of at least ``SAMPLE_ROWS`` matches and after the rebuild
 
 
 @dataclass
@@ -558,7 +560,8 @@ class Runner:
         r.it.apply_s += t2 - t1
         r.it.applied += applied
         r.it.new_nodes += new_nodes
-        self._sample_temp(r)
+        if m.count >= SAMPLE_ROWS:
+            self._sample_temp(r)
         by_rule = self._state.report.applied_by_rule
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
         r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
