@@ -10,8 +10,11 @@ egg's ``Runner``: ``Limits`` (iterations, e-nodes, seconds, plus TENSAT's
 The phases of a round, one method each:
 
 - ``_check_limits``: before the round, the e-node and time limits.
-- ``_schedule``: the rules of this round (multi-pattern rules past their round
-  budget left out, then the scheduler's choice).
+- ``_eligible``: the rules of this round (multi-pattern rules past their round
+  budget left out); the scheduler chooses among them.
+- ``_survey`` and ``_ready``: the op tables' ts ranges, the edge types and attribute kinds the rules
+  need (``driver.search.prefilter``), and the rules that can now match compiled: a rule is compiled
+  the first round it can match, and until then runs as a rule that matched nothing, without SQL.
 - ``_match``: one rule's matches into its temp table (``Compiled.matches``); semi-naive (only
   matches that use a row newer than the rule's previous run; rows a rebuild
   rewrote count as new), capped so whole matches fit the round's e-node budget
