@@ -254,7 +254,8 @@ def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
     raise TypeError(f"unknown expression {e!r}")
 
 
-def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
+def _condition(c, lhs: _Lhs, lets: dict[str, str], linked: bool = True) -> str:
+    """A condition's SQL; ``linked``: the left side's patterns share variables, so a comparison is only a filter."""
     if isinstance(c, Pred):
         alias = lhs.eclass(c.var.name)
         if c.kind in FILLS:
@@ -267,11 +268,27 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str]) -> str:
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]
     op = "<>" if c.op == "!=" else c.op
     raw = op == "="  # equal symbols prove equal dims; nothing proves a symbol unequal to another dim
+    cmp = f"({_expr(c.left, lhs, lets, raw)}) {op} ({_expr(c.right, lhs, lets, raw)})"
     # a filter, never a join key: DuckDB's join order took ``e1.shape = e0.shape`` (two e-classes of the left side)
     # as the key of a join of ``eclass`` with itself before the ids, 10 million rows for 40 matches on NasRNN
-    # (matrix-0405-rev: 1.0 s -> 20 ms); every alias is joined to the others by ids already (the patterns, and the
-    # e-classes of their variables), and in a WHERE a NULL comparison is false either way
-    return f"coalesce(({_expr(c.left, lhs, lets, raw)}) {op} ({_expr(c.right, lhs, lets, raw)}), false)"
+    # (matrix-0405-rev: 1.0 s -> 20 ms).  Where the patterns are linked by variables every alias is joined to the
+    # others by ids already (the patterns, and the e-classes of their variables); in a WHERE a NULL comparison is
+    # false either way.  Patterns that share no variable keep the plain comparison: it may be their only link.
+    return f"coalesce({cmp}, false)" if linked else cmp
+
+
+def _linked(rule: Rule) -> bool:
+    """Whether the left side's patterns are one join through shared variables (one pattern always is)."""
+    groups = [_vars(p) for p in rule.patterns]
+    reached, todo = set(groups[0]), groups[1:]
+    while todo:
+        joined = [g for g in todo if g & reached]
+        if not joined:
+            return False
+        for g in joined:
+            reached |= g
+        todo = [g for g in todo if not g & reached]
+    return True
 
 
 def lhs_tables(rule: Rule) -> tuple[str, ...]:
@@ -320,7 +337,8 @@ def compile_rule(rule: Rule) -> Compiled:
     lets: dict[str, str] = {}
     for let in rule.lets:
         lets[let.var.name] = f"({_expr(let.expr, lhs, lets)})"
-    conds = [_condition(c, lhs, lets) for c in rule.conditions]
+    linked = _linked(rule)
+    conds = [_condition(c, lhs, lets, linked) for c in rule.conditions]
     conds += [f"{v} IS NOT NULL" for v in lets.values()]  # a let over a dynamic dim is no number
     cols = [f"{e} AS {q('v_' + v)}" for v, e in lhs.binds.items()]
     cols += [f"{e} AS {q('v_' + v)}" for v, e in lets.items()]

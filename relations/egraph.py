@@ -555,10 +555,11 @@ class EGraph:
         """E-nodes and e-classes, in one statement over the op tables that hold rows (counting the ``enodes``
         view built every node's row, children lists and attributes: 15 ms a call on ViT-B/16, twice a round; a sum
         of scalar subqueries, one per table, 49 ms on BERT's nine tables against 2 ms for this UNION ALL)."""
-        parts = [f"SELECT false AS c, count(*) AS n FROM {t}" for t in sorted(self.live)]
+        parts = ["SELECT true AS c, count(*) AS n FROM eclass"] + [f"SELECT false, count(*) FROM {t}"
+                                                                   for t in sorted(self.live)]
         enodes, eclasses = self.con.execute(
             "SELECT coalesce(sum(n) FILTER (WHERE NOT c), 0), sum(n) FILTER (WHERE c) FROM ("
-            + " UNION ALL ".join(parts + ["SELECT true, count(*) FROM eclass"]) + ")").fetchall()[0]
+            + " UNION ALL ".join(parts) + ")").fetchall()[0]
         return {"enodes": int(enodes), "eclasses": int(eclasses)}
 
     def table_counts(self) -> dict[str, int]:

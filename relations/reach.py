@@ -4,8 +4,8 @@ The e-class graph has an edge from an e-class to each child e-class of each of i
 e-nodes.  A union of two e-classes a and b closes a cycle exactly when one reaches
 the other; multi-pattern rules can do that (TENSAT's cycle problem), and
 ``cyclic_matches`` finds the matches whose unions would, so the runner can drop them
-before they are applied.  Everything is set-oriented: recursive CTEs (``UNION``, so
-existing cycles terminate) over all queried e-classes at once, never a loop per match.
+before they are applied.  Everything is set-oriented: recursive CTEs over all queried e-classes at
+once (a row rewritten only when it gains something, so existing cycles end), never a loop per match.
 
 ``strong_components`` (Tarjan, on arrays) is the one cycle finder: ``cyclic_classes`` runs it on
 the e-class graph, and the ILP extraction on its class graph (order variables only inside cyclic
@@ -73,11 +73,12 @@ def _reaching(x: str, y: str, nx: int, ny: int, cpairs: str, edges: str) -> str:
     The side with fewer distinct classes is the start: each start class gets a bit (``BITS`` to a bitstring, a
     row per group of starts and class), and the bits flow along the edges away from it (up to the parents from
     the y side, or down to the children from the x side), inside the classes the other side reaches going the
-    opposite way (``near``); a class's row is rewritten only when it gains a bit, so the search ends, cycles
-    included, after as many steps as the longest path it follows.  A row of ``cpairs`` is a hit where the other
-    side's class holds its start's bit.  The search's rows are one per (group, class) reached, not one per (start,
-    class) reached as a closure of pairs would be: on NasRNN, 920 starts whose ancestors are most of the
-    37,000 e-classes, 3.4 s as such a closure."""
+    opposite way (``near``).  A class's row is rewritten only when it gains a bit, so the search ends, cycles
+    included: each bit reaches a class at its shortest distance from its start, and a class is rewritten at most
+    once per distance at which bits arrive.  A row of ``cpairs`` is a hit where the other side's class holds its
+    start's bit.  The search's rows are one per (group, class) reached, not one per (start, class) reached as a
+    closure of pairs would be: on NasRNN, 920 starts whose ancestors are most of the 37,000 e-classes, 3.4 s as
+    such a closure, 1.1-1.5 s so."""
     if ny <= nx:
         start, other, fwd, back = y, x, "parent", "child"
     else:

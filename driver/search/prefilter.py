@@ -1,4 +1,5 @@
-"""Which rules can match at all this round, decided for the whole rule set in at most two statements.
+"""Which rules can match at all this round, decided for the whole rule set in at most two statements (four
+in a round that adds the needs of rules just become ready).
 
 A rule's left side joins op tables along child edges: ``(Mul (Add ?x ?y) ?z)`` needs a ``Mul`` node
 whose first child's e-class holds an ``Add`` node.  ``Compiled.edges`` lists these needs as

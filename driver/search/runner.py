@@ -374,8 +374,8 @@ class Runner:
         return self._finish(stop)
 
     def _begin(self, tmp) -> _Run:
-        """Compile the rules, make the scheduler, start the clock; rounds go on from the stored ones.
-        ``tmp``: the run's scratch, which drops the rules' matches tables at the end."""
+        """The rules' states (compiled later: ``_ready``), the scheduler, the clock; rounds go on from the stored
+        ones.  ``tmp``: the run's scratch, which drops the matches table at the end."""
         # applied in name order: a round's result, ids and node-limit cut included, does not depend on
         # the order of the rules in a file
         rules = [RuleState(r, lhs_tables(r)) for r in sorted(self.rules, key=lambda r: r.name)]
@@ -420,7 +420,8 @@ class Runner:
         fresh = [st for st in eligible if st.needs is None and all(t in r.newest for t in st.tables)]
         for st in fresh:
             st.needs = lhs_needs(st.ir)
-        survey.add(st.needs for st in fresh)
+        if self.prefilter:
+            survey.add(st.needs for st in fresh)
         if tables and self.prefilter:
             survey.update(self.egraph.con, r.it.round, r.newest)
         self._ready(eligible)
