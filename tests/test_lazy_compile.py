@@ -68,8 +68,8 @@ def saturate(eager: bool) -> tuple[dict, int]:
             run.survey.add(st.compiled for st in run.rules)
         return run
 
-    def readying(eligible):
-        ready(eligible)
+    def readying(r, eligible):
+        ready(r, eligible)
         compiled.update(st.rule for st in eligible if st.compiled is not None)
 
     runner._begin, runner._ready = beginning, readying

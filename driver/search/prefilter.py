@@ -57,17 +57,22 @@ class Survey:
         tables) that are of rounds ``self.last`` .. ``round - 1`` on at least one side of the edge, and for the
         needed, unseen kinds among that table's rows of those rounds; needs added since the previous survey
         among all rows."""
-        present, fresh = set(present), self.added if self.last else set()
+        present = set(present)
         todo = [e for e in self.need - self.seen if e[0] in present and e[3] in present]
-        for group, since in (([e for e in todo if e not in fresh], self.last), ([e for e in todo if e in fresh], 0)):
-            if group:
-                self.seen |= self._find(con, group, since)
+        for group, since in self._since(todo):
+            self.seen |= self._find(con, group, since)
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
-        for group, since in (([k for k in kinds if k not in fresh], self.last), ([k for k in kinds if k in fresh], 0)):
-            if group:
-                self.seen_kinds |= self._find_kinds(con, group, since)
+        for group, since in self._since(kinds):
+            self.seen_kinds |= self._find_kinds(con, group, since)
         self.added = set()
         self.last = round
+
+    def _since(self, needs: list) -> list[tuple[list, int]]:
+        """``needs`` split by the round from which their rows are read: the previous survey's, or every round for
+        those added since it; empty groups left out."""
+        fresh = self.added if self.last else set()
+        groups = ([n for n in needs if n not in fresh], self.last), ([n for n in needs if n in fresh], 0)
+        return [(g, since) for g, since in groups if g]
 
     def allows(self, c: Compiled | Needs) -> bool:
         return c.edges <= self.seen and c.kinds <= self.seen_kinds

@@ -243,7 +243,7 @@ class RuleState:
 
     ir: Rule
     tables: tuple[str, ...]  # the op tables its left side joins (``lhs_tables``)
-    needs: Needs | None = None  # read once its op tables all hold rows (``Runner._ready``)
+    needs: Needs | None = None  # read once its op tables all hold rows, with the prefilter (``Runner._survey``)
     compiled: Compiled | None = None  # compiled once the e-graph has what it needs (``Runner._ready``)
     since: int = 0  # semi-naive: rows with ts >= since are new for this rule
     last: int = 0  # its matches when it last matched something (whether the next run counts them first: ``_parts``)
@@ -416,24 +416,31 @@ class Runner:
             for t, new, old, rows in self.egraph.con.execute(sql).fetchall():
                 if new is not None:
                     r.newest[t], r.oldest[t], r.rows[t] = new, old, rows
-        survey = self._state.survey
-        fresh = [st for st in eligible if st.needs is None and all(t in r.newest for t in st.tables)]
-        for st in fresh:
-            st.needs = lhs_needs(st.ir)
         if self.prefilter:
+            survey = self._state.survey
+            fresh = [st for st in eligible if st.needs is None and all(t in r.newest for t in st.tables)]
+            for st in fresh:
+                st.needs = lhs_needs(st.ir)
             survey.add(st.needs for st in fresh)
-        if tables and self.prefilter:
-            survey.update(self.egraph.con, r.it.round, r.newest)
-        self._ready(eligible)
+            if tables:
+                survey.update(self.egraph.con, r.it.round, r.newest)
+        self._ready(r, eligible)
 
-    def _ready(self, eligible: list[RuleState]) -> None:
+    def _ready(self, r: _Round, eligible: list[RuleState]) -> None:
         """Compile the eligible rules that can match now: their op tables all hold rows and (with the prefilter)
-        the e-graph has the edge types and attribute kinds they need.  A generated rule set is mostly rules over
-        operators, edges or shapes a model does not have: compiling all 2,624 of them cost 1.8 s a run (BERT), more
-        than the statements of those that run.  Until then a rule runs as one that matched nothing (as it would)."""
+        the e-graph has the edge types and attribute kinds they need (a rule's needs are read once its tables hold
+        rows: ``_survey``).  A generated rule set is mostly rules over operators, edges or shapes a model does not
+        have: compiling all 2,624 of them cost 1.8 s a run (BERT), more than the statements of those that run.
+        Until then a rule runs as one that matched nothing (as it would)."""
         survey = self._state.survey
         for st in eligible:
-            if st.compiled is None and st.needs is not None and (not self.prefilter or survey.allows(st.needs)):
+            if st.compiled is not None:
+                continue
+            if self.prefilter:
+                ready = st.needs is not None and survey.allows(st.needs)
+            else:
+                ready = all(t in r.newest for t in st.tables)
+            if ready:
                 st.compiled = compile_rule(st.ir)
 
     def _live(self, r: _Round, st: RuleState, part: tuple[int, int] | None = None) -> str | None:
