@@ -63,7 +63,7 @@ def expand(x, shape):
 
 
 def reduce(kind: str, x, axes, keepdims, noop):
-    """ONNX ReduceMean/L2/Min/Max/Prod over ``axes`` (all when empty, none with ``noop_with_empty_axes``)."""
+    """ONNX ReduceMean/L2/Min/Max/Prod (the first two catalog operators) over ``axes`` (all when empty, none with ``noop_with_empty_axes``)."""
     if not axes:
         if noop:
             return x
@@ -194,8 +194,6 @@ OPAQUE: tuple[OpDef, ...] = (
     OpDef("Floor", _X, torch="torch.floor(x)"),
     OpDef("Ceil", _X, torch="torch.ceil(x)"),
     OpDef("Reciprocal", _X, torch="torch.reciprocal(x)"),
-    _reduce("ReduceMean", "mean"),
-    _reduce("ReduceL2", "l2"),
     _reduce("ReduceMin", "min"),
     _reduce("ReduceMax", "max"),
     _reduce("ReduceProd", "prod"),

@@ -311,7 +311,7 @@ class _Draw:
         match name:
             case "group":
                 return choice(1, 1, 2)
-            case "ceil_mode" | "count_include_pad" | "transA" | "transB":
+            case "ceil_mode" | "count_include_pad" | "transA" | "transB" | "keepdims":
                 return choice(0, 1)
             case "axis":
                 return int(rng.integers(rank + (o == "Flatten")))
@@ -330,6 +330,8 @@ class _Draw:
                 return sorted(int(a) for a in rng.choice(rank + (n or 1), n or 1, replace=False))
             case "axes" if o == "Squeeze":
                 return [i for i, d in enumerate(shape) if d == 1]
+            case "axes" if o.startswith("Reduce"):
+                return sorted(int(a) for a in rng.choice(rank, n or int(rng.integers(1, rank + 1)), replace=False))
             case "axes":
                 return [int(rng.integers(rank))]
             case "starts":
@@ -506,6 +508,18 @@ class _Draw:
         attrs.get("perm", rank=len(x))
         return [x]
 
+    def reduce(self, t: Term, attrs: _Attrs, target):
+        """A reduction: with the axes and keepdims fixed and the output's shape known, the data is that shape
+        with each reduced axis drawn; otherwise the data first, then the axes from its rank."""
+        axes, keep = attrs.known("axes"), attrs.known("keepdims")
+        if target is not None and axes is not None and keep == 1 and len(target) >= 1:
+            hint = tuple(self.pick() if i in {a % len(target) for a in axes} else d for i, d in enumerate(target))
+            return [self.kid(t.children[0], hint)]
+        x = self.kid(t.children[0])
+        attrs.get("axes", rank=len(x), shape=x)
+        attrs.get("keepdims")
+        return [x]
+
     def regroup(self, shape: tuple, rank: int) -> list | None:
         """``shape`` as ``rank`` dims of the same number of elements: trailing dims merged, or the last dim
         split into factors (heads x head size); None where it cannot be split."""
@@ -574,6 +588,7 @@ _PLANNERS = {  # the catalog's ``draw`` names
     "elementwise": _Draw.elementwise, "conv": _Draw.conv, "deconv": _Draw.deconv, "window": _Draw.window, "batchnorm": _Draw.batchnorm,
     "layernorm": _Draw.layernorm, "matmul": _Draw.matmul, "gemm": _Draw.gemm, "concat": _Draw.concat,
     "split": _Draw.split, "getitem": _Draw.getitem, "transpose": _Draw.transpose, "reshaping": _Draw.reshaping,
+    "reduce": _Draw.reduce,
 }
 
 

@@ -237,6 +237,27 @@ def _binary(op: str, **kw) -> OpDef:
     return OpDef(op, _AB, shape="bcast(s_a, s_b)", **kw)
 
 
+def _reduce(op: str, flops: str = "prod(s_data)", **kw) -> OpDef:
+    """A reduction over ``axes`` (sorted, distinct, in 0..rank-1: the import hook resolves ONNX's negative
+    axes and "all axes" when none are given), keeping them as 1s with ``keepdims`` or dropping them; the axes
+    are an input from opset 18 (lifted)."""
+    kw.setdefault("example", Example(([2, 3, 4, 5],), {"axes": [1, 3], "keepdims": 1}))
+    return OpDef(
+        op,
+        (Input("data"),),
+        (Attr("axes", "ints"), Attr("keepdims", "int", 1)),
+        shape="CASE WHEN len(axes) >= 1 AND keepdims IN (0, 1) AND len(list_distinct(axes)) = len(axes) "
+        "AND list_bool_and(list_transform(axes, lambda a: a >= 0 AND a < len(s_data))) "
+        "THEN CASE WHEN keepdims = 1 THEN list_transform(s_data, lambda d, i: CASE WHEN list_contains(axes, i - 1) "
+        "THEN 1 ELSE d END) ELSE list_filter(s_data, lambda d, i: NOT list_contains(axes, i - 1)) END END",
+        canon=(("axes", "list_sort(list_transform(axes, lambda a: norm_axis(a, len(s_data))))"),),
+        lifted=(Lifted(1, "axes", 18),),
+        flops=flops,
+        draw="reduce",
+        **kw,
+    )
+
+
 OPS: tuple[OpDef, ...] = (
     # leaves: the tensor data stays outside the op tables
     OpDef("Input", (), (Attr("name", "string"),), shape="NULL", dtype="NULL", flops="0", leaf=True),
@@ -348,6 +369,10 @@ OPS: tuple[OpDef, ...] = (
         torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
         example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
     ),
+    _reduce("ReduceMean", torch="reduce('mean', data, axes, keepdims, attrs.get('noop_with_empty_axes', 0))"),
+    # sqrt(sum(x^2)) over the axes (ConvNeXt V2's global response norm)
+    _reduce("ReduceL2", flops="2 * prod(s_data)",
+            torch="reduce('l2', data, axes, keepdims, attrs.get('noop_with_empty_axes', 0))"),
     OpDef(
         "BatchNormalization",
         (Input("X"), Input("scale"), Input("B"), Input("input_mean"), Input("input_var")),

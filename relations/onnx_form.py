@@ -452,7 +452,22 @@ def _pad(ctx, node, attrs, data, shapes) -> bool:
     return pads is not None and len(pads) == 2 * rank
 
 
+def _reduce(ctx, node, attrs, data, shapes) -> bool:
+    """ReduceMean/ReduceL2: the axes as sorted positions; none given means all of them (ONNX's default),
+    unless ``noop_with_empty_axes`` makes the node an identity, which stays opaque."""
+    rank = len(shapes[0])
+    axes = attrs.get("axes")
+    if not axes and attrs.pop("noop_with_empty_axes", 0):
+        return False
+    attrs.pop("noop_with_empty_axes", None)
+    axes = list(range(rank)) if not axes else [norm_axis(a, rank) for a in axes]
+    attrs["axes"] = sorted(set(axes))
+    attrs.setdefault("keepdims", 1)
+    return len(attrs["axes"]) == len(axes) and all(0 <= a < rank for a in axes) and rank >= 1
+
+
 IMPORT_HOOKS = {"Conv": _window, "ConvTranspose": _conv_transpose, "MaxPool": _window, "AveragePool": _window,
           "Softmax": _softmax,
           "BatchNormalization": _batchnorm, "Split": _split, "Slice": _slice, "Transpose": _transpose,
-          "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad, "Gather": _gather}
+          "Reshape": _reshape, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Pad": _pad, "Gather": _gather,
+          "ReduceMean": _reduce, "ReduceL2": _reduce}

@@ -171,6 +171,14 @@ CASES = [
     case("pad-opset18-axes-reflect", 18, "Pad", {"x": [2, 3, 4], "p": i64(1, 2), "": None, "axes": i64(-1)},
      dict(mode="reflect")),
     case("pad-opset11-edge", 11, "Pad", {"x": [3, 4], "p": i64(1, 1, 1, 1)}, dict(mode="edge")),
+    case("reducemean-negative-axes-dropped", 13, "ReduceMean", {"x": [2, 3, 4]}, dict(axes=[-1, 0], keepdims=0)),
+    case("reducemean-all-axes", 13, "ReduceMean", {"x": [2, 3, 4]}, {}),
+    case("reducemean-opset18-input", 18, "ReduceMean", {"x": [2, 3, 4], "axes": i64(-2)}, {}),
+    case("reducemean-opset18-all", 18, "ReduceMean", {"x": [2, 3, 4]}, dict(keepdims=0)),
+    case("reducemean-opset18-noop-opaque", 18, "ReduceMean", {"x": [2, 3, 4]}, dict(noop_with_empty_axes=1),
+         opaque=True),
+    case("reducel2-spatial", 17, "ReduceL2", {"x": [1, 5, 5, 3]}, dict(axes=[1, 2])),
+    case("reducel2-opset18", 18, "ReduceL2", {"x": [1, 5, 5, 3], "axes": i64(1, 2)}, {}),
 ]
 
 
@@ -223,7 +231,7 @@ def test_opaque_nodes_with_attributes_subgraph_and_several_outputs():
         helper.make_node("If", ["cond"], ["branch"], then_branch=then_g, else_branch=else_g),
         helper.make_node("TopK", ["branch", "k"], ["values", "indices"], axis=1, largest=0),
         helper.make_node("Cast", ["indices"], ["indices_f"], to=F),
-        helper.make_node("ReduceMean", ["values"], ["mean"], keepdims=1, axes=[1]),
+        helper.make_node("ReduceMin", ["values"], ["mean"], keepdims=1, axes=[1]),
         helper.make_node("Where", ["mask", "mean", "indices_f"], ["picked"]),
         helper.make_node("Sigmoid", ["picked"], ["y"]),
     ]

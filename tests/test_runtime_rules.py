@@ -41,7 +41,7 @@ def rewrite(model, avoid: set[str], rules=("runtime",)):
     compute on data: on constants they fold at export), and return (written model, rules applied)."""
     imported = import_model(model)
     g = imported.egraph
-    report = Runner(g, load_rule_list(rules), Limits(8, 20000, 60.0, DEFAULTS.multi_rounds)).run()
+    report = Runner(g, load_rule_list(rules), Limits(16, 20000, 60.0, DEFAULTS.multi_rounds)).run()
     analytic_costs(g)
     if avoid:
         g.con.execute("UPDATE costs SET ms = ms + 1e6 WHERE node IN (SELECT n.id FROM enodes n JOIN eclass e "
@@ -158,6 +158,41 @@ def test_channel_last_mlp_is_1x1_convs():
     got = ops(out)
     assert got["Conv"] == 2 and got["MatMul"] == 0 and got["Transpose"] == 2, got  # around the LayerNorm only
     same_outputs(m, out, [1, C, 6, 6])
+
+
+def test_channel_last_mlp_with_global_response_norm_is_1x1_convs():
+    """ConvNeXt V2's block: the MLP of ConvNeXt with a global response norm between its Linears (ReduceL2 over
+    H and W, ReduceMean over the channels, gamma and beta [1, 1, 1, C], a residual); the NCHW Transpose moves
+    through the norm (its axes renumbered) so both Linears are 1x1 Convs, and an untrained beta of zeros is
+    dropped. Same outputs under ONNX Runtime."""
+    C, H = 8, 6
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "be"], ["n"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["a1"]),
+             helper.make_node("Div", ["a1", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a1", "e1"], ["p"]),
+             helper.make_node("Mul", ["p", "half"], ["act"]),
+             helper.make_node("ReduceL2", ["act"], ["gx"], axes=[1, 2], keepdims=1),
+             helper.make_node("ReduceMean", ["gx"], ["gm"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["gm", "eps"], ["ge"]), helper.make_node("Div", ["gx", "ge"], ["nx"]),
+             helper.make_node("Mul", ["act", "nx"], ["xn"]), helper.make_node("Mul", ["gamma", "xn"], ["gxn"]),
+             helper.make_node("Add", ["beta", "gxn"], ["gb"]), helper.make_node("Add", ["act", "gb"], ["grn"]),
+             helper.make_node("MatMul", ["grn", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
+             helper.make_node("Transpose", ["a2"], ["y"], perm=[0, 3, 1, 2])]
+    inits = [w("g", C), w("be", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), w("w2", 4 * C, C, scale=0.3),
+             w("b2", C), w("gamma", 1, 1, 1, 4 * C), c("beta", 0.0, (1, 1, 1, 4 * C)), c("sqrt2", 2 ** 0.5),
+             c("one", 1.0), c("half", 0.5), c("eps", 1e-6)]
+    m = model_of(nodes, [1, C, H, H], [1, C, H, H], inits, opset=17)
+    out, applied = rewrite(m, {"MatMul"}, rules=("default",))
+    assert applied["matmul-nhwc-as-conv"] >= 2 and applied["transpose-nchw-reducel2-spatial"] >= 1 \
+        and applied["transpose-nchw-reducemean-channel"] >= 1 and applied["add-zero-channel-last"] >= 1, applied
+    got = ops(out)
+    assert got["Conv"] == 2 and got["MatMul"] == 0 and got["Transpose"] == 2, got  # around the LayerNorm only
+    reduced = {n.op_type: [a.ints for a in n.attribute if a.name == "axes"] for n in out.graph.node
+               if n.op_type.startswith("Reduce")}
+    assert reduced == {"ReduceL2": [[2, 3]], "ReduceMean": [[1]]}, reduced  # over NCHW's axes
+    assert got["Add"] <= 4, got  # beta's Add gone (the others: Gelu's, eps, the residual, a bias at most)
+    same_outputs(m, out, [1, C, H, H])
 
 
 def test_a_gathered_token_is_computed_alone():

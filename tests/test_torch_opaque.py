@@ -192,7 +192,10 @@ def test_one_node_timing_path_matches_onnx_runtime(case, device):
 def test_every_opaque_operator_has_cases_and_none_is_in_the_catalog():
     ops = {(op.domain, op.op_type) for op in torch_opaque.OPAQUE}
     assert len(ops) == len(torch_opaque.OPAQUE) and not ops & set(BY_ONNX)
-    assert {op for _, op in ops} == {op for op, _, _ in CASES.values()}
+    cased = {op for op, _, _ in CASES.values()}
+    # every opaque operator has cases; the other cases are of operators the catalog gained (ReduceMean, ReduceL2),
+    # whose mapping (the catalog's) still runs the spellings kept here (axes as an input, all axes, a no-op)
+    assert {op for _, op in ops} <= cased and all(("", op) in BY_ONNX for op in cased - {op for _, op in ops})
 
 
 @pytest.mark.parametrize("m, why", [

@@ -63,7 +63,7 @@ from relsat.relations.backend import Backend
 
 from relsat.driver.boundary import feeds
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import Latency, judge, judged_ms, time_models, undecided
+from relsat.driver.boundary.latency import MIN_RUNS, Latency, judge, judged_ms, time_models, undecided
 from relsat.driver.boundary.onnx_export import export_graph
 from relsat.driver.boundary.verify import VerifyResult, verify
 
@@ -72,6 +72,9 @@ FIDELITY_FLOOR = 0.10  # a profile is stale when its latency and the fresh timin
 # (or more than the fresh timing's spread, where that is larger), on either side
 RETAKES = 2  # times the search runs again on re-taken profiles; after the first, only for cached rows that
 # still disagree (a cached row passed the first check inside a wide noise band and failed a narrower one)
+
+
+CONFIRM_MIN_RUNS = 2 * MIN_RUNS  # runs per model in the second timing of the candidate to write, at least
 
 
 @dataclass
@@ -515,11 +518,15 @@ class Search:
         """Time the input model and ``c`` again, by themselves, in fresh sessions: ``c`` is written only if it
         is faster beyond ``threshold`` in this timing too. With several candidates, the fastest of them in
         one timing is faster than the input model by more than the threshold now and then by noise alone
-        (MobileNetV3 and RegNetY: written at 0.975-0.994x of the input model's speed, the same kernels)."""
+        (MobileNetV3 and RegNetY: written at 0.975-0.994x of the input model's speed, the same kernels).
+        A slow model gets ``CONFIRM_MIN_RUNS`` runs here: with ``MIN_RUNS`` a block of a 100 ms model is four
+        runs, and two slow ones among them (ConvNeXt V2 at 2 threads: a 1.15x faster graph's block at 103-109 ms
+        beside blocks of 83-92) failed the every-block rule in one timing of three."""
         status(f"timing the {c.label} graph against the input model again ...")
         shapes = bindings[0]
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1,
+                                  min_runs=CONFIRM_MIN_RUNS,
                                   race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
         held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
         c.confirm = held.as_dict()
