@@ -267,6 +267,16 @@ def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
                        metric, keep, threshold, threads, backend.name, sp)
 
 
+def promising(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
+              threshold: float = GUARD_THRESHOLD) -> bool:
+    """Whether a timing that ``judge`` does not keep is worth one more: ``opt`` is faster beyond ``threshold`` by
+    the medians and faster in every block, only not by the threshold in all of them (the machine's speed moved
+    within a block). One slower block, or medians within the threshold, is not."""
+    sp = spread(orig, opt, backend.metric(threads), threshold)
+    faster = judged_ms(opt, threads, backend) < judged_ms(orig, threads, backend) * (1.0 - threshold)
+    return faster and not sp["apart"] and all(r > 1.0 for r in sp["ratios"] or [0.0])
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("inf")
 
