@@ -15,7 +15,10 @@ from relsat.driver.options import DEFAULTS
 from relsat.driver.search.runner import Limits, Runner
 from relsat.extract.analytic import analytic_costs, problem_from
 from relsat.extract.extraction import greedy_extract, ilp_extract
+from relsat.programs.parser import parse_rules
+from relsat.programs.rules import RULES_DIR
 from relsat.programs.rulesets import load_rule_list
+from relsat.programs.verify import check_rule
 from relsat.relations.runtime import session
 
 F = TensorProto.FLOAT
@@ -85,6 +88,27 @@ def test_affine_folding_into_conv(scale_shape, bias):
     if not bias:
         assert {"conv-mul-fold-channel-nobias", "conv-add-fold-channel-nobias"} <= set(applied), applied
     same_outputs(m, out, [2, 3, 8, 8])
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_affine_map_before_an_unpadded_conv_folds_into_it(bias):
+    """PP-LCNetV3's learnable affine block: HardSwish, then y * a + t with one-element a and t, then a pointwise
+    Conv: the Mul and Add fold into the Conv's weights and bias. Before a padded Conv they do not (the padding
+    reads zeros, not t: the rule with the pads changed fails verification)."""
+    C, M = 6, 5
+    nodes = [helper.make_node("HardSwish", ["x"], ["h"]), helper.make_node("Mul", ["a", "h"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["at"]),
+             helper.make_node("Conv", ["at", "w"] + (["b"] if bias else []), ["y"], kernel_shape=[1, 1])]
+    inits = [c("a", 0.7, (1,)), c("t", -0.3, (1,)), w("w", M, C, 1, 1)] + ([w("b", M)] if bias else [])
+    m = model_of(nodes, [1, C, 4, 4], [1, M, 4, 4], inits, opset=14)
+    out, applied = rewrite(m, {"Mul", "Add"})
+    assert applied["conv-input-affine-fold" if bias else "conv-input-affine-fold-nobias"] >= 1, applied
+    assert ops(out) == Counter({"HardSwish": 1, "Conv": 1}), ops(out)
+    same_outputs(m, out, [1, C, 4, 4])
+    text = RULES_DIR.joinpath("runtime.rules").read_text()
+    start = text.index("conv-input-affine-fold:")
+    padded = text[start:text.index("\n# ", start)].replace("(0 0 0 0)", "(1 1 1 1)")
+    assert not check_rule(parse_rules(padded, "padded.rules").rules[0]).ok
 
 
 def test_affine_folding_into_matmul():
