@@ -621,7 +621,8 @@ def _table(results, systems, metric: str) -> list[str]:
 def _relsat_option(opts: Options, name: str):
     """The value of relsat option ``name`` that ``opts`` runs relsat with."""
     value = getattr(opts, name)
-    return getattr(DEFAULTS, name) if value is None else value
+    value = getattr(DEFAULTS, name) if value is None else value
+    return "relsat's default (2,000 or 4x the imported e-nodes)" if name == "node_limit" and value is None else value
 
 
 def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, command: str, opts: Options,
@@ -823,7 +824,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="the reduced zoo variants")
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
     ap.add_argument("--node-limit", type=int, default=None,
-                    help=f"relsat's e-node limit (default: relsat's, {DEFAULTS.node_limit})")
+                    help="relsat's e-node limit (default: relsat's, 2,000 or 4x the imported graph's e-nodes)")
     ap.add_argument("--time-limit", type=float, default=None,
                     help=f"relsat's saturation time limit, s (default: relsat's, {DEFAULTS.time_limit:g})")
     ap.add_argument("--cost-model", default=None, help="relsat's cost model (default: relsat's own default)")

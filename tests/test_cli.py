@@ -121,6 +121,15 @@ def test_every_options_field_is_a_flag_with_its_default_and_help(command):
     assert set(params) - own <= declared  # every other option of the command comes from an Options field
 
 
+def test_the_default_node_limit_grows_with_the_imported_graph():
+    """No --node-limit: 2,000 e-nodes or 4x the imported e-graph's, whichever is more; a given limit is the limit."""
+    from relsat.driver.options import DEFAULTS
+
+    assert DEFAULTS.node_limit is None and DEFAULTS.check() is DEFAULTS
+    assert DEFAULTS.node_limit_for(120) == 2000 and DEFAULTS.node_limit_for(817) == 3268
+    assert DEFAULTS.replace(node_limit=500).node_limit_for(817) == 500
+
+
 def test_check_names_the_flags_of_the_metadata():
     from relsat.driver.errors import RelsatError
     from relsat.driver.options import DEFAULTS, command_flags, flag_name, parse_shapes

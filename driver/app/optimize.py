@@ -341,7 +341,7 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
         fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None,
         predicted=_predicted(run, prepared, priced, input_cost, outcome, search),
-        measured=measured, limits=_limits(o, sat, searched, best), verdict=_verdict(outcome, measured),
+        measured=measured, limits=_limits(o, sat, searched, best, saturated.node_limit), verdict=_verdict(outcome, measured),
         derivations=derived.as_dict() if derived is not None else {})
 
 
@@ -420,7 +420,7 @@ def _blocks(measured: dict) -> str:
             f"{phases.block_range(ratios)}")
 
 
-def _limits(o, sat, searched, best) -> list[dict]:
+def _limits(o, sat, searched, best, node_limit: int | None) -> list[dict]:
     """Every limit that cut the run (``Report.limits``): the limit, its flag and value, what the run reached,
     and what it cut, in words."""
     out = []
@@ -432,7 +432,7 @@ def _limits(o, sat, searched, best) -> list[dict]:
     if searched is None and sat is not None:
         n, enodes = len(sat.iterations), sat.iterations[-1].enodes if sat.iterations else 0
         if rounds.value == "node limit":
-            cut("node limit", "--node-limit", o.node_limit, enodes,
+            cut("node limit", "--node-limit", node_limit, enodes,
                 f"saturation stopped after {n} round(s) at {enodes} e-nodes"
                 + (f"; {sat.dropped} match(es) left unapplied" if sat.dropped else ""))
         elif rounds.value == "time limit":
@@ -452,7 +452,7 @@ def _limits(o, sat, searched, best) -> list[dict]:
                 cut("budget", "--budget", budget, done, f"mcts stopped after {done} iterations, "
                     f"{st.get('candidates')} e-graph(s) reached")
             if rounds is not None and rounds.value == "node limit":
-                cut("node limit", "--node-limit", o.node_limit, None,
+                cut("node limit", "--node-limit", node_limit, None,
                     "the rounds of the chosen path stopped at the node limit")
         else:
             done, budget = st.get("expanded"), st.get("budget")

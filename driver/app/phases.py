@@ -256,6 +256,7 @@ def price_input(run: Run, imported: Imported, price: Callable) -> InputPriced:
 class Saturated:
     sat: RunnerReport | None  # the rounds that built the e-graph (None: no rules)
     searched: SearchResult | None = None  # the search that built it (--search mcts|backtrack)
+    node_limit: int | None = None  # the e-node limit it ran under (``Options.node_limit_for``)
 
     @property
     def backtracked(self) -> bool:
@@ -401,7 +402,8 @@ def _derive_search(run: Run, imported: Imported):
 def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
     """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
     o, g = run.opts, imported.g
-    limits = Limits(o.iter_limit, o.node_limit, o.time_limit, o.multi_rounds)
+    node_limit = o.node_limit_for(g.counts()["enodes"])
+    limits = Limits(o.iter_limit, node_limit, o.time_limit, o.multi_rounds)
     if not prepared.rules:
         return Saturated(None)
     run.status(f"saturating with {len(prepared.rules)} rules ..." if o.search == "eqsat"
@@ -415,7 +417,8 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
             if run.on_round is not None:
                 run.on_round(it)
 
-        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=on_round).run())
+        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=on_round).run(),
+                         node_limit=node_limit)
 
     def step(i, best) -> None:
         run.tick(i, o.budget or (ITERATIONS if o.search == "mcts" else BUDGET))
@@ -435,7 +438,7 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
                                  budget=o.budget or BUDGET, seconds=o.time_limit, on_step=step)
     except ProviderUnavailable as e:
         raise RelsatError(f"--provider {run.backend.name}: {e}") from None
-    return Saturated(searched.report, searched)
+    return Saturated(searched.report, searched, node_limit)
 
 
 @dataclass(frozen=True)

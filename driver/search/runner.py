@@ -83,7 +83,7 @@ from relsat.relations.egraph import EGraph
 from relsat.relations.schema import literal
 from relsat.relations.reach import cyclic_matches
 
-from relsat.driver.options import DEFAULTS
+from relsat.driver.options import DEFAULTS, NODE_LIMIT
 from relsat.driver.search.prefilter import Survey
 
 
@@ -118,7 +118,7 @@ class StopReason(str, Enum):
 @dataclass
 class Limits:
     iterations: int = DEFAULTS.iter_limit
-    enodes: int = DEFAULTS.node_limit
+    enodes: int = NODE_LIMIT
     seconds: float = DEFAULTS.time_limit
     multi_rounds: int = DEFAULTS.multi_rounds  # rounds in which multi-pattern rules run (the first ones)
 
