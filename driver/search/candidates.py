@@ -41,7 +41,8 @@ here):
    median below every one of the input model's: :func:`relsat.driver.boundary.latency.judge`), and again in a
    second timing of the two
    alone (:meth:`Search._confirmed`: the fastest of several candidates beats the threshold by noise now
-   and then), else the input model is.
+   and then; a second timing that is faster in every block but not by the threshold in all is taken once
+   more, judged alone by the same rule), else the input model is.
 
 A graph's predicted latency is the sum of its e-nodes' costs plus the call overhead of
 ``session.run``.
