@@ -174,7 +174,17 @@ def _softmax(values, opset, shape, schema_attrs):
     return []
 
 
-_SPELLINGS = {"Slice": _slice, "Reshape": _reshape, "Softmax": _softmax}
+def _reduce_axes(values, opset, shape, schema_attrs):
+    """Reduction axes counted from the end (-1 for the last; ONNX allows it from opset 11), as exporters write
+    them: written as 2 of a rank-3 tensor, PP-OCRv4 rec's five decomposed LayerNormalizations (ReduceMean, Sub,
+    Pow, ReduceMean, Add, Sqrt, Div) were no longer fused by ONNX Runtime; spelled -1 they are again."""
+    if shape is not None and opset >= 11:
+        values["axes"] = [a - len(shape) for a in values["axes"]]
+    return []
+
+
+_SPELLINGS = {"Slice": _slice, "Reshape": _reshape, "Softmax": _softmax, "ReduceMean": _reduce_axes,
+              "ReduceL2": _reduce_axes}
 
 
 def _gelu(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -> list[onnx.NodeProto]:

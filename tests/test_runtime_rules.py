@@ -214,7 +214,7 @@ def test_channel_last_mlp_with_global_response_norm_is_1x1_convs():
     assert got["Conv"] == 2 and got["MatMul"] == 0 and got["Transpose"] == 2, got  # around the LayerNorm only
     reduced = {n.op_type: [a.ints for a in n.attribute if a.name == "axes"] for n in out.graph.node
                if n.op_type.startswith("Reduce")}
-    assert reduced == {"ReduceL2": [[2, 3]], "ReduceMean": [[1]]}, reduced  # over NCHW's axes
+    assert reduced == {"ReduceL2": [[-2, -1]], "ReduceMean": [[-3]]}, reduced  # NCHW's H, W and C, from the end
     assert got["Add"] <= 4, got  # beta's Add gone (the others: Gelu's, eps, the residual, a bias at most)
     same_outputs(m, out, [1, C, H, H])
 
