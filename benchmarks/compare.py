@@ -74,7 +74,7 @@ import onnxruntime as ort
 
 from relsat.benchmarks import ort_ops
 from relsat.driver.boundary import zoo
-from relsat.driver.options import DEFAULTS
+from relsat.driver.options import DEFAULTS, NODE_LIMIT, NODE_LIMIT_PER_ENODE
 from relsat.driver.boundary.verify import error_line, random_inputs, verify
 
 SECTION = "Peer comparison"
@@ -86,6 +86,7 @@ ORDER = SYSTEMS + ADDED
 ZOO_TRANSFORMERS = {"bert": ("bert", 0, 0), "bert_encoder": ("bert", 0, 0)}
 NOISE = 0.03  # relative latency differences below this are noise on these machines (DESIGN section 11)
 RELSAT_OPTIONS = ("threads", "node_limit", "time_limit", "cost_model")  # Options fields passed on to relsat
+NODE_LIMIT_DEFAULT = f"relsat's default, {NODE_LIMIT:,} or {NODE_LIMIT_PER_ENODE}x the imported graph's e-nodes"
 
 
 class NotInstalled(Exception):
@@ -622,7 +623,7 @@ def _relsat_option(opts: Options, name: str):
     """The value of relsat option ``name`` that ``opts`` runs relsat with."""
     value = getattr(opts, name)
     value = getattr(DEFAULTS, name) if value is None else value
-    return "relsat's default (2,000 or 4x the imported e-nodes)" if name == "node_limit" and value is None else value
+    return NODE_LIMIT_DEFAULT if name == "node_limit" and value is None else value
 
 
 def render(results: list[ModelResult], ac_rows: list[dict], ac_note: str, *, command: str, opts: Options,
@@ -824,7 +825,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="the reduced zoo variants")
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
     ap.add_argument("--node-limit", type=int, default=None,
-                    help="relsat's e-node limit (default: relsat's, 2,000 or 4x the imported graph's e-nodes)")
+                    help=f"relsat's e-node limit (default: {NODE_LIMIT_DEFAULT})")
     ap.add_argument("--time-limit", type=float, default=None,
                     help=f"relsat's saturation time limit, s (default: relsat's, {DEFAULTS.time_limit:g})")
     ap.add_argument("--cost-model", default=None, help="relsat's cost model (default: relsat's own default)")

@@ -510,15 +510,12 @@ class _Draw:
 
     def reduce(self, t: Term, attrs: _Attrs, target):
         """A reduction: with the axes and keepdims fixed and the output's shape known, the data is that shape
-        with each reduced axis drawn; otherwise the data first, then the axes from its rank."""
+        with each reduced axis drawn; otherwise as :meth:`reshaping` (the data first, then the axes from its rank)."""
         axes, keep = attrs.known("axes"), attrs.known("keepdims")
         if target is not None and axes is not None and keep == 1 and len(target) >= 1:
             hint = tuple(self.pick() if i in {a % len(target) for a in axes} else d for i, d in enumerate(target))
             return [self.kid(t.children[0], hint)]
-        x = self.kid(t.children[0])
-        attrs.get("axes", rank=len(x), shape=x)
-        attrs.get("keepdims")
-        return [x]
+        return self.reshaping(t, attrs, target)
 
     def regroup(self, shape: tuple, rank: int) -> list | None:
         """``shape`` as ``rank`` dims of the same number of elements: trailing dims merged, or the last dim

@@ -237,10 +237,10 @@ def _binary(op: str, **kw) -> OpDef:
     return OpDef(op, _AB, shape="bcast(s_a, s_b)", **kw)
 
 
-def _reduce(op: str, flops: str = "prod(s_data)", **kw) -> OpDef:
+def _reduce(op: str, kind: str, flops: str = "prod(s_data)", **kw) -> OpDef:
     """A reduction over ``axes`` (sorted, distinct, in 0..rank-1: the import hook resolves ONNX's negative
     axes and "all axes" when none are given), keeping them as 1s with ``keepdims`` or dropping them; the axes
-    are an input from opset 18 (lifted)."""
+    are an input from opset 18 (lifted). ``kind``: what torch_opaque's ``reduce`` computes."""
     kw.setdefault("example", Example(([2, 3, 4, 5],), {"axes": [1, 3], "keepdims": 1}))
     return OpDef(
         op,
@@ -254,6 +254,7 @@ def _reduce(op: str, flops: str = "prod(s_data)", **kw) -> OpDef:
         lifted=(Lifted(1, "axes", 18),),
         flops=flops,
         draw="reduce",
+        torch=f"reduce({kind!r}, data, axes, keepdims, attrs.get('noop_with_empty_axes', 0))",
         **kw,
     )
 
@@ -369,10 +370,8 @@ OPS: tuple[OpDef, ...] = (
         torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
         example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
     ),
-    _reduce("ReduceMean", torch="reduce('mean', data, axes, keepdims, attrs.get('noop_with_empty_axes', 0))"),
-    # sqrt(sum(x^2)) over the axes (ConvNeXt V2's global response norm)
-    _reduce("ReduceL2", flops="2 * prod(s_data)",
-            torch="reduce('l2', data, axes, keepdims, attrs.get('noop_with_empty_axes', 0))"),
+    _reduce("ReduceMean", "mean"),
+    _reduce("ReduceL2", "l2", flops="2 * prod(s_data)"),  # sqrt(sum(x^2)) (ConvNeXt V2's global response norm)
     OpDef(
         "BatchNormalization",
         (Input("X"), Input("scale"), Input("B"), Input("input_mean"), Input("input_var")),

@@ -160,22 +160,30 @@ def test_decomposed_hardsigmoid_and_gelu_are_one_op():
     same_outputs(m, out, [2, 7])
 
 
-def test_channel_last_mlp_is_1x1_convs():
-    """ConvNeXt's block: NCHW -> NHWC, LayerNormalization, MatMul + Add, Gelu, MatMul + Add, NHWC -> NCHW,
-    a per-channel scale: the MLP becomes two 1x1 Convs on NCHW (the scale and biases folded into them)
-    with only the LayerNormalization left channel-last; ONNX Runtime runs the Convs in NCHWc."""
-    C = 8
+def channel_last_fc1(C: int, out: str):
+    """ConvNeXt's block up to its second Linear: NCHW ``x`` -> NHWC, LayerNormalization, MatMul + Add to 4C,
+    erf Gelu as PyTorch exports it, named ``out``; the nodes and their weights (w2, b2 are the caller's)."""
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
              helper.make_node("LayerNormalization", ["t", "g", "be"], ["n"], axis=-1, epsilon=1e-6),
              helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["a1"]),
              helper.make_node("Div", ["a1", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
              helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a1", "e1"], ["p"]),
-             helper.make_node("Mul", ["p", "half"], ["gelu"]),
-             helper.make_node("MatMul", ["gelu", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
-             helper.make_node("Transpose", ["a2"], ["back"], perm=[0, 3, 1, 2]),
-             helper.make_node("Mul", ["back", "gamma"], ["y"])]
-    inits = [w("g", C), w("be", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), w("w2", 4 * C, C, scale=0.3),
-             w("b2", C), w("gamma", 1, C, 1, 1), c("sqrt2", 2 ** 0.5), c("one", 1.0), c("half", 0.5)]
+             helper.make_node("Mul", ["p", "half"], [out])]
+    inits = [w("g", C), w("be", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), c("sqrt2", 2 ** 0.5),
+             c("one", 1.0), c("half", 0.5)]
+    return nodes, inits
+
+
+def test_channel_last_mlp_is_1x1_convs():
+    """ConvNeXt's block: NCHW -> NHWC, LayerNormalization, MatMul + Add, Gelu, MatMul + Add, NHWC -> NCHW,
+    a per-channel scale: the MLP becomes two 1x1 Convs on NCHW (the scale and biases folded into them)
+    with only the LayerNormalization left channel-last; ONNX Runtime runs the Convs in NCHWc."""
+    C = 8
+    nodes, inits = channel_last_fc1(C, "gelu")
+    nodes += [helper.make_node("MatMul", ["gelu", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
+              helper.make_node("Transpose", ["a2"], ["back"], perm=[0, 3, 1, 2]),
+              helper.make_node("Mul", ["back", "gamma"], ["y"])]
+    inits += [w("w2", 4 * C, C, scale=0.3), w("b2", C), w("gamma", 1, C, 1, 1)]
     m = model_of(nodes, [1, C, 6, 6], [1, C, 6, 6], inits)
     out, applied = rewrite(m, {"MatMul"})
     assert applied["matmul-nhwc-as-conv"] >= 2 and applied["transpose-nchw-add-channel"] >= 1, applied
@@ -190,22 +198,16 @@ def test_channel_last_mlp_with_global_response_norm_is_1x1_convs():
     through the norm (its axes renumbered) so both Linears are 1x1 Convs, and an untrained beta of zeros is
     dropped. Same outputs under ONNX Runtime."""
     C, H = 8, 6
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
-             helper.make_node("LayerNormalization", ["t", "g", "be"], ["n"], axis=-1, epsilon=1e-6),
-             helper.make_node("MatMul", ["n", "w1"], ["m1"]), helper.make_node("Add", ["b1", "m1"], ["a1"]),
-             helper.make_node("Div", ["a1", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
-             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["a1", "e1"], ["p"]),
-             helper.make_node("Mul", ["p", "half"], ["act"]),
-             helper.make_node("ReduceL2", ["act"], ["gx"], axes=[1, 2], keepdims=1),
-             helper.make_node("ReduceMean", ["gx"], ["gm"], axes=[-1], keepdims=1),
-             helper.make_node("Add", ["gm", "eps"], ["ge"]), helper.make_node("Div", ["gx", "ge"], ["nx"]),
-             helper.make_node("Mul", ["act", "nx"], ["xn"]), helper.make_node("Mul", ["gamma", "xn"], ["gxn"]),
-             helper.make_node("Add", ["beta", "gxn"], ["gb"]), helper.make_node("Add", ["act", "gb"], ["grn"]),
-             helper.make_node("MatMul", ["grn", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
-             helper.make_node("Transpose", ["a2"], ["y"], perm=[0, 3, 1, 2])]
-    inits = [w("g", C), w("be", C), w("w1", C, 4 * C, scale=0.3), w("b1", 4 * C), w("w2", 4 * C, C, scale=0.3),
-             w("b2", C), w("gamma", 1, 1, 1, 4 * C), c("beta", 0.0, (1, 1, 1, 4 * C)), c("sqrt2", 2 ** 0.5),
-             c("one", 1.0), c("half", 0.5), c("eps", 1e-6)]
+    nodes, inits = channel_last_fc1(C, "act")
+    nodes += [helper.make_node("ReduceL2", ["act"], ["gx"], axes=[1, 2], keepdims=1),
+              helper.make_node("ReduceMean", ["gx"], ["gm"], axes=[-1], keepdims=1),
+              helper.make_node("Add", ["gm", "eps"], ["ge"]), helper.make_node("Div", ["gx", "ge"], ["nx"]),
+              helper.make_node("Mul", ["act", "nx"], ["xn"]), helper.make_node("Mul", ["gamma", "xn"], ["gxn"]),
+              helper.make_node("Add", ["beta", "gxn"], ["gb"]), helper.make_node("Add", ["act", "gb"], ["grn"]),
+              helper.make_node("MatMul", ["grn", "w2"], ["m2"]), helper.make_node("Add", ["b2", "m2"], ["a2"]),
+              helper.make_node("Transpose", ["a2"], ["y"], perm=[0, 3, 1, 2])]
+    inits += [w("w2", 4 * C, C, scale=0.3), w("b2", C), w("gamma", 1, 1, 1, 4 * C), c("beta", 0.0, (1, 1, 1, 4 * C)),
+              c("eps", 1e-6)]
     m = model_of(nodes, [1, C, H, H], [1, C, H, H], inits, opset=17)
     out, applied = rewrite(m, {"MatMul"}, rules=("default",))
     assert applied["matmul-nhwc-as-conv"] >= 2 and applied["transpose-nchw-reducel2-spatial"] >= 1 \

@@ -122,14 +122,14 @@ def test_a_promising_timing_is_taken_again_and_a_slower_block_is_not():
     orig = _lat(193.4, [213.89, 215.00, 164.45, 181.98])
     vit = _lat(176.8, [191.80, 195.41, 159.91, 159.83])
     assert not judge(orig, vit, threads=2, backend=CPU).keep_optimized
-    assert latency.promising(orig, vit, threads=2, backend=CPU)
+    assert latency.promising(judge(orig, vit, threads=2, backend=CPU))
     slower_once = _lat(176.8, [191.80, 195.41, 166.0, 159.83])
-    assert not latency.promising(orig, slower_once, threads=2, backend=CPU)
+    assert not latency.promising(judge(orig, slower_once, threads=2, backend=CPU))
     close = _lat(189.0, [200.0, 205.0, 160.0, 170.0])  # faster in every block, 2.3 % by the medians
-    assert not latency.promising(orig, close, threads=2, backend=CPU)
+    assert not latency.promising(judge(orig, close, threads=2, backend=CPU))
     kept = _lat(170.0, [190.0, 190.0, 150.0, 160.0])
     assert judge(orig, kept, threads=2, backend=CPU).keep_optimized
-    assert not latency.promising(orig, kept, threads=2, backend=CPU)
+    assert not latency.promising(judge(orig, kept, threads=2, backend=CPU))
 
 
 def test_a_model_timed_against_itself_is_not_faster_and_its_spread_is_recorded():

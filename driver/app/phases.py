@@ -402,10 +402,10 @@ def _derive_search(run: Run, imported: Imported):
 def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
     """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
     o, g = run.opts, imported.g
-    node_limit = o.node_limit_for(g.counts()["enodes"])
-    limits = Limits(o.iter_limit, node_limit, o.time_limit, o.multi_rounds)
     if not prepared.rules:
         return Saturated(None)
+    node_limit = o.node_limit_for(g.counts()["enodes"])
+    limits = Limits(o.iter_limit, node_limit, o.time_limit, o.multi_rounds)
     run.status(f"saturating with {len(prepared.rules)} rules ..." if o.search == "eqsat"
                else f"{o.search}: searching ...")
     if o.search == "eqsat":

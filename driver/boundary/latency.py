@@ -236,7 +236,12 @@ def guard(original, optimized, *, threads: int = 1, backend: Backend = CPU, inpu
 def judged_ms(t: Latency, threads: int, backend: Backend) -> float:
     """The figure of ``t`` the guard compares (``Backend.metric``: the calling thread's CPU time with
     one CPU thread, else the wall clock)."""
-    return t.cpu_ms if backend.metric(threads) == "cpu" else t.median_ms
+    return metric_ms(t, backend.metric(threads))
+
+
+def metric_ms(t: Latency, metric: str) -> float:
+    """``t``'s median by ``metric``: "cpu" (the calling thread's CPU time) or "wall"."""
+    return t.cpu_ms if metric == "cpu" else t.median_ms
 
 
 def spread(orig: Latency, opt: Latency, metric: str, threshold: float = 0.0) -> dict:
@@ -267,13 +272,12 @@ def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
                        metric, keep, threshold, threads, backend.name, sp)
 
 
-def promising(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
-              threshold: float = GUARD_THRESHOLD) -> bool:
-    """Whether a timing that ``judge`` does not keep is worth one more: ``opt`` is faster beyond ``threshold`` by
-    the medians and faster in every block, only not by the threshold in all of them (the machine's speed moved
-    within a block). One slower block, or medians within the threshold, is not."""
-    sp = spread(orig, opt, backend.metric(threads), threshold)
-    faster = judged_ms(opt, threads, backend) < judged_ms(orig, threads, backend) * (1.0 - threshold)
+def promising(held: GuardResult) -> bool:
+    """Whether a timing that ``judge`` did not keep (``held``) is worth one more: the optimized model is faster
+    beyond the threshold by the compared medians and faster in every block, only not by the threshold in all of
+    them (the machine's speed moved within a block). One slower block, or medians within the threshold, is not."""
+    faster = metric_ms(held.optimized, held.metric) < metric_ms(held.original, held.metric) * (1.0 - held.threshold)
+    sp = held.spread
     return faster and not sp["apart"] and all(r > 1.0 for r in sp["ratios"] or [0.0])
 
 

@@ -545,7 +545,7 @@ class Search:
             c.confirm = dict(tries[-1], timings=len(tries), earlier=tries[:-1])
             if held.keep_optimized:
                 return True
-            if not promising(orig, again, threads=self.threads, backend=self.backend, threshold=threshold):
+            if not promising(held):
                 break
         c.status = (f"not faster when timed again ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
                     f"{judged_ms(orig, self.threads, self.backend):.3f} ms"
