@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from relsat.programs.ir import (
     Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleError, RuleSet, ShapeOf,
-    SourceLoc, Term, Var,
+    Size, SourceLoc, Term, Var,
 )  # fmt: skip
 from relsat.relations import catalog
 
@@ -103,6 +103,7 @@ class _Checker:
         for term in rule.rhs:
             self.term(term, right=True)
         self.scopes()
+        self.sizes()
 
     def term(self, node, right: bool) -> None:
         if not isinstance(node, Term):
@@ -188,6 +189,45 @@ class _Checker:
         for term in rule.rhs:
             for var, role in variables(term, ECLASS):
                 see(var, role, "on the right side is not bound by the left side or a let")
+
+    def sizes(self) -> None:
+        """A value computed from a ``size`` (a symbol where the dim is dynamic) stands on the right side only in a
+        dims attribute (Reshape's :shape), where a symbol is a dim; anywhere else it would be read as a number."""
+        symbolic: set[str] = set()
+        for let in self.rule.lets:
+            if any(isinstance(n, Size) for n in _walk(let.expr)) or any(v.name in symbolic for v, _ in variables(let.expr)):
+                symbolic.add(let.var.name)
+
+        def visit(node) -> None:
+            if not isinstance(node, Term):
+                return
+            op = catalog.BY_TYPE[node.op]
+            dims = {a.name for a in op.attrs if a.dims} if node.op != "getitem" else set()
+            for name, value in node.attrs:
+                for var, _ in variables(value):
+                    if var.name in symbolic and name not in dims:
+                        raise self.error(var, f"?{var.name} is computed from a size (a symbol where the dim is "
+                                         f"dynamic): only a dims attribute such as Reshape's :shape takes it, not "
+                                         f":{name} of {node.op}")
+            for child in node.children:
+                visit(child)
+
+        for term in self.rule.rhs:
+            visit(term)
+
+
+def _walk(e):
+    """``e`` and every expression under it."""
+    yield e
+    match e:
+        case BinOp(left=left, right=right):
+            yield from _walk(left)
+            yield from _walk(right)
+        case ListExpr(items=items):
+            for i in items:
+                yield from _walk(i)
+        case Len(expr=expr):
+            yield from _walk(expr)
 
 
 def _bad_value(value, kind: str):

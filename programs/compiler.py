@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.schema import literal, q
 
-from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf,
+from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf, Size,
                  Term, Var)
 
 
@@ -222,10 +222,31 @@ class _Lhs:
         return self.analysis[var]
 
 
+class _Lets(dict):
+    """Each let variable's SQL by name; ``symbolic``: the lets computed from a ``size`` (a symbol where a dim is
+    dynamic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.symbolic: set[str] = set()
+
+
+def _symbolic(e, lets: _Lets) -> bool:
+    """Whether ``e`` may be a symbol: a ``size``, a let computed from one, or arithmetic over them."""
+    if isinstance(e, Size):
+        return True
+    if isinstance(e, Var):
+        return e.name in getattr(lets, "symbolic", ())
+    if isinstance(e, BinOp):
+        return _symbolic(e.left, lets) or _symbolic(e.right, lets)
+    return False
+
+
 def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
     """SQL for an expression. A dim is a number only when it is not a symbol (``cdim``: NULL for a
     dynamic dim, so arithmetic and orderings on it prove nothing); ``raw``: the dim as stored, for an
-    equality between dims, where equal symbols are equal."""
+    equality between dims, where equal symbols are equal. A ``size`` is the dim as stored; arithmetic over
+    one is a product dim for ``*`` of a symbol and a number (``dmul``), else NULL where a side is a symbol."""
     if isinstance(e, Lit):
         return literal(e.value)
     if isinstance(e, Var):
@@ -233,7 +254,7 @@ def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
     if isinstance(e, Dim):
         idx = e.index + 1 if e.index >= 0 else e.index
         d = f"{lhs.eclass(e.var.name)}.shape[{idx}]"
-        return d if raw else f"cdim({d})"
+        return d if raw or isinstance(e, Size) else f"cdim({d})"
     if isinstance(e, Rank):
         return f"len({lhs.eclass(e.var.name)}.shape)"
     if isinstance(e, Numel):
@@ -242,6 +263,10 @@ def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
         return f"{lhs.eclass(e.var.name)}.shape"
     if isinstance(e, BinOp):
         a, b = _expr(e.left, lhs, lets), _expr(e.right, lhs, lets)
+        if _symbolic(e, lets):
+            if e.op == "*":
+                return f"dmul({a}, {b})"
+            a, b = f"cdim({a})", f"cdim({b})"
         if e.op == "/":
             return f"floor(({a}) / ({b}))::BIGINT"
         if e.op == "%":
@@ -265,10 +290,14 @@ def _condition(c, lhs: _Lhs, lets: dict[str, str], linked: bool = True) -> str:
             return (f"{alias}.id IN (SELECT w.out FROM op_weight w JOIN weights x ON x.ref = w.ref WHERE x.fill = {v} "
                     f"UNION ALL SELECT k.out FROM op_constant k WHERE k.value_float = {v})")
         return {"const": f"{alias}.is_const", "not-const": f"NOT {alias}.is_const",
+                "dynamic": f"has_sym({alias}.shape)",
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]
     op = "<>" if c.op == "!=" else c.op
     raw = op == "="  # equal symbols prove equal dims; nothing proves a symbol unequal to another dim
-    cmp = f"({_expr(c.left, lhs, lets, raw)}) {op} ({_expr(c.right, lhs, lets, raw)})"
+    left, right = _expr(c.left, lhs, lets, raw), _expr(c.right, lhs, lets, raw)
+    if not raw:  # a symbol (a size) is no number to order or tell apart
+        left, right = (f"cdim({x})" if _symbolic(e, lets) else x for x, e in ((left, c.left), (right, c.right)))
+    cmp = f"({left}) {op} ({right})"
     # a filter, never a join key: DuckDB's join order took ``e1.shape = e0.shape`` (two e-classes of the left side)
     # as the key of a join of ``eclass`` with itself before the ids, 10 million rows for 40 matches on NasRNN
     # (matrix-0405-rev: 1.0 s -> 20 ms).  Where the patterns are linked by variables every alias is joined to the
@@ -334,9 +363,11 @@ def compile_rule(rule: Rule) -> Compiled:
                 lhs.where.append(f"{roots[i]} < {roots[j]}")
             elif rule.patterns[i].op == rule.patterns[j].op:
                 lhs.where.append(f"{roots[i]} <> {roots[j]}")
-    lets: dict[str, str] = {}
+    lets = _Lets()
     for let in rule.lets:
         lets[let.var.name] = f"({_expr(let.expr, lhs, lets)})"
+        if _symbolic(let.expr, lets):
+            lets.symbolic.add(let.var.name)
     linked = _linked(rule)
     conds = [_condition(c, lhs, lets, linked) for c in rule.conditions]
     conds += [f"{v} IS NOT NULL" for v in lets.values()]  # a let over a dynamic dim is no number

@@ -142,6 +142,14 @@ class Dim:
 
 
 @dataclass(frozen=True)
+class Size(Dim):
+    """``(size ?v i)``: dimension i of ?v's shape as it is stored, a symbol where the dim is dynamic (``dim``
+    is no number there). ``*`` of a size and a number is a product dim (``batch * 197``); other arithmetic
+    on a symbol, and orderings, prove nothing. A value computed from a size may stand only in a dims
+    attribute on the right side (Reshape's ``:shape``) or in an equality."""
+
+
+@dataclass(frozen=True)
 class Rank:
     """``(rank ?v)``: the number of dimensions of ?v."""
 
@@ -191,7 +199,7 @@ class Len:
     loc: SourceLoc | None = _loc()
 
 
-Expr = Union[Lit, Var, Dim, Rank, Numel, ShapeOf, BinOp, ListExpr, Len]
+Expr = Union[Lit, Var, Dim, Size, Rank, Numel, ShapeOf, BinOp, ListExpr, Len]
 
 
 # ---------------------------------------------------------------- conditions and rules
@@ -214,7 +222,8 @@ FILLS = {"zeros": 0.0, "ones": 1.0}  # the value predicates: the one value of ev
 class Pred:
     """A predicate on an e-class: kind ``const`` | ``not-const`` | ``dtype`` (then ``dtype`` is the ONNX code)
     | ``zeros`` | ``ones`` (a constant whose every element is 0, resp. 1: a weight whose elements are all that
-    value, or a scalar Constant of it)."""
+    value, or a scalar Constant of it) | ``dynamic`` (a dim of its shape is a symbol: for a rewrite that pays
+    only where the runtime cannot see the shapes, as ONNX Runtime fuses MatMul+Add only over static ones)."""
 
     kind: str
     var: Var

@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 from relsat.programs.checker import ECLASS, check_ruleset, variables
 from relsat.programs.ir import (
-    ARITH_OPS, CMP_OPS, DTYPES, Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule,
+    ARITH_OPS, CMP_OPS, DTYPES, Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, Size,
     RuleError, RuleSet, ShapeOf, SourceLoc, Term, Var,
 )  # fmt: skip
 from relsat.programs.rules import shipped, shipped_file
@@ -128,6 +128,7 @@ def _show(tok: _Tok) -> str:
 # (argument kinds, constructor) per head; "*" = any number of expressions
 _EXPRS = {
     "dim": (("var", "int"), Dim),
+    "size": (("var", "int"), Size),
     "rank": (("var",), Rank),
     "numel": (("var",), Numel),
     "shape": (("var",), ShapeOf),
@@ -138,6 +139,7 @@ _EXPRS = {
 _CONDITIONS = {
     "const": (("var",), functools.partial(Pred, "const")),
     "not-const": (("var",), functools.partial(Pred, "not-const")),
+    "dynamic": (("var",), functools.partial(Pred, "dynamic")),
     "dtype": (("var", "dtype"), functools.partial(Pred, "dtype")),
     "zeros": (("var",), functools.partial(Pred, "zeros")),
     "ones": (("var",), functools.partial(Pred, "ones")),
@@ -540,6 +542,8 @@ def _fmt(node) -> str:
                 children.pop()
             parts = [op, *([str(index)] if index is not None else []), *(f":{n} {_fmt(v)}" for n, v in attrs)]
             return f"({' '.join(parts + [_fmt(c) for c in children])})"
+        case Size(var=var, index=index):
+            return f"(size {_fmt(var)} {index})"
         case Dim(var=var, index=index):
             return f"(dim {_fmt(var)} {index})"
         case Rank(var=var) | Numel(var=var) | ShapeOf(var=var):

@@ -216,7 +216,8 @@ class _Draw:
         if isinstance(c, Pred):
             if c.kind in FILLS:
                 return self.fills.get(c.var.name) == FILLS[c.kind]
-            return {"const": c.var.name in self.const, "not-const": c.var.name not in self.const,
+            # dynamic: the drawn sizes stand for any binding of the symbols, so the equation is checked on them
+            return {"const": c.var.name in self.const, "not-const": c.var.name not in self.const, "dynamic": True,
                     "dtype": c.dtype == TensorProto.FLOAT}[c.kind]
         a, b = self.eval(c.left), self.eval(c.right)
         return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[c.op]

@@ -165,11 +165,19 @@ CREATE OR REPLACE MACRO is_sym(d) AS d <= -1099511627776;
 CREATE OR REPLACE MACRO cdim(d) AS CASE WHEN NOT is_sym(d) THEN d END;
 CREATE OR REPLACE MACRO has_sym(l) AS coalesce(list_bool_or(list_transform(l, lambda d: is_sym(d))), false);
 CREATE OR REPLACE MACRO cprod(l) AS CASE WHEN NOT has_sym(l) THEN prod(l) END;
-CREATE OR REPLACE MACRO sym_part(l) AS list_sort(list_filter(l, lambda d: is_sym(d)));
+CREATE OR REPLACE MACRO sym_base(d) AS CASE WHEN d <= -4398046511104
+    THEN -1099511627776 - (-4398046511104 - d) // 1048576 ELSE d END;
+CREATE OR REPLACE MACRO sym_factor(d) AS CASE WHEN d <= -4398046511104 THEN (-4398046511104 - d) % 1048576 ELSE 1 END;
+CREATE OR REPLACE MACRO sym_times(d, k) AS CASE WHEN k = 0 THEN 0 WHEN k = 1 THEN d
+    WHEN k > 0 AND sym_factor(d) * k < 1048576
+    THEN -4398046511104 - ((-1099511627776 - sym_base(d)) * 1048576 + sym_factor(d) * k) END;
+CREATE OR REPLACE MACRO dmul(a, b) AS CASE WHEN NOT is_sym(a) AND NOT is_sym(b) THEN a * b
+    WHEN is_sym(a) AND NOT is_sym(b) THEN sym_times(a, b) WHEN is_sym(b) AND NOT is_sym(a) THEN sym_times(b, a) END;
+CREATE OR REPLACE MACRO sym_part(l) AS list_sort(list_transform(list_filter(l, lambda d: is_sym(d)), lambda d: sym_base(d)));
+CREATE OR REPLACE MACRO num_part(l) AS prod(list_transform(l, lambda d: CASE WHEN is_sym(d) THEN sym_factor(d) ELSE d END));
 CREATE OR REPLACE MACRO sprod(l) AS CASE WHEN NOT has_sym(l) THEN prod(l)
-    WHEN len(sym_part(l)) = 1 AND prod(list_filter(l, lambda d: NOT is_sym(d))::BIGINT[]) = 1 THEN sym_part(l)[1] END;
-CREATE OR REPLACE MACRO same_numel(a, b) AS prod(list_filter(a, lambda d: NOT is_sym(d))::BIGINT[])
-    = prod(list_filter(b, lambda d: NOT is_sym(d))::BIGINT[]) AND sym_part(a) = sym_part(b);
+    WHEN len(sym_part(l)) = 1 THEN sym_times(sym_part(l)[1], num_part(l)) END;
+CREATE OR REPLACE MACRO same_numel(a, b) AS num_part(a) = num_part(b) AND sym_part(a) = sym_part(b);
 CREATE OR REPLACE MACRO valid_shape(l) AS list_transform([l], lambda v: CASE WHEN v IS NOT NULL AND list_count(v) = len(v)
     AND list_bool_and(list_transform(v, lambda d: d >= 0 OR is_sym(d))) IS NOT false THEN v END)[1];
 CREATE OR REPLACE MACRO sym_add(d, a) AS CASE WHEN NOT is_sym(d) THEN d + a WHEN a = 0 THEN d END;

@@ -17,6 +17,10 @@ sliding window's output size (Conv, pools over a dynamic image size): a *derived
 (``window_dim``) whose code is computed from the input symbol and the window, so that the same
 window over the same dim gives the same symbol wherever it is derived (import maps the dim ONNX
 shape inference gives there onto it; its sizes at each binding come from that inference).
+A symbol times a number (``batch * 197`` when ViT's tokens are flattened for a Gemm, Swin's
+``batch * 64`` windows) is a *product dim* (``product_dim``): its code holds the symbol and the
+factor, so it is bound as the symbol's binding times the factor, and Reshape compares element
+counts with it expanded (the factor to the numbers, the symbol to the symbols).
 So a rule whose condition needs a concrete size fires only when the shapes prove it.
 """
 
@@ -69,6 +73,39 @@ def window_dim(i: int, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: int)
     return DERIVED_BASE - x % _DERIVED_MOD
 
 
+PROD_BASE = -(1 << 42)  # product dims (product_dim) have codes at or below this
+PROD_FACTORS = 1 << 20  # a product dim's factor is below this (else no dim follows)
+
+
+def is_product(d) -> bool:
+    return d is not None and int(d) <= PROD_BASE
+
+
+def sym_base(d: int) -> int:
+    """The symbol of a product dim (``product_dim``); any other symbol is its own."""
+    return SYM_BASE - (PROD_BASE - d) // PROD_FACTORS if d <= PROD_BASE else d
+
+
+def sym_factor(d: int) -> int:
+    """The factor of a product dim; 1 for any other symbol."""
+    return (PROD_BASE - d) % PROD_FACTORS if d <= PROD_BASE else 1
+
+
+def product_dim(d: int, k: int) -> int | None:
+    """``d * k`` for a dim ``d`` (a number or a symbol) and a number ``k``, as the catalog's SQL ``sym_times``
+    computes it: a number for a number; the symbol itself for k = 1; 0 for k = 0; else a *product dim*, whose
+    code holds the symbol (a product's symbol and factor multiplied out, so a product has one code) and the
+    factor. None where no dim follows (a negative k, a factor from ``PROD_FACTORS`` on)."""
+    if not is_sym(d):
+        return int(d) * int(k)
+    if k == 0 or k == 1:
+        return 0 if k == 0 else d
+    f = sym_factor(d) * k
+    if k < 0 or f >= PROD_FACTORS:
+        return None
+    return PROD_BASE - ((SYM_BASE - sym_base(d)) * PROD_FACTORS + f)
+
+
 def is_batch_like(name: str, index: int, rank: int) -> bool:
     """A dynamic dim costed as a batch: named like one, or the leading dim of a tensor of rank 2 or more."""
     return name.lower() in BATCH_NAMES or (index == 0 and rank >= 2)
@@ -101,7 +138,8 @@ class Symbols:
         return s.code
 
     def add_derived(self, c: int) -> None:
-        """Register the derived symbol ``c`` (``window_dim``): written as an unnamed dim, bound from inference."""
+        """Register the derived symbol ``c`` (``window_dim``, ``product_dim``): written as an unnamed dim, bound
+        from inference (a product dim: from its symbol's binding)."""
         self._add(Symbol(c, f"derived:{c}", anonymous=True))
 
     def anonymous(self, d) -> bool:
@@ -145,7 +183,14 @@ class Symbols:
         if shape is None:
             return None
         codes = self.by_code
-        return [int(getattr(codes[d], which) or 1) if d in codes else (1 if is_sym(d) else int(d)) for d in shape]
+
+        def one(d):
+            if not is_sym(d):
+                return int(d)
+            base = sym_base(d)  # a product dim: its symbol's binding times its factor
+            return sym_factor(d) * (int(getattr(codes[base], which) or 1) if base in codes else 1)
+
+        return [one(d) for d in shape]
 
     def onnx_dims(self, shape):
         """``shape`` for ``helper.make_tensor_value_info``: symbols as their dim_param names, anonymous
@@ -167,9 +212,11 @@ def bind_macro(symbols: Symbols | None) -> str:
     symbol without a binding is 1, as in ``Symbols.bind``)."""
     if not symbols:
         return "CREATE OR REPLACE MACRO bind(l) AS l"
-    bound = "MAP {" + ", ".join(f"{s.code}: {int(s.value or 1)}" for s in symbols.by_code.values()) + "}"
+    bound = "MAP {" + ", ".join(f"{s.code}: {int(s.value or 1)}" for s in symbols.by_code.values()
+                                if not is_product(s.code)) + "}"
     return (f"CREATE OR REPLACE MACRO bind(l) AS CASE WHEN l IS NULL THEN NULL ELSE list_transform(l, lambda d: "
-            f"CASE WHEN d > {SYM_BASE} THEN d ELSE coalesce(({bound})[d], 1) END) END")
+            f"CASE WHEN d > {SYM_BASE} THEN d WHEN d <= {PROD_BASE} THEN sym_factor(d) * coalesce(({bound})[sym_base(d)], 1) "
+            f"ELSE coalesce(({bound})[d], 1) END) END")
 
 
 def spell_reshape(target, data_shape) -> tuple[list[int], bool] | None:
@@ -192,22 +239,23 @@ def spell_reshape(target, data_shape) -> tuple[list[int], bool] | None:
 
 def infer_dim(data_shape, others) -> int | None:
     """The dim Reshape's -1 stands for: the data's element count over the other target dims', where
-    symbols cancel only against equal symbols; None when it is no single dim or number."""
-    syms = sorted(d for d in data_shape if is_sym(d))
+    symbols cancel only against equal symbols (a product dim counted as its symbol and its factor); a
+    number, a symbol, or one symbol times a number (``product_dim``); None when it is none of these."""
+    syms = sorted(sym_base(d) for d in data_shape if is_sym(d))
     for d in others:
         if is_sym(d):
-            if d not in syms:
+            if sym_base(d) not in syms:
                 return None
-            syms.remove(d)
+            syms.remove(sym_base(d))
     num = 1
     for d in data_shape:
-        num *= 1 if is_sym(d) else int(d)
+        num *= sym_factor(d) if is_sym(d) else int(d)
     den = 1
     for d in others:
-        den *= 1 if is_sym(d) else int(d)
+        den *= sym_factor(d) if is_sym(d) else int(d)
     if den == 0 or num % den:
         return None
     q = num // den
     if not syms:
         return q
-    return syms[0] if len(syms) == 1 and q == 1 else None
+    return product_dim(syms[0], q) if len(syms) == 1 else None

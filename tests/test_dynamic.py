@@ -16,11 +16,13 @@ from relsat.driver.search.runner import Limits, Runner
 from relsat.programs.parser import parse_rules
 from relsat.programs.verify import _shape_rule
 from relsat.relations.catalog import BY_TYPE
-from relsat.relations.dims import DERIVED_BASE, code, spell_reshape, window_dim
+from relsat.relations.dims import (DERIVED_BASE, PROD_BASE, PROD_FACTORS, Symbol, Symbols, bind_macro, code, infer_dim,
+                                   product_dim, spell_reshape, sym_base, sym_factor, window_dim)
 from relsat.relations.runtime import session
 
 F = TensorProto.FLOAT
 B, S, T = code(1), code(2), code(3)  # three symbols: batch, sequence, another
+B7, B56 = product_dim(B, 7), product_dim(B, 56)  # product dims: batch * 7, batch * 56
 INT64_MAX = 2 ** 63 - 1
 
 # op, children's shapes, attributes (defaults filled in), the output shape (None: not provable)
@@ -42,6 +44,14 @@ SHAPES = [
     ("Reshape", [[B, S, 8]], {"shape": [B, T, 8]}, None),  # T is not S
     ("Flatten", [[B, 3, 4, 4]], {"axis": 1}, [B, 48]),
     ("Flatten", [[B, S, 4]], {"axis": 2}, None),  # B * S is no single dim
+    ("Flatten", [[B, 3, 4, 4]], {"axis": 2}, [product_dim(B, 3), 16]),  # B * 3 is a product dim
+    ("Reshape", [[B, 7, 8]], {"shape": [B7, 8]}, [B7, 8]),  # tokens flattened for a Gemm
+    ("Reshape", [[B7, 12]], {"shape": [B, 7, 12]}, [B, 7, 12]),  # and back
+    ("Reshape", [[B, 7, 8]], {"shape": [B56]}, [B56]),
+    ("Reshape", [[B7, 8]], {"shape": [product_dim(B, 8), 7]}, [product_dim(B, 8), 7]),  # B * 56 elements both
+    ("Reshape", [[B, 7, 8]], {"shape": [product_dim(B, 5), 8]}, None),  # other element count
+    ("Reshape", [[B, 7, 8]], {"shape": [product_dim(S, 7), 8]}, None),  # another symbol
+    ("Gemm", [[B7, 8], [8, 4], [4]], {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, [B7, 4]),
     ("Concat", [[[B, 2], [B, 3]]], {"axis": 1}, [B, 5]),
     ("Concat", [[[B, 2], [B, 3]]], {"axis": 0}, None),  # B + B
     ("Concat", [[[B, 2], [S, 2]]], {"axis": 1}, None),
@@ -354,6 +364,38 @@ def test_window_dims_are_deterministic_and_distinct():
               window_dim(S, 3, 2, 1, 1, 1, 1), window_dim(a, 3, 2, 1, 1, 1, 0)}
     assert a not in others and len(others) == 5
     assert window_dim(17, 3, 2, 1, 1, 1, 0) == 9 and window_dim(S, 3, 1, 1, 1, 1, 0) == S
+
+
+def test_product_dims_are_one_code_per_product_in_python_and_sql():
+    """``dims.product_dim`` and the catalog's SQL ``sym_times``/``dmul`` give the same code for a symbol (atomic,
+    window-derived or itself a product) times a number; the code holds the symbol and the factor (a product of a
+    product multiplies out); 0 and 1 give 0 and the symbol; a factor past the limit, a negative one, or two
+    symbols give no dim. Reshape's -1 (``infer_dim``) and the bindings read a product dim as symbol x factor."""
+    import duckdb
+
+    from relsat.relations.catalog import SQL_MACROS
+    con = duckdb.connect()
+    for stmt in SQL_MACROS.split(";\n"):
+        if stmt.strip():
+            con.execute(stmt)
+    W = window_dim(S, 3, 2, 1, 1, 1, 0)
+    for d in (B, S, W, B7, product_dim(W, 3)):
+        for k in (0, 1, 2, 7, 196, PROD_FACTORS // 7 - 1, PROD_FACTORS, -3):
+            want = product_dim(d, k)
+            assert con.execute("SELECT sym_times(?, ?), dmul(?, ?), dmul(?, ?)", [d, k, d, k, k, d]).fetchall()[0] \
+                == (want, want, want), (d, k)
+            if want is not None and k > 1:
+                assert want <= PROD_BASE and sym_base(want) == sym_base(d) and sym_factor(want) == sym_factor(d) * k
+    assert product_dim(B7, 8) == B56 and product_dim(product_dim(B, 8), 7) == B56 != product_dim(S, 56)
+    assert con.execute("SELECT dmul(?, ?), dmul(6, 7)", [B, S]).fetchall()[0] == (None, 42)
+    assert infer_dim([B, 7, 8], [8]) == B7 and infer_dim([B7, 12], [B, 12]) == 7 and infer_dim([B7, 12], [7, 12]) == B
+    assert infer_dim([B, S, 8], [8]) is None  # B * S: no single dim
+    sym = Symbols()
+    sym.by_code[B] = sym.by_name["batch"] = Symbol(B, "batch", batch=True, value=2, second=3)
+    assert sym.bind([B7, 8]) == [14, 8] and sym.bind([B7, 8], "second") == [21, 8]
+    con.execute(bind_macro(sym))
+    assert con.execute("SELECT bind(?)", [[B7, B, 8]]).fetchall()[0][0] == [14, 2, 8]
+    assert spell_reshape([B7, 8], [B, 7, 8]) == ([-1, 8], False) and spell_reshape([B, 7, 12], [B7, 12]) == ([-1, 7, 12], False)
 
 
 def _dynamic_image_cnn(path):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from relsat.programs.checker import check_ruleset
 from relsat.programs.ir import (
     Absent, BinOp, Cmp, Dim, Len, Let, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleError, RuleSet, ShapeOf,
-    SourceLoc, Term, Var,
+    Size, SourceLoc, Term, Var,
 )  # fmt: skip
 import relsat.programs.rulesets
 from relsat.programs.parser import format_rule, load_rules, parse_rules
@@ -207,6 +207,11 @@ BAD = [
     ("r: (Add ?x ?y) <=> (Relu ?x)", 1, 12, "?y on the right side is not bound by the left side or a let (in r-rev, the reverse"),
     ("r: (Concat ?x) <=> (Relu ?x)", 1, 5, "Concat on the right side needs :axis (no default; give it explicitly) (in r-rev"),
     ("r: (Relu ?x) <=> (Sigmoid ?x)\nr-rev: (Tanh ?x) => ?x", 2, 1, "duplicate rule name 'r-rev'"),
+    # a size (a symbol where the dim is dynamic) only in a dims attribute
+    ("r: (Relu ?x) => (Unsqueeze :axes (?n) ?x) if (let ?n (size ?x 0))", 1, 35,
+     "?n is computed from a size (a symbol where the dim is dynamic): only a dims attribute such as Reshape's :shape"),
+    ("r: (Relu ?x) => (Unsqueeze :axes (?m) ?x) if (let ?n (size ?x 0)) (let ?m (* ?n 2))", 1, 35,
+     "?m is computed from a size"),
 ]  # fmt: skip
 
 
@@ -225,7 +230,7 @@ def test_error(text, line, column, reason):
 _ints = st.integers(-(2**40), 2**40)
 _floats = st.floats(allow_nan=False)
 _exprs = st.recursive(
-    st.one_of(_ints.map(Lit), _floats.map(Lit), st.sampled_from([n, Dim(x, -1), Rank(x), Numel(y), ShapeOf(y)])),
+    st.one_of(_ints.map(Lit), _floats.map(Lit), st.sampled_from([n, Dim(x, -1), Size(x, 0), Rank(x), Numel(y), ShapeOf(y)])),
     lambda inner: st.one_of(
         st.builds(BinOp, st.sampled_from("+-*/%"), inner, inner),
         st.lists(inner, max_size=3).map(lambda items: ListExpr(tuple(items))),

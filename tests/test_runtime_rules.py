@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from relsat.driver.boundary import bindings
 from relsat.driver.boundary.onnx_export import export_model
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.options import DEFAULTS
@@ -44,6 +45,7 @@ def rewrite(model, avoid: set[str], rules=("runtime",)):
     compute on data: on constants they fold at export), and return (written model, rules applied)."""
     imported = import_model(model)
     g = imported.egraph
+    bindings.choose(model, imported)  # dynamic dims bound for costs, as optimize binds them
     report = Runner(g, load_rule_list(rules), Limits(16, 20000, 60.0, DEFAULTS.multi_rounds)).run()
     analytic_costs(g)
     if avoid:
@@ -246,3 +248,25 @@ def test_a_gathered_token_is_computed_alone():
     matmuls = [n for n in out.graph.node if n.op_type == "MatMul"]
     assert len(matmuls) == 2 and all(len(shapes[n.input[0]]) == 2 for n in matmuls), shapes  # one row each
     same_outputs(m, out, [2, S, C])
+
+
+def test_matmul_and_bias_under_a_dynamic_batch_is_one_gemm():
+    """ViT's Linear over ``[batch, 197, C]``: ONNX Runtime fuses MatMul+Add into Gemm only over static shapes.
+    With the batch dynamic the tokens are flattened to ``[batch * 197, C]`` (a product dim), one Gemm takes the
+    bias, and the result is reshaped back; the written Reshapes say -1 for the product, and the model runs and
+    matches at batch 1 and 3. Over a static batch the rule does not fire (ORT fuses those itself)."""
+    C, S, M = 8, 7, 12
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["y"])]
+    inits = [w("w1", C, M, scale=0.3), w("b1", M)]
+    m = model_of(nodes, ["batch", S, C], ["batch", S, M], inits)
+    out, applied = rewrite(m, {"MatMul"})
+    assert applied["matmul-add-gemm-dynamic"] == 1, applied
+    assert ops(out) == Counter({"Reshape": 2, "Gemm": 1}), ops(out)
+    targets = [numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == n.input[1])).tolist()
+               for n in out.graph.node if n.op_type == "Reshape"]
+    assert sorted(targets) == [[-1, 7, 12], [-1, 8]], targets
+    for batch in (1, 3):
+        same_outputs(m, out, [batch, S, C])
+    static = model_of(nodes, [2, S, C], [2, S, M], inits)
+    _, applied = rewrite(static, set())
+    assert applied["matmul-add-gemm-dynamic"] == 0, applied

@@ -45,7 +45,7 @@ import onnx.version_converter
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
-from relsat.relations.dims import Symbols, is_batch_like, is_sym, window_dim
+from relsat.relations.dims import Symbols, infer_dim, is_batch_like, is_sym, window_dim
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
@@ -1203,23 +1203,17 @@ def _window_shape(node: onnx.NodeProto, x: list, types: dict) -> list | None:
 
 
 def _reshape_dims(x: list, out: list) -> list | None:
-    """A Reshape's output dims with the one dim inference could not name derived from its data: where
-    the output's other dynamic dims are the data's, the static count of elements left (ViT's patches,
-    ``[batch, 768, 14, 14]`` to ``[batch, 768, -1]``: inference gave ``[batch, 768, unk]``, which is 196);
-    where the data has one dynamic dim and the output none but this one, with as many static elements
-    on both sides, the data's dynamic dim."""
-    xs, os_ = Counter(d for d in x if is_sym(d)), Counter(d for d in out if is_sym(d))
-    unknown = [d for d in os_ if d not in xs]
-    if len(unknown) != 1 or os_[unknown[0]] != 1:
+    """A Reshape's output dims with the one dim inference could not name derived from its data
+    (``dims.infer_dim``: the element count left): a number where the output's other dynamic dims are the
+    data's (ViT's patches, ``[batch, 768, 14, 14]`` to ``[batch, 768, -1]``: inference gave ``[batch, 768,
+    unk]``, which is 196); the data's dynamic dim, or that dim times a number (a product dim: Swin's windows,
+    ``[batch, 8, 7, 8, 7, 96]`` to ``[-1, 7, 7, 96]`` is ``batch * 64``), where the output has no other."""
+    unknown = [d for d in out if is_sym(d) and d not in x]
+    if len(unknown) != 1 or out.count(unknown[0]) != 1:
         return None
     u = unknown[0]
-    px = math.prod(d for d in x if not is_sym(d))
-    po = math.prod(d for d in out if not is_sym(d))
-    if os_ - Counter({u: 1}) == xs:
-        return [px // po if d == u else d for d in out] if po and px % po == 0 else None
-    if len(os_) == 1 and sum(xs.values()) == 1 and px == po:
-        return [next(iter(xs)) if d == u else d for d in out]
-    return None
+    got = infer_dim(x, [d for d in out if d != u])
+    return None if got is None else [got if d == u else d for d in out]
 
 
 def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs: set[str]) -> dict:
