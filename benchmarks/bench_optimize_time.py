@@ -59,7 +59,10 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
             "written": r.get("written"), "verdict": r.get("verdict"),
             "speedup": (r.get("latency") or {}).get("speedup"),  # the guard's: input over written/fastest
             "threads": r.get("threads"), "fidelity": fid.get("original_prediction_ratio"),
-            "fidelity_first": (fid.get("first_pass") or {}).get("original_prediction_ratio")}
+            "fidelity_first": (fid.get("first_pass") or {}).get("original_prediction_ratio"),
+            # the input model's own whole-graph profile over the same timing: where this is near 1 and the
+            # prediction is not, the prediction's costs came from other graphs' profiles
+            "profile_ratio": fid.get("original_profile_ratio")}
 
 
 def poison(cache: Path, factor: float) -> int:
