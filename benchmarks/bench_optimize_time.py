@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 PHASES = ("import", "profile", "saturate", "context", "choose")
-GRAPH_OP = "__graph__"  # extract/context.py's op_type of a whole-graph profile (not imported: no relsat import here)
 
 
 def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> dict:
@@ -68,6 +67,8 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
 def poison(cache: Path, factor: float) -> int:
     """Every whole-graph profile row of ``cache`` multiplied by ``factor``; returns how many."""
     import duckdb
+
+    from relsat.extract.context import GRAPH_OP
 
     with duckdb.connect(str(cache)) as con:
         n = con.execute("SELECT count(*) FROM costs WHERE op_type = ?", [GRAPH_OP]).fetchall()[0][0]

@@ -236,13 +236,13 @@ def _symbolic(e, lets: _Lets) -> bool:
     if isinstance(e, Size):
         return True
     if isinstance(e, Var):
-        return e.name in getattr(lets, "symbolic", ())
+        return e.name in lets.symbolic
     if isinstance(e, BinOp):
         return _symbolic(e.left, lets) or _symbolic(e.right, lets)
     return False
 
 
-def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
+def _expr(e, lhs: _Lhs, lets: _Lets, raw: bool = False) -> str:
     """SQL for an expression. A dim is a number only when it is not a symbol (``cdim``: NULL for a
     dynamic dim, so arithmetic and orderings on it prove nothing); ``raw``: the dim as stored, for an
     equality between dims, where equal symbols are equal. A ``size`` is the dim as stored; arithmetic over
@@ -279,7 +279,7 @@ def _expr(e, lhs: _Lhs, lets: dict[str, str], raw: bool = False) -> str:
     raise TypeError(f"unknown expression {e!r}")
 
 
-def _condition(c, lhs: _Lhs, lets: dict[str, str], linked: bool = True) -> str:
+def _condition(c, lhs: _Lhs, lets: _Lets, linked: bool = True) -> str:
     """A condition's SQL; ``linked``: the left side's patterns share variables, so a comparison is only a filter."""
     if isinstance(c, Pred):
         alias = lhs.eclass(c.var.name)

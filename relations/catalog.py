@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dims import PROD_BASE, PROD_FACTORS, SYM_BASE
+
 REQUIRED = object()  # marks an attribute without a default
 
 SQL_TYPES = {"int": "BIGINT", "ints": "BIGINT[]", "float": "DOUBLE", "floats": "DOUBLE[]", "string": "VARCHAR"}
@@ -155,6 +157,15 @@ class OpDef:
         return {**{lf.input_index: lf.attr for lf in self.lifted if lf.host}, **dict(self.host)}
 
 
+# Product dims (relations/dims.py: product_dim, sym_base, sym_factor), from the constants defined there.
+_PRODUCT_MACROS = f"""CREATE OR REPLACE MACRO sym_base(d) AS CASE WHEN d <= {PROD_BASE}
+    THEN {SYM_BASE} - ({PROD_BASE} - d) // {PROD_FACTORS} ELSE d END;
+CREATE OR REPLACE MACRO sym_factor(d) AS CASE WHEN d <= {PROD_BASE} THEN ({PROD_BASE} - d) % {PROD_FACTORS} ELSE 1 END;
+CREATE OR REPLACE MACRO sym_times(d, k) AS CASE WHEN k = 0 THEN 0 WHEN k = 1 THEN d
+    WHEN k > 0 AND sym_factor(d) * k < {PROD_FACTORS}
+    THEN {PROD_BASE} - (({SYM_BASE} - sym_base(d)) * {PROD_FACTORS} + sym_factor(d) * k) END;
+"""
+
 # SQL macros used by the shape and cost rules (created with the schema). DuckDB expands a macro's parameter at
 # every use and binds the expanded expression in every statement (a shape rule's cost is mostly that): a macro
 # that reads a parameter many times binds it once as a lambda's argument, ``list_transform([x], lambda v: ...)[1]``
@@ -165,13 +176,7 @@ CREATE OR REPLACE MACRO is_sym(d) AS d <= -1099511627776;
 CREATE OR REPLACE MACRO cdim(d) AS CASE WHEN NOT is_sym(d) THEN d END;
 CREATE OR REPLACE MACRO has_sym(l) AS coalesce(list_bool_or(list_transform(l, lambda d: is_sym(d))), false);
 CREATE OR REPLACE MACRO cprod(l) AS CASE WHEN NOT has_sym(l) THEN prod(l) END;
-CREATE OR REPLACE MACRO sym_base(d) AS CASE WHEN d <= -4398046511104
-    THEN -1099511627776 - (-4398046511104 - d) // 1048576 ELSE d END;
-CREATE OR REPLACE MACRO sym_factor(d) AS CASE WHEN d <= -4398046511104 THEN (-4398046511104 - d) % 1048576 ELSE 1 END;
-CREATE OR REPLACE MACRO sym_times(d, k) AS CASE WHEN k = 0 THEN 0 WHEN k = 1 THEN d
-    WHEN k > 0 AND sym_factor(d) * k < 1048576
-    THEN -4398046511104 - ((-1099511627776 - sym_base(d)) * 1048576 + sym_factor(d) * k) END;
-CREATE OR REPLACE MACRO dmul(a, b) AS CASE WHEN NOT is_sym(a) AND NOT is_sym(b) THEN a * b
+""" + _PRODUCT_MACROS + """CREATE OR REPLACE MACRO dmul(a, b) AS CASE WHEN NOT is_sym(a) AND NOT is_sym(b) THEN a * b
     WHEN is_sym(a) AND NOT is_sym(b) THEN sym_times(a, b) WHEN is_sym(b) AND NOT is_sym(a) THEN sym_times(b, a) END;
 CREATE OR REPLACE MACRO sym_part(l) AS list_sort(list_transform(list_filter(l, lambda d: is_sym(d)), lambda d: sym_base(d)));
 CREATE OR REPLACE MACRO num_part(l) AS prod(list_transform(l, lambda d: CASE WHEN is_sym(d) THEN sym_factor(d) ELSE d END));
