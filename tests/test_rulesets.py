@@ -20,6 +20,7 @@ DEFAULT_BLOCKS = [
     ("taso", ["matmul-add-distrib-right-rev", "conv-weight-distrib-rev"]),
     ("fold", ["identity", "reshape-reshape", "reshape-noop", "squeeze-unsqueeze", "pad-zero-3", "pad-zero-4",
               "add-zero-one", "add-zero-vector", "add-zero-channel-last", "add-zero-channel", "add-zero-same",
+              "matmul-zero-add", "add-matmul-zero",
               "mul-one-one", "mul-one-vector", "mul-one-same", "transpose-identity-2",
               "transpose-identity-3", "transpose-identity-4", "transpose-inverse-2", "transpose-compose-3",
               "transpose-compose-4"]),
@@ -46,6 +47,7 @@ def test_default_is_unchanged_by_the_move_to_includes():
     later = {"pad-zero-3", "pad-zero-4", "add-zero-one", "add-zero-vector", "add-zero-same", "mul-one-one",
              "mul-one-vector", "mul-one-same",  # added since (issue 25: Swin's zero padding, zero biases)
              "add-zero-channel-last", "add-zero-channel",  # (ConvNeXt V2's zero GRN beta)
+             "matmul-zero-add", "add-matmul-zero",  # (NasRNN's zero initial state)
              "bn-fold-convtranspose-bias", "bn-fold-convtranspose", "bn-fold-gemm-t", "bn-fold-gemm"}  # (issue 28: DCGAN, once ConvTranspose was cataloged)
     before = tuple(r for r in load_rules(FIXTURES / "default_before_include.rules").rules if r.name not in merge)
     after = [r for r in load_rules(RULES_DIR / "default.rules").rules

@@ -92,3 +92,42 @@ def test_a_bias_that_broadcasts_x_to_a_larger_shape_stays():
     # x [batch, 5, 8] + zeros [2, 5, 8] is [2, 5, 8] at batch 1: not x
     r = optimize(linear(np.zeros((2, 5, 8)), np.ones(8), dims=(1, 5, 8)), cost_model="analytic", measure=False)
     assert "Add" in r.report["extracted"]["ops"]
+
+
+def rnn(h0: np.ndarray):
+    """Two steps of h = tanh(x_t wx + h wh) from the initial state ``h0`` (NasRNN's form, 2-D)."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "wx"),
+             numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "wh"),
+             numpy_helper.from_array(h0.astype(np.float32), "h0")]
+    nodes, h = [], "h0"
+    for t in range(2):
+        nodes += [helper.make_node("MatMul", [f"x{t}", "wx"], [f"a{t}"]),
+                  helper.make_node("MatMul", [h, "wh"], [f"b{t}"]),
+                  helper.make_node("Add", [f"a{t}", f"b{t}"] if t else [f"b{t}", f"a{t}"], [f"s{t}"]),
+                  helper.make_node("Tanh", [f"s{t}"], [f"h{t + 1}"])]
+        h = f"h{t + 1}"
+    graph = helper.make_graph(nodes, "rnn", [helper.make_tensor_value_info(f"x{t}", F, [1, 8]) for t in range(2)],
+                              [helper.make_tensor_value_info(h, F, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_product_of_the_zero_initial_state_goes():
+    m = rnn(np.zeros((1, 8)))
+    r = optimize(m, cost_model="analytic", measure=False)
+    assert r.report["written"] == "optimized"
+    assert {"matmul-zero-add", "add-matmul-zero"} & {k for k, v in r.report["rules_applied"].items() if v}
+    products = [n for n in r.model.graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert len(products) == 3 and all("h0" not in n.input for n in r.model.graph.node), products
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        feed = {f"x{t}": rng.standard_normal((1, 8)).astype(np.float32) for t in range(2)}
+        np.testing.assert_allclose(session(r.model).run(None, feed)[0], session(m).run(None, feed)[0],
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_a_product_of_a_state_that_is_not_zero_stays():
+    h0 = np.zeros((1, 8))
+    h0[0, 5] = 0.5
+    r = optimize(rnn(h0), cost_model="analytic", measure=False)
+    assert not {"matmul-zero-add", "add-matmul-zero"} & {k for k, v in r.report["rules_applied"].items() if v}
