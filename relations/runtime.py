@@ -12,6 +12,13 @@ data.  ``threads=None`` leaves ONNX Runtime's own thread defaults; a number fixe
 threads, one inter-op thread and sequential execution, and stops the threads' spinning when a run
 ends (how relsat times models: see ``session_options``).
 
+``serialize_once(model)``: while the block runs, every session made here for that ModelProto and every
+``serialized(model)`` use one serialization of it, made at the first use, and its sessions without graph
+optimizations (ONNX Runtime's defaults otherwise: the load check, the bindings' trial runs, verification's
+reference) are one session (``relsat optimize`` makes a dozen sessions of its input model: serializing GPT-2
+took 1.3 s each time, 11.5 of a 45 s run, and an unoptimized session of it 1.2-2 s); the caller does not change
+the model inside the block.
+
 ``ReferenceSession(model)``: ONNX's reference evaluator behind the same interface, for a model ONNX
 Runtime cannot run (verification of an upgraded old model against the original).
 
@@ -22,6 +29,7 @@ in [0.5, 2); ``nonzero``: the same with a random sign), booleans fair coins, int
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -93,19 +101,55 @@ def session_options(*, threads: int | None = None, optimize: bool = True) -> ort
     return opts
 
 
+_ONCE: dict[int, list] = {}  # id(model) -> [the model, its bytes (or the model: over one buffer), its session
+# without graph optimizations]: None before their first use
+
+
+@contextlib.contextmanager
+def serialize_once(model):
+    """Within the block, ``model`` (a ModelProto) is serialized at most once here (module docstring); the
+    caller does not change it meanwhile.  Nested blocks over the same model share the outer one's bytes."""
+    if not isinstance(model, onnx.ModelProto) or id(model) in _ONCE:
+        yield
+        return
+    _ONCE[id(model)] = [model, None, None]
+    try:
+        yield
+    finally:
+        _ONCE.pop(id(model), None)
+
+
+def serialized(model: onnx.ModelProto):
+    """``model``'s bytes, or the model itself when it does not fit one protobuf buffer; inside
+    ``serialize_once(model)`` the same bytes every time."""
+    entry = _ONCE.get(id(model))
+    if entry is None or entry[0] is not model:
+        return model.SerializeToString() if fits_one_buffer(model) else model
+    if entry[1] is None:
+        entry[1] = model.SerializeToString() if fits_one_buffer(model) else model
+    return entry[1]
+
+
 def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optimize: bool = True,
             options: ort.SessionOptions | None = None) -> ort.InferenceSession:
     """An InferenceSession for a ModelProto, serialized bytes or a path on ONNX Runtime's ``providers``
     (the CPU's by default; ``relations.backend.Backend.session`` gives a backend's), raising ONNX
     Runtime's errors."""
+    entry = _ONCE.get(id(model)) if isinstance(model, onnx.ModelProto) else None
+    if (entry is not None and entry[0] is model and options is None and threads is None and not optimize
+            and tuple(providers) == CPU_PROVIDERS):  # the one plain session of a model in ``serialize_once``
+        if entry[2] is None:
+            entry[2] = session(serialized(model), optimize=False)
+        return entry[2]
     opts = options or session_options(threads=threads, optimize=optimize)
     prov = list(providers)
     if isinstance(model, (bytes, bytearray)):
         return ort.InferenceSession(bytes(model), opts, providers=prov)
     if not isinstance(model, onnx.ModelProto):
         return ort.InferenceSession(str(model), opts, providers=prov)
-    if fits_one_buffer(model):
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=prov)
+    blob = serialized(model)
+    if isinstance(blob, bytes):
+        return ort.InferenceSession(blob, opts, providers=prov)
     with tempfile.TemporaryDirectory() as tmp:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)

@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from relsat.driver.app.optimize import optimize
 from relsat.driver.errors import RelsatError
 from relsat.driver.boundary.onnx_import import check_ort_loadable, import_model, load_model
 
@@ -85,6 +86,11 @@ def test_model_onnx_runtime_refuses(tmp_path):
     assert "ONNX Runtime cannot load" in load_error(path)
     with pytest.raises(RelsatError, match="ONNX Runtime cannot load"):
         check_ort_loadable(model)
+    # relsat optimize checks it after loading, once the model's sessions are shared: the same one line, naming the file
+    with pytest.raises(RelsatError, match="ONNX Runtime cannot load") as info:
+        optimize(path, cost_model="analytic", measure=False)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+    assert path.read_bytes() == model.SerializeToString()
 
 
 def test_model_with_an_op_without_kernel(tmp_path):

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -232,9 +232,10 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
     prepared = phases.prepare(run, model_or_path, output=output, db=db, cost_cache=cost_cache)
     dbfile = g = None
     complete = False
+    once = ExitStack()  # the input model serialized once, and one unoptimized session of it (``phases.load``)
     try:
         with timer("import"):
-            loaded = phases.load(prepared, model_or_path)
+            loaded = phases.load(prepared, model_or_path, once)
             dbfile = EGraphFile(db) if db is not None else None  # no folder made for a bad model
             g = EGraph(dbfile.path if dbfile else None, memory_limit=o.memory_limit, temp_dir=o.temp_dir)
             imported = phases.read(run, loaded, g)
@@ -274,6 +275,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
                          overhead=overhead, phases_s=timer.seconds, input_cost=input_priced.cost, derived=derived)
         _write(run, g, outcome, output)
     finally:
+        once.close()
         g = _close(g, dbfile, complete, keep_egraph)
     return OptimizeResult(outcome.model, report, g if keep_egraph else None)
 

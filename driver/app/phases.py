@@ -34,6 +34,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,12 +159,18 @@ class Loaded:
     model: onnx.ModelProto
 
 
-def load(prepared: Prepared, model_or_path) -> Loaded:
-    """The input model, checked: ONNX Runtime can load it."""
+def load(prepared: Prepared, model_or_path, once: ExitStack) -> Loaded:
+    """The input model, checked: ONNX Runtime can load it. From here on the run serializes it once and shares its
+    unoptimized session (``relations.runtime.serialize_once``, entered on ``once``): the load check's session is
+    the one the bindings and verification use."""
     if prepared.in_memory:
+        once.enter_context(runtime.serialize_once(model_or_path))
         check_ort_loadable(model_or_path)
         return Loaded("<model>", model_or_path)
-    return Loaded(str(model_or_path), load_model(model_or_path))  # checks that ONNX Runtime can load it too
+    model = load_model(model_or_path, check_runtime=False)
+    once.enter_context(runtime.serialize_once(model))
+    check_ort_loadable(model, label=model_or_path)
+    return Loaded(str(model_or_path), model)
 
 
 @dataclass(frozen=True)

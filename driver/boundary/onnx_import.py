@@ -108,10 +108,12 @@ def _tensors(model: onnx.ModelProto):
                 yield from a.tensors
 
 
-def load_model(path) -> onnx.ModelProto:
+def load_model(path, *, check_runtime: bool = True) -> onnx.ModelProto:
     """Read, check and return a model file (external data loaded); RelsatError when the file is
     missing, not ONNX, points outside its folder for external data, fails the ONNX checker, or
-    cannot be run by ONNX Runtime, as it is or once upgraded.
+    cannot be run by ONNX Runtime, as it is or once upgraded (``check_runtime=False``: the caller checks
+    the last with ``check_ort_loadable(model, label=path)``, as ``relsat optimize`` does once the model's
+    sessions are shared: ``relations.runtime.serialize_once``).
 
     Old exports are read as ONNX Runtime reads them: what ONNX's checker and version converter trip
     on is normalised first (``normalise_legacy``).  A model below opset 7 that ONNX Runtime runs is
@@ -162,13 +164,16 @@ def load_model(path) -> onnx.ModelProto:
         _UPGRADED.clear()  # only the last one is kept: import_model reads it next
         _UPGRADED[id(up)] = (up, notice)
         return up
-    check_ort_loadable(p)
+    if check_runtime:
+        check_ort_loadable(p)
     return model
 
 
-def check_ort_loadable(model_or_path) -> None:
-    """RelsatError unless ONNX Runtime (CPU) can create a session for the model."""
-    label = (model_or_path.graph.name or "model") if isinstance(model_or_path, onnx.ModelProto) else model_or_path
+def check_ort_loadable(model_or_path, *, label=None) -> None:
+    """RelsatError unless ONNX Runtime (CPU) can create a session for the model (``label``: what the error
+    names, by default the path or the graph's name)."""
+    if label is None:
+        label = (model_or_path.graph.name or "model") if isinstance(model_or_path, onnx.ModelProto) else model_or_path
     try:
         session(model_or_path, optimize=False)
     except Exception as e:

@@ -338,7 +338,7 @@ class Search:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
                 blob = done.get(id(m))
                 if blob is None:
-                    blob = m.SerializeToString() if runtime.fits_one_buffer(m) else m
+                    blob = runtime.serialized(m)
                 self._serialized[id(m)] = (m, blob)
         return [self._serialized[id(m)][1] for m in models]
 
