@@ -80,6 +80,13 @@ def conv_transpose(x, w, b, a: dict):
     n = w.dim() - 2
     strides, dilations = a.get("strides") or [1] * n, a.get("dilations") or [1] * n
     pads, extra = a.get("pads") or [0] * 2 * n, a.get("output_padding") or [0] * n
+    if list(pads[:n]) == list(pads[n:]) and all(e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
+        # symmetric pads: torch's padding and output_padding mean ONNX's, and the bias goes into the same call
+        # (a separate crop and bias add are two more kernels, which made a BatchNormalization folded into a
+        # ConvTranspose no cheaper than the two nodes under this runtime)
+        return getattr(F, f"conv_transpose{n}d")(x, w, b, stride=strides, padding=list(pads[:n]),
+                                                 output_padding=list(extra), groups=a.get("group", 1),
+                                                 dilation=dilations)
     y = getattr(F, f"conv_transpose{n}d")(x, w, None, stride=strides, groups=a.get("group", 1), dilation=dilations)
     if any(extra):
         y = F.pad(y, [p for e in reversed(extra) for p in (0, e)])

@@ -116,8 +116,18 @@ def _one(node, inputs, outputs, inits=(), opset=18):
     _one(helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"]), [("x", [4, 5, 6])], [("y", [4, 2, 3])],
          [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
           [("s", [-1, 9, 4]), ("e", [-2 ** 63, 1, -9]), ("a", [0, 1, 2]), ("st", [-1, -2, -2])]]),
+    # ConvTranspose: symmetric pads with output_padding and a bias (one torch call), asymmetric pads (cropped)
+    _one(helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                          output_padding=[1, 1], kernel_shape=[4, 4]), [("x", [1, 3, 5, 5])], [("y", [1, 2, 11, 11])],
+         [numpy_helper.from_array(np.random.default_rng(0).standard_normal((3, 2, 4, 4)).astype(np.float32), "w"),
+          numpy_helper.from_array(np.array([0.5, -1.0], np.float32), "b")]),
+    _one(helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[0, 1, 2, 1],
+                          kernel_shape=[3, 3]), [("x", [1, 3, 4, 4])], [("y", [1, 2, 7, 7])],
+         [numpy_helper.from_array(np.random.default_rng(1).standard_normal((3, 2, 3, 3)).astype(np.float32), "w"),
+          numpy_helper.from_array(np.array([0.25, 2.0], np.float32), "b")]),
 ], ids=["pad-axes", "softmax-opset11-axis1", "softmax-opset11-default", "gather-index-tensor", "clip-max-only",
-        "split-num-outputs", "slice-negative-steps"])
+        "split-num-outputs", "slice-negative-steps", "convtranspose-symmetric-output-padding",
+        "convtranspose-asymmetric-pads"])
 def test_onnx_spellings(model):
     if model.graph.node[0].op_type == "Split":
         model.graph.node[0].output.append("z")
