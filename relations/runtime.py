@@ -138,8 +138,10 @@ def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optim
     entry = _ONCE.get(id(model)) if isinstance(model, onnx.ModelProto) else None
     if (entry is not None and entry[0] is model and options is None and threads is None and not optimize
             and tuple(providers) == CPU_PROVIDERS):  # the one plain session of a model in ``serialize_once``
-        if entry[2] is None:
-            entry[2] = session(serialized(model), optimize=False)
+        if entry[2] is None:  # alive for the whole run, beside the timing sessions: its threads never spin
+            quiet = session_options(optimize=False)
+            quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            entry[2] = session(serialized(model), options=quiet)
         return entry[2]
     opts = options or session_options(threads=threads, optimize=optimize)
     prov = list(providers)

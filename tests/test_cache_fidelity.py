@@ -80,8 +80,9 @@ def poisoned_run(honest, folder):
 
 def test_a_poisoned_profile_is_retaken_its_row_replaced_and_the_prediction_is_fresh(honest, tmp_path):
     # Whether the fresh prediction lands within the noise of the fresh timing depends on the machine holding
-    # still between the two (a shared one swung 1.7x within seconds): up to three runs; the rest holds in each.
-    for attempt in range(3):
+    # still between the two (a shared one swung 1.7x within seconds, and a CI run saw three runs in a row 1.7x
+    # off): up to five runs; the rest holds in each.
+    for attempt in range(5):
         path, poisoned, report = poisoned_run(honest, tmp_path / str(attempt))
         fid = report["fidelity"]
 
