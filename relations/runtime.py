@@ -119,15 +119,22 @@ def serialize_once(model):
         _ONCE.pop(id(model), None)
 
 
+def _registered(model) -> list | None:
+    """``model``'s entry in ``_ONCE`` (inside ``serialize_once(model)``), else None."""
+    entry = _ONCE.get(id(model)) if isinstance(model, onnx.ModelProto) else None
+    return entry if entry is not None and entry[0] is model else None
+
+
 def serialized(model: onnx.ModelProto):
     """``model``'s bytes, or the model itself when it does not fit one protobuf buffer; inside
     ``serialize_once(model)`` the same bytes every time."""
-    entry = _ONCE.get(id(model))
-    if entry is None or entry[0] is not model:
-        return model.SerializeToString() if fits_one_buffer(model) else model
-    if entry[1] is None:
-        entry[1] = model.SerializeToString() if fits_one_buffer(model) else model
-    return entry[1]
+    entry = _registered(model)
+    if entry is not None and entry[1] is not None:
+        return entry[1]
+    blob = model.SerializeToString() if fits_one_buffer(model) else model
+    if entry is not None:
+        entry[1] = blob
+    return blob
 
 
 def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optimize: bool = True,
@@ -135,8 +142,8 @@ def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optim
     """An InferenceSession for a ModelProto, serialized bytes or a path on ONNX Runtime's ``providers``
     (the CPU's by default; ``relations.backend.Backend.session`` gives a backend's), raising ONNX
     Runtime's errors."""
-    entry = _ONCE.get(id(model)) if isinstance(model, onnx.ModelProto) else None
-    if (entry is not None and entry[0] is model and options is None and threads is None and not optimize
+    entry = _registered(model)
+    if (entry is not None and options is None and threads is None and not optimize
             and tuple(providers) == CPU_PROVIDERS):  # the one plain session of a model in ``serialize_once``
         if entry[2] is None:  # alive for the whole run, beside the timing sessions: its threads never spin
             quiet = session_options(optimize=False)

@@ -163,14 +163,11 @@ def load(prepared: Prepared, model_or_path, once: ExitStack) -> Loaded:
     """The input model, checked: ONNX Runtime can load it. From here on the run serializes it once and shares its
     unoptimized session (``relations.runtime.serialize_once``, entered on ``once``): the load check's session is
     the one the bindings and verification use."""
-    if prepared.in_memory:
-        once.enter_context(runtime.serialize_once(model_or_path))
-        check_ort_loadable(model_or_path)
-        return Loaded("<model>", model_or_path)
-    model = load_model(model_or_path, check_runtime=False)
+    path = None if prepared.in_memory else model_or_path
+    model = model_or_path if path is None else load_model(path, check_runtime=False)
     once.enter_context(runtime.serialize_once(model))
-    check_ort_loadable(model, label=model_or_path)
-    return Loaded(str(model_or_path), model)
+    check_ort_loadable(model, label=path)  # (None: the graph's name)
+    return Loaded("<model>" if path is None else str(path), model)
 
 
 @dataclass(frozen=True)
