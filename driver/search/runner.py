@@ -85,6 +85,7 @@ from relsat.relations.reach import cyclic_matches
 
 from relsat.driver.options import DEFAULTS, NODE_LIMIT
 from relsat.driver.search.prefilter import Survey
+from relsat.driver.search.treematch import TreeFilter
 
 
 WHOLE_ROWS = 20_000  # a rule whose tables hold at most this many rows in all is matched as one join over all of them
@@ -267,6 +268,7 @@ class _Run:
     start: float
     scratch: object  # the run's temp tables (``EGraph.scratch``): matches, cycle filter; dropped at its end
     survey: Survey  # the edge types the rules' left sides need that the e-graph has
+    tree: TreeFilter  # the ready rules' left sides as data: which can match in a round (``_tree``)
     chunk: int = 0  # the most match rows applied at once (``Runner.chunk_budget``; 0: never in parts)
     report: Report = field(default_factory=Report)
 
@@ -282,6 +284,7 @@ class _Round:
     newest: dict = field(default_factory=dict)  # op table -> its newest row's ts (absent: the table is empty)
     oldest: dict = field(default_factory=dict)  # op table -> its oldest row's ts
     rows: dict = field(default_factory=dict)  # op table -> its rows
+    blocked: set = field(default_factory=set)  # rules without a structural match this round (``Runner._tree``)
 
 
 @dataclass
@@ -319,6 +322,8 @@ class Runner:
     on_round: object = None  # callback(Iteration) for progress display
     prefilter: bool = True  # skip the rules and semi-naive parts that cannot match (``_live``); False: every
     # statement as compiled (the same e-graph, ids included: tests/test_prefilter.py)
+    tree_match: bool = True  # with the prefilter: skip the rules whose left sides have no structural match in the
+    # round, decided for all rules at once (``driver.search.treematch``; the same e-graph: tests/test_treematch.py)
     explain: bool = True  # record why each e-node exists (``explain_nodes``, ``explain_matches``, ``explain_unions``)
     chunk_rows: int | None = None  # the most match rows applied at once (``_parts``): None derives it from DuckDB's
     # memory_limit (``chunk_budget``), 0 never chunks
@@ -349,9 +354,11 @@ class Runner:
                 r = _Round(Iteration(rnd, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0), self.limits.enodes - enodes)
                 eligible = self._eligible(rnd)
                 self._survey(r, eligible)
-                for st in s.scheduler.select(rnd, eligible):
-                    # not compiled: it cannot match (``_ready``)
-                    sql = self._live(r, st) if st.compiled is not None else None
+                selected = s.scheduler.select(rnd, eligible)
+                self._tree(r, selected)
+                for st in selected:
+                    # not compiled: it cannot match (``_ready``); blocked: no structural match (``_tree``)
+                    sql = self._live(r, st) if st.compiled is not None and st.rule not in r.blocked else None
                     if sql is None:  # as a run that matched nothing, without its statements
                         banned = not s.scheduler.matched(rnd, st, 0)
                         if not banned:
@@ -388,7 +395,8 @@ class Runner:
         start = time.perf_counter()
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
         tmp.keep(MATCHES)
-        return _Run(rules, sched, last + 1, start, tmp, Survey(), self.chunk_budget())
+        tree = TreeFilter(tmp.claim("tree_terms"), tmp.claim("tree_matched"))
+        return _Run(rules, sched, last + 1, start, tmp, Survey(), tree, self.chunk_budget())
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -442,6 +450,25 @@ class Runner:
                 ready = all(t in r.newest for t in st.tables)
             if ready:
                 st.compiled = compile_rule(st.ir)
+                self._state.tree.add(st.ir)
+
+    def _tree(self, r: _Round, selected: Sequence[RuleState]) -> None:
+        """The selected rules that would run a statement this round (``_live``'s checks short of the statement)
+        but have no structural match, as ``r.blocked`` (``TreeFilter``: a handful of statements for all of
+        them; none where too few rules would run)."""
+        if not (self.prefilter and self.tree_match):
+            return
+        since = {}
+        for st in selected:
+            c = st.compiled
+            if c is None or not c.tables or not all(t in r.newest for t in c.tables):
+                continue
+            first = st.since if self.semi_naive else 0
+            if self._state.survey.allows(c) and any(r.newest[t] >= first for t in c.tables):
+                since[st.rule] = first
+        possible = self._state.tree.possible(self.egraph.con, r.it.round, since, r.rows)
+        if possible is not None:
+            r.blocked = set(since) - possible
 
     def _live(self, r: _Round, st: RuleState, part: tuple[int, int] | None = None) -> str | None:
         """The SELECT of the rule's matches this round, or None when it is empty without running it: one of

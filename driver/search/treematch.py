@@ -1,0 +1,197 @@
+"""Rules' left sides as data: which rules have a structural match in a round, for the whole rule set in a
+handful of statements whatever the number of rules (issue 30, item 1).
+
+The survey (``prefilter``) lets a rule run once the e-graph has every edge type its left side joins along; a
+generated rule set still runs many joins that find nothing, and each is a DuckDB statement of 3-20 ms (planning
+an eight-table join), whatever the e-graph's size.  Here every term of every ready rule's left side is a row of a
+table (``TreeFilter.terms``): its op table, its height, its literal attributes (a kind number) and, per child
+slot, what the slot must hold: any e-class (a variable: NULL), an absent input (-1), a present one (a variable at
+an optional input: -2), or an e-class that matches another term (that term's id).  Equal terms of different rules
+are one row.  Each round the terms are matched bottom-up, one statement per height (one UNION ALL branch per op
+table with terms of that height: the statements grow with the operators and attribute literals the rules use, not
+with the rules): ``TreeFilter.matched`` gets a row ``(term, cls, ts)`` for every e-class holding a node whose tree
+matches the term, with the newest ``ts`` of any such match's nodes.  A rule can match only when each of its
+patterns' roots has a row and one of them is at least the rule's last run (semi-naive); one more statement reads
+the roots' newest ``ts``, and the runner skips the others as rules that matched nothing.
+
+What is left out only loosens the test, so it skips statements that would return no rows and nothing else:
+repeated variables, the links between a multi-pattern rule's patterns, the conditions (so the e-class analyses a
+rule's insert may change mid-round, constness, play no part).  The rows read are those a match of the round reads,
+the round's snapshot (ts below the round): the rules of a round insert rows of the round's ts, and only a rebuild
+rewrites rows.  The same e-graph, ids included, with and without it: ``tests/test_treematch.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relsat.programs.ir import Absent, Lit, ListOf, Rule, Term, Var
+from relsat.relations.catalog import BY_TYPE
+from relsat.relations.schema import literal, q
+
+ANY, ABSENT, PRESENT = None, -1, -2  # what a child slot of a term must hold, besides another term's id
+MIN_RULES = 12  # fewer rules that would run than this: no tree match (its statements cost about as much as theirs)
+MAX_PAIRS = 4_000_000  # rows times terms of one op table and height: past this, no tree match this round
+
+
+@dataclass(frozen=True)
+class _Term:
+    id: int
+    table: str
+    height: int
+    kind: int  # 0: no literal attribute; else the number of its literal conditions (``TreeFilter.kinds``)
+    arity: int  # a variadic op's number of children (0: not variadic)
+    slots: tuple[int | None, ...]  # per child slot: ANY, ABSENT, PRESENT or a term's id
+
+
+class TreeFilter:
+    """The terms of the rules' left sides as data, and the rules that can match in a round (module docstring)."""
+
+    def __init__(self, terms: str, matched: str) -> None:
+        self.terms_table, self.matched = terms, matched  # table names (the run's scratch)
+        self.ids: dict[tuple, _Term] = {}
+        self.kinds: dict[tuple[str, str], int] = {}  # (op table, SQL over its columns as ``n``) -> kind number
+        self.roots: dict[str, tuple[int, ...]] = {}  # rule -> its patterns' root terms
+        self.pending: list[_Term] = []  # terms not yet written to the table
+        self.created = False
+
+    def add(self, rule: Rule) -> None:
+        """The terms of one rule's left side (once: a rule is added when it is compiled)."""
+        if rule.name not in self.roots:
+            self.roots[rule.name] = tuple(self._term(p).id for p in rule.patterns)
+
+    def _term(self, t: Term) -> _Term:
+        op = BY_TYPE[t.op]
+        slots = []
+        for i, child in enumerate(t.children):
+            optional = not op.variadic and i < len(op.inputs) and op.inputs[i].optional
+            if isinstance(child, Term):
+                slots.append(self._term(child))
+            elif isinstance(child, Absent):
+                slots.append(ABSENT)
+            elif isinstance(child, Var):
+                slots.append(PRESENT if optional else ANY)
+        height = 1 + max((s.height for s in slots if isinstance(s, _Term)), default=0)
+        codes = tuple(s.id if isinstance(s, _Term) else s for s in slots)
+        lits = _literals(t, "n.")
+        kind = self.kinds.setdefault((op.table, lits), len(self.kinds) + 1) if lits else 0
+        key = (op.table, kind, codes, len(t.children) if op.variadic else 0)
+        if key not in self.ids:
+            term = _Term(len(self.ids), op.table, height, kind, key[3], codes)
+            self.ids[key] = term
+            self.pending.append(term)
+        return self.ids[key]
+
+    def _columns(self) -> int:
+        return max((len(t.slots) for t in self.ids.values()), default=0)
+
+    def _write(self, con) -> None:
+        """The terms added since the last round into the terms table (re-created when they need more slots)."""
+        width = self._columns()
+        if self.created and width > self.width:
+            con.execute(f"DROP TABLE IF EXISTS {self.terms_table}")
+            self.created, self.pending = False, list(self.ids.values())
+        if not self.created:
+            self.width = width
+            slots = "".join(f", c{i} BIGINT" for i in range(1, width + 1))
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {self.terms_table} (term BIGINT, tbl VARCHAR, height INTEGER, "
+                        f"kind INTEGER, arity INTEGER{slots})")
+            self.created = True
+        if self.pending:
+            rows = ", ".join(
+                f"({t.id}, {literal(t.table)}, {t.height}, {t.kind}, {t.arity}"
+                + "".join(f", {'NULL' if s is None else s}" for s in t.slots + (None,) * (self.width - len(t.slots)))
+                + ")" for t in self.pending)
+            con.execute(f"INSERT INTO {self.terms_table} VALUES {rows}")
+            self.pending = []
+
+    def possible(self, con, rnd: int, rules: dict[str, int], rows: dict[str, int],
+                 min_rules: int = MIN_RULES) -> set[str] | None:
+        """Of ``rules`` (name -> its last run, ``since``; every one added), those that may have a match in round
+        ``rnd``; None where the tree match is not run (too few rules, or too many rows: ``MIN_RULES``,
+        ``MAX_PAIRS``).  ``rows``: each op table's rows this round."""
+        if len(rules) < min_rules or not rules:
+            return None
+        wanted = self._wanted(rules)
+        levels: dict[int, dict[str, list[_Term]]] = {}
+        for t in wanted:
+            levels.setdefault(t.height, {}).setdefault(t.table, []).append(t)
+        if any(rows.get(tbl, 0) * len(ts) > MAX_PAIRS for level in levels.values() for tbl, ts in level.items()):
+            return None
+        self._write(con)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {self.matched} (term BIGINT, cls BIGINT, ts INTEGER)")
+        for h in sorted(levels):
+            ids = ", ".join(str(t.id) for ts in levels[h].values() for t in ts)
+            branches = [self._branch(tbl, h, ts, rnd, ids) for tbl, ts in sorted(levels[h].items())
+                        if rows.get(tbl, 0)]
+            if branches:
+                con.execute(f"INSERT INTO {self.matched} {' UNION ALL '.join(branches)}")
+        roots = sorted({r for name in rules for r in self.roots[name]})
+        newest = dict(con.execute(f"SELECT term, max(ts) FROM {self.matched} WHERE term IN "
+                                  f"({', '.join(map(str, roots))}) GROUP BY term").fetchall())
+        return {name for name, since in rules.items()
+                if all(r in newest for r in self.roots[name]) and max(newest[r] for r in self.roots[name]) >= since}
+
+    def _wanted(self, rules: dict[str, int]) -> list[_Term]:
+        """The terms under the roots of ``rules``."""
+        by_id = {t.id: t for t in self.ids.values()}
+        seen: set[int] = set()
+        todo = [r for name in rules for r in self.roots[name]]
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                todo.extend(s for s in by_id[i].slots if s is not None and s >= 0)
+        return [by_id[i] for i in sorted(seen)]
+
+    def _branch(self, tbl: str, height: int, terms: list[_Term], rnd: int, ids: str) -> str:
+        """The matches of the terms of one op table and height: a SELECT of (term, cls, ts)."""
+        op = next(o for o in BY_TYPE.values() if o.table == tbl)
+        width = max((len(t.slots) for t in terms), default=0)
+        if op.variadic:
+            col = q(op.inputs[0].column)
+            exprs = [f"n.{col}[{i}]" for i in range(1, width + 1)]
+        else:
+            exprs = [f"n.{q(i.column)}" for i in op.inputs][:width]
+        joins, conds, newest = [], [f"n.ts < {int(rnd)}"], ["n.ts"]
+        for i, x in enumerate(exprs, 1):
+            codes = {t.slots[i - 1] for t in terms if i <= len(t.slots)} - {ANY}
+            if not codes:
+                continue
+            slot, alts = f"p.c{i}", [f"p.c{i} IS NULL"]
+            if ABSENT in codes:
+                alts.append(f"({slot} = {ABSENT} AND {x} = -1)")
+            if PRESENT in codes:
+                alts.append(f"({slot} = {PRESENT} AND {x} <> -1)")
+            if any(c >= 0 for c in codes):
+                joins.append(f"LEFT JOIN {self.matched} k{i} ON k{i}.term = {slot} AND k{i}.cls = {x}")
+                alts.append(f"k{i}.term IS NOT NULL")
+                newest.append(f"coalesce(k{i}.ts, -1)")
+            conds.append(f"({' OR '.join(alts)})")
+        if op.variadic:
+            conds.append(f"len(n.{q(op.inputs[0].column)}) = p.arity")
+        kinds = sorted({t.kind for t in terms if t.kind})
+        if kinds:
+            by_kind = {k: sql for (t, sql), k in self.kinds.items() if t == tbl}
+            cases = " ".join(f"WHEN {k} THEN ({by_kind[k]})" for k in kinds)
+            conds.append(f"(p.kind = 0 OR CASE p.kind {cases} ELSE false END)")
+        return (f"SELECT p.term, n.out AS cls, max(greatest({', '.join(newest)})) AS ts FROM {tbl} n "
+                f"JOIN {self.terms_table} p ON p.tbl = {literal(tbl)} AND p.height = {int(height)} AND p.term IN ({ids}) "
+                f"{' '.join(joins)} WHERE {' AND '.join(conds)} GROUP BY p.term, n.out")
+
+
+def _literals(t: Term, alias: str) -> str:
+    """A term's literal attribute conditions as SQL over its table's columns (``alias`` before each name); empty
+    where it has none.  The compiler's conditions (``Compiled.kinds``)."""
+    lits = []
+    if t.op == "getitem":
+        lits.append(f"{alias}{q('index')} = {t.index}")
+    for name, val in t.attrs:
+        col = alias + q(name)
+        if isinstance(val, Lit):
+            lits.append(f"{col} = {literal(val.value)}")
+        elif isinstance(val, ListOf):
+            lits.append(f"len({col}) = {len(val.items)}")
+            lits += [f"{col}[{i + 1}] = {literal(item.value)}" for i, item in enumerate(val.items)
+                     if isinstance(item, Lit)]
+    return " AND ".join(lits)
