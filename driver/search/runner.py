@@ -450,7 +450,6 @@ class Runner:
                 ready = all(t in r.newest for t in st.tables)
             if ready:
                 st.compiled = compile_rule(st.ir)
-                self._state.tree.add(st.ir)
 
     def _tree(self, r: _Round, selected: Sequence[RuleState]) -> None:
         """The selected rules that would run a statement this round (``_live``'s checks short of the statement)
@@ -466,6 +465,7 @@ class Runner:
             first = st.since if self.semi_naive else 0
             if self._state.survey.allows(c) and any(r.newest[t] >= first for t in c.tables):
                 since[st.rule] = first
+                self._state.tree.add(st.ir)  # (once)
         possible = self._state.tree.possible(self.egraph.con, r.it.round, since, r.rows)
         if possible is not None:
             r.blocked = set(since) - possible
