@@ -12,6 +12,7 @@ import pytest
 from relsat.driver.boundary import zoo
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.search.runner import Limits, Runner
+from relsat.driver.search import treematch
 from relsat.driver.search.treematch import TreeFilter
 from relsat.programs.compiler import compile_rule, lhs_tables
 from relsat.programs.parser import parse_rules
@@ -54,6 +55,9 @@ CASES = [
     ("(Relu (Gemm ?a ?b _)) => ?a", 0, True),
     ("(Relu (Gemm ?a ?b ?c)) => ?a", 0, False),  # C absent
     ("(Add (Relu ?x) ?y) => ?y", 1, False),  # every row older than the rule's last run
+    ("(Add (Relu ?x) ?y) => ?y if (not-const ?y)", 0, True),
+    ("(Add (Relu ?x) ?y) => ?y if (const ?y)", 0, False),  # y is an input
+    ("(Add (Relu ?x) ?y) => ?y if (zeros ?y)", 0, False),
     # two patterns: each must have a match (their links are not checked)
     ("(Relu ?x), (Mul ?a ?b) => ?x, ?a", 0, True),
     ("(Relu ?x), (Mul (Relu ?a) ?b) => ?x, ?b", 0, False),
@@ -63,7 +67,7 @@ CASES = [
 @pytest.mark.parametrize("text, since, expected", CASES)
 def test_fixture_rules(text, since, expected):
     g = small_egraph()
-    rule = parse_rules(f"r: {text}", "t.rules").rules[0]
+    rule = parse_rules(f"r: {text}\n".replace(" if ", "\n    if "), "t.rules").rules[0]
     tree = TreeFilter("_terms", "_matched")
     tree.add(rule)
     rows = {op.table: g.sql(f"SELECT count(*) FROM {op.table}")[0][0] for op in OPS}
@@ -96,6 +100,31 @@ def test_ruled_out_rules_match_nothing(model):
             for r in out:
                 assert not g.sql(f"SELECT count(*) FROM ({compile_rule(r).match(since, rnd)})")[0][0], r.name
     assert ruled_out
+
+
+CONST_RULES = parse_rules("""
+a-const: (Add ?x (Sub ?w ?w)) => (Add ?w ?w)
+b-needs-const: (Relu ?v) => (Sigmoid ?v)
+    if (const ?v)
+""", "t.rules").rules
+
+
+def test_a_class_made_constant_in_the_round_lets_the_rules_that_need_it_run(monkeypatch):
+    """``a-const`` puts a constant node into the non-constant class of ``x + (w - w)`` (w a weight) in round 1;
+    ``b-needs-const``, after it in the round, then matches the Relu over that class, which the tree match, taken
+    as the round began, had ruled out: it runs, as rule-at-a-time evaluation runs it."""
+    monkeypatch.setattr(treematch, "MIN_RULES", 0)
+    runs = {}
+    for tree in (False, True):
+        g = EGraph()
+        x = g.add("Input", attrs={"name": "x", "shape": [3], "dtype": 1})[0]
+        w = g.add("Weight", attrs={"ref": 1, "shape": [3], "dtype": 1})[0]
+        s = g.add("Add", {"a": [x], "b": [g.add("Sub", {"a": [w], "b": [w]})[0]]})[0]
+        g.add("Relu", {"x": [s]})
+        Runner(g, CONST_RULES, Limits(iterations=1, enodes=1000, seconds=60), tree_match=tree).run()
+        runs[tree] = (fingerprint(g), g.sql("SELECT rule, matches, applied FROM rule_stats ORDER BY ALL"))
+    assert runs[True] == runs[False]
+    assert ("b-needs-const", 1, 1) in runs[True][1]
 
 
 def saturate(g: EGraph, tree: bool) -> dict:

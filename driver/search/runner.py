@@ -357,6 +357,8 @@ class Runner:
                 selected = s.scheduler.select(rnd, eligible)
                 self._tree(r, selected)
                 for st in selected:
+                    if r.blocked and self.egraph.const_dirty:  # a class became constant: see ``_tree``
+                        r.blocked -= s.tree.sensitive
                     # not compiled: it cannot match (``_ready``); blocked: no structural match (``_tree``)
                     sql = self._live(r, st) if st.compiled is not None and st.rule not in r.blocked else None
                     if sql is None:  # as a run that matched nothing, without its statements
@@ -454,7 +456,9 @@ class Runner:
     def _tree(self, r: _Round, selected: Sequence[RuleState]) -> None:
         """The selected rules that would run a statement this round (``_live``'s checks short of the statement)
         but have no structural match, as ``r.blocked`` (``TreeFilter``: a handful of statements for all of
-        them; none where too few rules would run)."""
+        them; none where too few rules would run).  The match reads constness as the round begins; an insert of
+        the round can make an e-class constant (``EGraph.const_dirty``, never the other way before the rebuild),
+        so from then on the rules that need a constant e-class run whatever it said (``TreeFilter.sensitive``)."""
         if not (self.prefilter and self.tree_match):
             return
         since = {}

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relsat.programs.ir import Absent, Lit, ListOf, Rule, Term, Var
+from relsat.programs.ir import FILLS, Absent, Lit, ListOf, Pred, Rule, Term, Var
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.schema import literal, q
 
-ANY, ABSENT, PRESENT = None, -1, -2  # what a child slot of a term must hold, besides another term's id
+# what a child slot of a term must hold, besides another term's id: any e-class, no input, an e-class, a constant
+# e-class (a variable with ``(const ?v)``, ``(zeros ?v)`` or ``(ones ?v)``), a non-constant one (``(not-const ?v)``)
+ANY, ABSENT, PRESENT, CONST, NONCONST = None, -1, -2, -3, -4
 MIN_RULES = 12  # fewer rules that would run than this: no tree match (its statements cost about as much as theirs)
 MAX_PAIRS = 4_000_000  # rows times terms of one op table and height: past this, no tree match this round
 
@@ -52,25 +54,35 @@ class TreeFilter:
         self.ids: dict[tuple, _Term] = {}
         self.kinds: dict[tuple[str, str], int] = {}  # (op table, SQL over its columns as ``n``) -> kind number
         self.roots: dict[str, tuple[int, ...]] = {}  # rule -> its patterns' root terms
+        self.sensitive: set[str] = set()  # rules with a CONST slot: see ``Runner._tree``
         self.pending: list[_Term] = []  # terms not yet written to the table
         self.created = False
 
     def add(self, rule: Rule) -> None:
         """The terms of one rule's left side (once: a rule is added when it is compiled)."""
-        if rule.name not in self.roots:
-            self.roots[rule.name] = tuple(self._term(p).id for p in rule.patterns)
+        if rule.name in self.roots:
+            return
+        wants = {}
+        for c in rule.conditions:
+            if isinstance(c, Pred) and (c.kind == "const" or c.kind in FILLS):
+                wants[c.var.name] = CONST
+            elif isinstance(c, Pred) and c.kind == "not-const":
+                wants.setdefault(c.var.name, NONCONST)
+        self.roots[rule.name] = tuple(self._term(p, wants).id for p in rule.patterns)
+        if CONST in wants.values():
+            self.sensitive.add(rule.name)
 
-    def _term(self, t: Term) -> _Term:
+    def _term(self, t: Term, wants: dict[str, int]) -> _Term:
         op = BY_TYPE[t.op]
         slots = []
         for i, child in enumerate(t.children):
             optional = not op.variadic and i < len(op.inputs) and op.inputs[i].optional
             if isinstance(child, Term):
-                slots.append(self._term(child))
+                slots.append(self._term(child, wants))
             elif isinstance(child, Absent):
                 slots.append(ABSENT)
             elif isinstance(child, Var):
-                slots.append(PRESENT if optional else ANY)
+                slots.append(wants.get(child.name, PRESENT if optional else ANY))
         height = 1 + max((s.height for s in slots if isinstance(s, _Term)), default=0)
         codes = tuple(s.id if isinstance(s, _Term) else s for s in slots)
         lits = _literals(t, "n.")
@@ -106,11 +118,11 @@ class TreeFilter:
             self.pending = []
 
     def possible(self, con, rnd: int, rules: dict[str, int], rows: dict[str, int],
-                 min_rules: int = MIN_RULES) -> set[str] | None:
+                 min_rules: int | None = None) -> set[str] | None:
         """Of ``rules`` (name -> its last run, ``since``; every one added), those that may have a match in round
         ``rnd``; None where the tree match is not run (too few rules, or too many rows: ``MIN_RULES``,
         ``MAX_PAIRS``).  ``rows``: each op table's rows this round."""
-        if len(rules) < min_rules or not rules:
+        if not rules or len(rules) < (MIN_RULES if min_rules is None else min_rules):
             return None
         wanted = self._wanted(rules)
         levels: dict[int, dict[str, list[_Term]]] = {}
@@ -163,6 +175,9 @@ class TreeFilter:
                 alts.append(f"({slot} = {ABSENT} AND {x} = -1)")
             if PRESENT in codes:
                 alts.append(f"({slot} = {PRESENT} AND {x} <> -1)")
+            if CONST in codes or NONCONST in codes:
+                joins.append(f"LEFT JOIN eclass e{i} ON e{i}.id = {x}")
+                alts += [f"({slot} = {CONST} AND e{i}.is_const)", f"({slot} = {NONCONST} AND NOT e{i}.is_const)"]
             if any(c >= 0 for c in codes):
                 joins.append(f"LEFT JOIN {self.matched} k{i} ON k{i}.term = {slot} AND k{i}.cls = {x}")
                 alts.append(f"k{i}.term IS NOT NULL")
