@@ -148,3 +148,24 @@ def test_same_egraph_with_and_without_tree_match(model):
     for key in ("stop", "rounds", "rules", "tables"):
         assert runs[True][key] == runs[False][key], key
     assert runs[True]["ran"] < runs[False]["ran"]  # what it is for: fewer rules' joins run
+
+
+@pytest.mark.parametrize("n", [5, 7])
+def test_ac_add_same_egraph_with_and_without_tree_match(monkeypatch, n):
+    """ac-add's two rules are below ``MIN_RULES``: forced on, the tree match gives the same e-graph."""
+    from pathlib import Path
+
+    from relsat.programs.parser import load_rules
+    from test_runner_phases import add_chain
+
+    monkeypatch.setattr(treematch, "MIN_RULES", 0)
+    rules = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
+    runs = {}
+    for tree in (False, True):
+        g = add_chain(n)
+        report = Runner(g, rules, Limits(iterations=50, enodes=10**6, seconds=600), tree_match=tree).run()
+        runs[tree] = (report.stop_reason, fingerprint(g),
+                      g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL"))
+        g.close()
+    assert runs[True] == runs[False]
+    assert runs[True][0].value == "saturated"

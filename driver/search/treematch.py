@@ -52,6 +52,7 @@ class TreeFilter:
     def __init__(self, terms: str, matched: str) -> None:
         self.terms_table, self.matched = terms, matched  # table names (the run's scratch)
         self.ids: dict[tuple, _Term] = {}
+        self.by_id: dict[int, _Term] = {}
         self.kinds: dict[tuple[str, str], int] = {}  # (op table, SQL over its columns as ``n``) -> kind number
         self.roots: dict[str, tuple[int, ...]] = {}  # rule -> its patterns' root terms
         self.sensitive: set[str] = set()  # rules with a CONST slot: see ``Runner._tree``
@@ -90,7 +91,7 @@ class TreeFilter:
         key = (op.table, kind, codes, len(t.children) if op.variadic else 0)
         if key not in self.ids:
             term = _Term(len(self.ids), op.table, height, kind, key[3], codes)
-            self.ids[key] = term
+            self.ids[key] = self.by_id[term.id] = term
             self.pending.append(term)
         return self.ids[key]
 
@@ -121,32 +122,41 @@ class TreeFilter:
                  min_rules: int | None = None) -> set[str] | None:
         """Of ``rules`` (name -> its last run, ``since``; every one added), those that may have a match in round
         ``rnd``; None where the tree match is not run (too few rules, or too many rows: ``MIN_RULES``,
-        ``MAX_PAIRS``).  ``rows``: each op table's rows this round."""
-        if not rules or len(rules) < (MIN_RULES if min_rules is None else min_rules):
+        ``MAX_PAIRS``; the rules it could not rule out, one operator over variables, are not counted).  ``rows``: each
+        op table's rows this round."""
+        plain = {name for name in rules if self._plain(name)}
+        rules = {name: since for name, since in rules.items() if name not in plain}
+        if len(rules) < (MIN_RULES if min_rules is None else min_rules):
             return None
+        if not rules:
+            return plain
         wanted = self._wanted(rules)
         levels: dict[int, dict[str, list[_Term]]] = {}
         for t in wanted:
             levels.setdefault(t.height, {}).setdefault(t.table, []).append(t)
-        if any(rows.get(tbl, 0) * len(ts) > MAX_PAIRS for level in levels.values() for tbl, ts in level.items()):
+        if any(rows.get(tbl, 0) * len(self._level(tbl, h)) > MAX_PAIRS for h, level in levels.items() for tbl in level):
             return None
         self._write(con)
         con.execute(f"CREATE OR REPLACE TEMP TABLE {self.matched} (term BIGINT, cls BIGINT, ts INTEGER)")
-        for h in sorted(levels):
-            ids = ", ".join(str(t.id) for ts in levels[h].values() for t in ts)
-            branches = [self._branch(tbl, h, ts, rnd, ids) for tbl, ts in sorted(levels[h].items())
-                        if rows.get(tbl, 0)]
+        for h in sorted(levels):  # (a branch matches every term of its table and height: simpler to plan)
+            branches = [self._branch(tbl, h, self._level(tbl, h), rnd) for tbl in sorted(levels[h]) if rows.get(tbl, 0)]
             if branches:
                 con.execute(f"INSERT INTO {self.matched} {' UNION ALL '.join(branches)}")
         roots = sorted({r for name in rules for r in self.roots[name]})
         newest = dict(con.execute(f"SELECT term, max(ts) FROM {self.matched} WHERE term IN "
                                   f"({', '.join(map(str, roots))}) GROUP BY term").fetchall())
-        return {name for name, since in rules.items()
-                if all(r in newest for r in self.roots[name]) and max(newest[r] for r in self.roots[name]) >= since}
+        return plain | {name for name, since in rules.items()
+                        if all(r in newest for r in self.roots[name]) and max(newest[r] for r in self.roots[name]) >= since}
+
+    def _plain(self, rule: str) -> bool:
+        """Whether each of the rule's patterns is one operator over variables, with no literal attribute and no
+        constness: it matches wherever the runner would run it (its tables hold a row since its last run)."""
+        return all(t.height == 1 and not t.kind and all(s is None for s in t.slots)
+                   for t in (self.by_id[r] for r in self.roots[rule]))
 
     def _wanted(self, rules: dict[str, int]) -> list[_Term]:
         """The terms under the roots of ``rules``."""
-        by_id = {t.id: t for t in self.ids.values()}
+        by_id = self.by_id
         seen: set[int] = set()
         todo = [r for name in rules for r in self.roots[name]]
         while todo:
@@ -156,7 +166,10 @@ class TreeFilter:
                 todo.extend(s for s in by_id[i].slots if s is not None and s >= 0)
         return [by_id[i] for i in sorted(seen)]
 
-    def _branch(self, tbl: str, height: int, terms: list[_Term], rnd: int, ids: str) -> str:
+    def _level(self, tbl: str, height: int) -> list[_Term]:
+        return [t for t in self.ids.values() if t.table == tbl and t.height == height]
+
+    def _branch(self, tbl: str, height: int, terms: list[_Term], rnd: int) -> str:
         """The matches of the terms of one op table and height: a SELECT of (term, cls, ts)."""
         op = next(o for o in BY_TYPE.values() if o.table == tbl)
         width = max((len(t.slots) for t in terms), default=0)
@@ -191,7 +204,7 @@ class TreeFilter:
             cases = " ".join(f"WHEN {k} THEN ({by_kind[k]})" for k in kinds)
             conds.append(f"(p.kind = 0 OR CASE p.kind {cases} ELSE false END)")
         return (f"SELECT p.term, n.out AS cls, max(greatest({', '.join(newest)})) AS ts FROM {tbl} n "
-                f"JOIN {self.terms_table} p ON p.tbl = {literal(tbl)} AND p.height = {int(height)} AND p.term IN ({ids}) "
+                f"JOIN {self.terms_table} p ON p.tbl = {literal(tbl)} AND p.height = {int(height)} "
                 f"{' '.join(joins)} WHERE {' AND '.join(conds)} GROUP BY p.term, n.out")
 
 
