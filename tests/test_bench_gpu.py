@@ -62,6 +62,7 @@ def test_unknown_model_is_refused(tmp_path):
 RELSAT_KEYS = {"nodes_out", "written", "rules_fired", "op_changes", "optimize_s", "optimize_start", "optimize_end"}
 
 
+@pytest.mark.slow  # 25 s: the suite's longest; the dry run above keeps the harness covered by default
 def test_jobs_overlap_the_optimizations_and_keep_the_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("RELSAT_COST_CACHE", str(tmp_path / "costs.duckdb"))
     runs = {}

@@ -31,7 +31,8 @@ from relsat.relations.schema import literal, q
 
 # what a child slot of a term must hold, besides another term's id: any e-class, no input, an e-class, a constant
 # e-class (a variable with ``(const ?v)``, ``(zeros ?v)`` or ``(ones ?v)``), a non-constant one (``(not-const ?v)``)
-ANY, ABSENT, PRESENT, CONST, NONCONST = None, -1, -2, -3, -4
+# ``(Add ?x ?x)``: a variable repeated among one term's children is SAME - j at every slot after its first, slot j
+ANY, ABSENT, PRESENT, CONST, NONCONST, SAME = None, -1, -2, -3, -4, -10
 MIN_RULES = 12  # fewer rules that would run than this: no tree match (its statements cost about as much as theirs)
 MAX_PAIRS = 4_000_000  # rows times terms of one op table and height: past this, no tree match this round
 
@@ -75,14 +76,17 @@ class TreeFilter:
 
     def _term(self, t: Term, wants: dict[str, int]) -> _Term:
         op = BY_TYPE[t.op]
-        slots = []
+        slots, first = [], {}
         for i, child in enumerate(t.children):
             optional = not op.variadic and i < len(op.inputs) and op.inputs[i].optional
             if isinstance(child, Term):
                 slots.append(self._term(child, wants))
             elif isinstance(child, Absent):
                 slots.append(ABSENT)
+            elif isinstance(child, Var) and child.name in first:
+                slots.append(SAME - first[child.name])
             elif isinstance(child, Var):
+                first[child.name] = i + 1
                 slots.append(wants.get(child.name, PRESENT if optional else ANY))
         height = 1 + max((s.height for s in slots if isinstance(s, _Term)), default=0)
         codes = tuple(s.id if isinstance(s, _Term) else s for s in slots)
@@ -188,6 +192,7 @@ class TreeFilter:
                 alts.append(f"({slot} = {ABSENT} AND {x} = -1)")
             if PRESENT in codes:
                 alts.append(f"({slot} = {PRESENT} AND {x} <> -1)")
+            alts += [f"({slot} = {c} AND {x} = {exprs[SAME - c - 1]})" for c in sorted(codes - {None}) if c <= SAME]
             if CONST in codes or NONCONST in codes:
                 joins.append(f"LEFT JOIN eclass e{i} ON e{i}.id = {x}")
                 alts += [f"({slot} = {CONST} AND e{i}.is_const)", f"({slot} = {NONCONST} AND NOT e{i}.is_const)"]
