@@ -4,21 +4,25 @@ handful of statements whatever the number of rules (issue 30, item 1).
 The survey (``prefilter``) lets a rule run once the e-graph has every edge type its left side joins along; a
 generated rule set still runs many joins that find nothing, and each is a DuckDB statement of 3-20 ms (planning
 an eight-table join), whatever the e-graph's size.  Here every term of every ready rule's left side is a row of a
-table (``TreeFilter.terms``): its op table, its height, its literal attributes (a kind number) and, per child
-slot, what the slot must hold: any e-class (a variable: NULL), an absent input (-1), a present one (a variable at
-an optional input: -2), or an e-class that matches another term (that term's id).  Equal terms of different rules
-are one row.  Each round the terms are matched bottom-up, one statement per height (one UNION ALL branch per op
-table with terms of that height: the statements grow with the operators and attribute literals the rules use, not
-with the rules): ``TreeFilter.matched`` gets a row ``(term, cls, ts)`` for every e-class holding a node whose tree
-matches the term, with the newest ``ts`` of any such match's nodes.  A rule can match only when each of its
-patterns' roots has a row and one of them is at least the rule's last run (semi-naive); one more statement reads
-the roots' newest ``ts``, and the runner skips the others as rules that matched nothing.
+table (``TreeFilter.terms_table``): its op table, its height, its literal attributes (a kind number) and, per child
+slot, what the slot must hold: any e-class (a variable: NULL), an absent input, a present one (a variable at an
+optional input), a constant or a non-constant e-class (a variable under ``const``, ``zeros``, ``ones`` /
+``not-const``), the e-class of an earlier slot of the same term (a repeated variable), or an e-class that matches
+another term (that term's id).  Equal terms of different rules are one row.  Each round the terms are matched
+bottom-up, one statement per height (one UNION ALL branch per op table with terms of that height: the statements
+grow with the operators the rules use, not with the rules): ``TreeFilter.matched`` gets a row ``(term, cls, ts)``
+for every e-class holding a node whose tree matches the term, with the newest ``ts`` of any such match's nodes.  A
+rule can match only when each of its patterns' roots has a row and one of them is at least the rule's last run
+(semi-naive); one more statement reads the roots' newest ``ts``, and the runner skips the others as rules that
+matched nothing.
 
-What is left out only loosens the test, so it skips statements that would return no rows and nothing else:
-repeated variables, the links between a multi-pattern rule's patterns, the conditions (so the e-class analyses a
-rule's insert may change mid-round, constness, play no part).  The rows read are those a match of the round reads,
-the round's snapshot (ts below the round): the rules of a round insert rows of the round's ts, and only a rebuild
-rewrites rows.  The same e-graph, ids included, with and without it: ``tests/test_treematch.py``.
+What is left out only loosens the test, so it skips statements that would return no rows and nothing else: a
+variable shared by two terms, the links between a multi-pattern rule's patterns, shape and other conditions.  The
+rows read are those a match of the round reads, the round's snapshot (ts below the round): the rules of a round
+insert rows of the round's ts, and only a rebuild rewrites rows.  Of the e-class analyses only constness can change
+within a round, from false to true (an insert into an existing e-class): a variable that must be non-constant is
+safe to check as the round begins, one that must be constant is not once an e-class has become constant
+(``sensitive``: ``Runner._tree``).  The same e-graph, ids included, with and without it: ``tests/test_treematch.py``.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ class _Term:
     id: int
     table: str
     height: int
-    kind: int  # 0: no literal attribute; else the number of its literal conditions (``TreeFilter.kinds``)
+    kind: int  # 0: no literal attribute; else the number of its literal conditions in ``TreeFilter.kinds``
     arity: int  # a variadic op's number of children (0: not variadic)
-    slots: tuple[int | None, ...]  # per child slot: ANY, ABSENT, PRESENT or a term's id
+    slots: tuple[int | None, ...]  # per child slot: ANY, ABSENT, PRESENT, CONST, NONCONST, SAME - j or a term's id
 
 
 class TreeFilter:
@@ -61,7 +65,7 @@ class TreeFilter:
         self.created = False
 
     def add(self, rule: Rule) -> None:
-        """The terms of one rule's left side (once: a rule is added when it is compiled)."""
+        """The terms of one rule's left side (once: the runner adds a rule when it first asks about it)."""
         if rule.name in self.roots:
             return
         wants = {}
