@@ -12,6 +12,12 @@ generated``) and the CLI's defaults otherwise (backoff scheduler, multi-pattern 
 filtering on).  Reported: seconds, rounds, e-nodes before and after, stop reason, the time split
 into match / apply / rebuild, SQL statements (in all and per round), and the process's peak RSS.  ``rows()`` returns the
 results as dicts for other benchmarks.
+
+``--tree-ab PAIRS``: instead, per model, limit and configuration, one process saturates the same imported model
+without and with the tree match (``Runner(tree_match=...)``, ``driver/search/treematch.py``) alternately, PAIRS
+times each; reported: the seconds of every run, statements per round and rule runs that matched nothing for each
+side, and whether every run left the same e-graph (all op tables, ``eclass``, ``uf`` and ``rule_stats`` without
+timings, hashed).
 """
 
 from __future__ import annotations
@@ -52,6 +58,42 @@ def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float 
     }
 
 
+def _fingerprint(g) -> str:
+    """Every row of every e-graph table and of ``rule_stats`` without its timings, hashed."""
+    import hashlib
+
+    from relsat.relations.catalog import OPS
+
+    h = hashlib.sha256()
+    for table in [op.table for op in OPS] + ["op_opaque", "eclass", "uf"]:
+        h.update(repr(g.sql(f"SELECT * FROM {table} ORDER BY id")).encode())
+    h.update(repr(g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL")).encode())
+    return h.hexdigest()
+
+
+def tree_ab(name: str, node_limit: int, iter_limit: int, time_limit: float, config: str, pairs: int) -> dict:
+    """Saturation without and with the tree match, alternated ``pairs`` times in this process (module docstring)."""
+    from relsat.driver.boundary import zoo
+    from relsat.driver.boundary.onnx_import import import_model
+    from relsat.driver.search.runner import Limits, Runner
+    from relsat.programs.rulesets import load_rule_list
+
+    model, rules = zoo.build(name), load_rule_list(list(CONFIGS[config]))
+    row, prints = {"model": name, "rules": config, "node_limit": node_limit}, set()
+    for _ in range(pairs):
+        for side, tree in (("without", False), ("with", True)):
+            g = import_model(model).egraph
+            t = time.perf_counter()
+            rep = Runner(g, rules, Limits(iter_limit, node_limit, time_limit), tree_match=tree).run()
+            row.setdefault(f"{side}_s", []).append(round(time.perf_counter() - t, 2))
+            row[f"{side}_per_round"] = "/".join(str(n) for n in rep.statements)
+            row[f"{side}_empty"] = g.sql("SELECT count(*) FROM rule_stats WHERE seconds > 0 AND matches = 0")[0][0]
+            prints.add(_fingerprint(g))
+            g.close()
+    row["same_egraph"] = len(prints) == 1
+    return row
+
+
 def run_isolated(name: str, node_limit: int, iter_limit: int, time_limit: float, timeout: float,
                  config: str = "default") -> dict:
     cmd = [sys.executable, "-m", "relsat.benchmarks.bench_saturation", "--one", name, str(node_limit),
@@ -89,13 +131,21 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     p.add_argument("--configs", nargs="+", default=["default"], choices=list(CONFIGS),
                    help="rule configurations, each in turn per model and limit")
+    p.add_argument("--tree-ab", type=int, metavar="PAIRS", help="without and with the tree match, alternated")
     p.add_argument("--one", nargs=2, metavar=("MODEL", "LIMIT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.one and args.tree_ab:
+        print(json.dumps(tree_ab(args.one[0], int(args.one[1]), args.iter_limit, args.time_limit, args.configs[0],
+                                 args.tree_ab)))
+        return
     if args.one:
         print(json.dumps(run_one(args.one[0], int(args.one[1]), args.iter_limit, args.time_limit, args.configs[0])))
         return
     from relsat.driver.boundary import zoo
 
+    if args.tree_ab:
+        _tree_table(args)
+        return
     if not args.json:
         print("| model | rules | node limit | seconds | match | apply | rebuild | rounds | e-nodes before | e-nodes | "
               "e-classes | stop | SQL statements | per round | peak RSS MiB | note |")
@@ -109,6 +159,32 @@ def main() -> None:
                 else:
                     cells = ["-" if r.get(k) is None else str(r[k]) for k in COLUMNS]
                     print(f"| {m} | {config} | {lim} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _tree_table(args) -> None:
+    from relsat.driver.boundary import zoo
+
+    print("| model | rules | node limit | without s | with s | statements per round, without -> with | "
+          "empty rule runs, without -> with | same e-graph |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m in args.models or zoo.NAMES:
+        for lim in args.limits:
+            for config in args.configs:
+                cmd = [sys.executable, "-m", "relsat.benchmarks.bench_saturation", "--one", m, str(lim), "--iter-limit",
+                       str(args.iter_limit), "--time-limit", str(args.time_limit), "--configs", config,
+                       "--tree-ab", str(args.tree_ab)]
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                if res.returncode != 0:
+                    last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+                    print(f"| {m} | {config} | {lim} | failed: {last[:120]} | | | | |", flush=True)
+                    continue
+                r = json.loads(res.stdout.strip().splitlines()[-1])
+                if args.json:
+                    print(json.dumps(r), flush=True)
+                    continue
+                print(f"| {m} | {config} | {lim} | {' / '.join(map(str, r['without_s']))} | "
+                      f"{' / '.join(map(str, r['with_s']))} | {r['without_per_round']} -> {r['with_per_round']} | "
+                      f"{r['without_empty']} -> {r['with_empty']} | {'yes' if r['same_egraph'] else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -173,3 +173,12 @@ def test_ac_add_same_egraph_with_and_without_tree_match(monkeypatch, n):
         g.close()
     assert runs[True] == runs[False]
     assert runs[True][0].value == "saturated"
+
+
+def test_the_benchmark_alternates_without_and_with_it():
+    """``bench_saturation --tree-ab``, the command RESULTS cites: each side timed, the e-graphs compared."""
+    from relsat.benchmarks.bench_saturation import tree_ab
+
+    row = tree_ab("squeezenet", 50_000, 10, 120.0, "default+generated", 1)
+    assert row["same_egraph"] and len(row["without_s"]) == len(row["with_s"]) == 1
+    assert row["with_empty"] < row["without_empty"]
