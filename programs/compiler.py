@@ -138,6 +138,22 @@ class _From:
         return f"{self.table} {self.alias}"
 
 
+def literal_conditions(t: Term, alias: str = "") -> list[str]:
+    """A term's literal attribute conditions (getitem's index, literal attributes, list lengths and literal items) as
+    SQL over its table's columns, ``alias`` before each name: the left side's filters, ``Compiled.kinds`` (no
+    alias) and the tree match's (``driver.search.treematch``)."""
+    conds = [f"{alias}{q('index')} = {t.index}"] if t.op == "getitem" else []
+    for name, val in t.attrs:
+        col = alias + q(name)
+        if isinstance(val, Lit):
+            conds.append(f"{col} = {literal(val.value)}")
+        elif isinstance(val, ListOf):
+            conds.append(f"len({col}) = {len(val.items)}")
+            conds += [f"{col}[{i + 1}] = {literal(item.value)}" for i, item in enumerate(val.items)
+                      if isinstance(item, Lit)]
+    return conds
+
+
 class _Lhs:
     """Walks the patterns, allocating table aliases and collecting join conditions."""
 
@@ -164,27 +180,16 @@ class _Lhs:
         alias = f"t{len(self.aliases)}"
         self.aliases.append(alias)
         self.froms.append(_From(op.table, alias))
-        lits = []  # the term's literal attribute conditions over its table alone (``kinds``)
-        if t.op == "getitem":
-            self.where.append(f"{alias}.{q('index')} = {t.index}")
-            lits.append(f"{q('index')} = {t.index}")
-        for name, val in t.attrs:
+        self.where += literal_conditions(t, f"{alias}.")
+        for name, val in t.attrs:  # attribute variables
             col = f"{alias}.{q(name)}"
-            if isinstance(val, Lit):
-                self.where.append(f"{col} = {literal(val.value)}")
-                lits.append(f"{q(name)} = {literal(val.value)}")
-            elif isinstance(val, Var):
+            if isinstance(val, Var):
                 self.bind(val.name, col)
-            else:  # ListOf
-                self.where.append(f"len({col}) = {len(val.items)}")
-                lits.append(f"len({q(name)}) = {len(val.items)}")
+            elif isinstance(val, ListOf):
                 for i, item in enumerate(val.items):
-                    if isinstance(item, Lit):
-                        self.where.append(f"{col}[{i + 1}] = {literal(item.value)}")
-                        lits.append(f"{q(name)}[{i + 1}] = {literal(item.value)}")
-                    else:
+                    if isinstance(item, Var):
                         self.bind(item.name, f"{col}[{i + 1}]")
-        if lits:
+        if lits := literal_conditions(t):  # over its table alone
             self.kinds.add((op.table, " AND ".join(lits)))
         if op.variadic:
             col = f"{alias}.{q(op.inputs[0].column)}"

@@ -559,6 +559,7 @@ OPS: tuple[OpDef, ...] = (
 )
 
 BY_TYPE: dict[str, OpDef] = {op.op_type: op for op in OPS}
+BY_TABLE: dict[str, OpDef] = {op.table: op for op in OPS}
 BY_ONNX: dict[tuple[str, str], OpDef] = {(op.domain, op.op_type): op for op in OPS if not op.leaf and op.op_type != "getitem"}
 DEFAULT_OPSETS = (7, 26)  # the default-domain opsets relsat reads and writes
 

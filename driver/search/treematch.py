@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relsat.programs.ir import FILLS, Absent, Lit, ListOf, Pred, Rule, Term, Var
-from relsat.relations.catalog import BY_TYPE
+from relsat.programs.compiler import literal_conditions
+from relsat.programs.ir import FILLS, Absent, Pred, Rule, Term, Var
+from relsat.relations.catalog import BY_TABLE, BY_TYPE
 from relsat.relations.schema import literal, q
 
 # what a child slot of a term must hold, besides another term's id: any e-class, no input, an e-class, a constant
@@ -94,7 +95,7 @@ class TreeFilter:
                 slots.append(wants.get(child.name, PRESENT if optional else ANY))
         height = 1 + max((s.height for s in slots if isinstance(s, _Term)), default=0)
         codes = tuple(s.id if isinstance(s, _Term) else s for s in slots)
-        lits = _literals(t, "n.")
+        lits = " AND ".join(literal_conditions(t, "n."))
         kind = self.kinds.setdefault((op.table, lits), len(self.kinds) + 1) if lits else 0
         key = (op.table, kind, codes, len(t.children) if op.variadic else 0)
         if key not in self.ids:
@@ -179,7 +180,7 @@ class TreeFilter:
 
     def _branch(self, tbl: str, height: int, terms: list[_Term], rnd: int) -> str:
         """The matches of the terms of one op table and height: a SELECT of (term, cls, ts)."""
-        op = next(o for o in BY_TYPE.values() if o.table == tbl)
+        op = BY_TABLE[tbl]
         width = max((len(t.slots) for t in terms), default=0)
         if op.variadic:
             col = q(op.inputs[0].column)
@@ -215,20 +216,3 @@ class TreeFilter:
         return (f"SELECT p.term, n.out AS cls, max(greatest({', '.join(newest)})) AS ts FROM {tbl} n "
                 f"JOIN {self.terms_table} p ON p.tbl = {literal(tbl)} AND p.height = {int(height)} "
                 f"{' '.join(joins)} WHERE {' AND '.join(conds)} GROUP BY p.term, n.out")
-
-
-def _literals(t: Term, alias: str) -> str:
-    """A term's literal attribute conditions as SQL over its table's columns (``alias`` before each name); empty
-    where it has none.  The compiler's conditions (``Compiled.kinds``)."""
-    lits = []
-    if t.op == "getitem":
-        lits.append(f"{alias}{q('index')} = {t.index}")
-    for name, val in t.attrs:
-        col = alias + q(name)
-        if isinstance(val, Lit):
-            lits.append(f"{col} = {literal(val.value)}")
-        elif isinstance(val, ListOf):
-            lits.append(f"len({col}) = {len(val.items)}")
-            lits += [f"{col}[{i + 1}] = {literal(item.value)}" for i, item in enumerate(val.items)
-                     if isinstance(item, Lit)]
-    return " AND ".join(lits)
