@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from relsat.relations.catalog import BY_TYPE, OPS
+from relsat.relations.catalog import BY_TABLE, BY_TYPE
 from relsat.relations.schema import literal, q
 
 from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, ShapeOf, Size,
@@ -427,9 +427,8 @@ def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, 
     """The explanation columns both witness forms take from a match row ``m``, per match: the terms' op types,
     the roots, the e-class variables' classes (JSON ``{"?var": e-class}``) and the other bindings and ``let``
     values (JSON)."""
-    op_type = {op.table: op.op_type for op in OPS}
     table = {f.alias: f.table for f in lhs.froms if not f.analysis}
-    names = [op_type[table[a]] for a in lhs.aliases]
+    names = [BY_TABLE[table[a]].op_type for a in lhs.aliases]
 
     def obj(variables) -> str:
         return "json_object(" + ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in variables) + ")"

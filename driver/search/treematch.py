@@ -47,7 +47,7 @@ class _Term:
     id: int
     table: str
     height: int
-    kind: int  # 0: no literal attribute; else the number of its literal conditions in ``TreeFilter.kinds``
+    kind: int  # 0: no literal attribute; else its literal conditions' number in ``TreeFilter.kinds``
     arity: int  # a variadic op's number of children (0: not variadic)
     slots: tuple[int | None, ...]  # per child slot: ANY, ABSENT, PRESENT, CONST, NONCONST, SAME - j or a term's id
 
@@ -63,7 +63,7 @@ class TreeFilter:
         self.roots: dict[str, tuple[int, ...]] = {}  # rule -> its patterns' root terms
         self.sensitive: set[str] = set()  # rules with a CONST slot: see ``Runner._tree``
         self.pending: list[_Term] = []  # terms not yet written to the table
-        self.created = False
+        self.created, self.width = False, 0  # whether the table exists; its slot columns
 
     def add(self, rule: Rule) -> None:
         """The terms of one rule's left side (once: the runner adds a rule when it first asks about it)."""
@@ -139,11 +139,10 @@ class TreeFilter:
             return None
         if not rules:
             return plain
-        wanted = self._wanted(rules)
-        levels: dict[int, dict[str, list[_Term]]] = {}
-        for t in wanted:
-            levels.setdefault(t.height, {}).setdefault(t.table, []).append(t)
-        if any(rows.get(tbl, 0) * len(self._level(tbl, h)) > MAX_PAIRS for h, level in levels.items() for tbl in level):
+        levels: dict[int, set[str]] = {}  # height -> the op tables of the terms under the rules' roots
+        for t in self._wanted(rules):
+            levels.setdefault(t.height, set()).add(t.table)
+        if any(rows.get(tbl, 0) * len(self._level(tbl, h)) > MAX_PAIRS for h, tables in levels.items() for tbl in tables):
             return None
         self._write(con)
         con.execute(f"CREATE OR REPLACE TEMP TABLE {self.matched} (term BIGINT, cls BIGINT, ts INTEGER)")
