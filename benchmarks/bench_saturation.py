@@ -59,16 +59,11 @@ def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float 
 
 
 def _fingerprint(g) -> str:
-    """Every row of every e-graph table and of ``rule_stats`` without its timings, hashed."""
+    """The e-graph's fingerprint (``EGraph.fingerprint``) and ``rule_stats`` without its timings, hashed."""
     import hashlib
 
-    from relsat.relations.catalog import OPS
-
-    h = hashlib.sha256()
-    for table in [op.table for op in OPS] + ["op_opaque", "eclass", "uf"]:
-        h.update(repr(g.sql(f"SELECT * FROM {table} ORDER BY id")).encode())
-    h.update(repr(g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL")).encode())
-    return h.hexdigest()
+    stats = g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL")
+    return hashlib.sha256((g.fingerprint() + repr(stats)).encode()).hexdigest()
 
 
 def tree_ab(name: str, node_limit: int, iter_limit: int, time_limit: float, config: str, pairs: int) -> dict:
@@ -95,9 +90,12 @@ def tree_ab(name: str, node_limit: int, iter_limit: int, time_limit: float, conf
 
 
 def run_isolated(name: str, node_limit: int, iter_limit: int, time_limit: float, timeout: float,
-                 config: str = "default") -> dict:
+                 config: str = "default", tree_ab: int | None = None) -> dict:
+    """``run_one`` (or, with ``tree_ab``, ``tree_ab``) in a fresh process; a failure is a row with a ``note``."""
     cmd = [sys.executable, "-m", "relsat.benchmarks.bench_saturation", "--one", name, str(node_limit),
            "--iter-limit", str(iter_limit), "--time-limit", str(time_limit), "--configs", config]
+    if tree_ab:
+        cmd += ["--tree-ab", str(tree_ab)]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -170,15 +168,10 @@ def _tree_table(args) -> None:
     for m in args.models or zoo.NAMES:
         for lim in args.limits:
             for config in args.configs:
-                cmd = [sys.executable, "-m", "relsat.benchmarks.bench_saturation", "--one", m, str(lim), "--iter-limit",
-                       str(args.iter_limit), "--time-limit", str(args.time_limit), "--configs", config,
-                       "--tree-ab", str(args.tree_ab)]
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                if res.returncode != 0:
-                    last = (res.stderr.strip().splitlines() or ["no output"])[-1]
-                    print(f"| {m} | {config} | {lim} | failed: {last[:120]} | | | | |", flush=True)
+                r = run_isolated(m, lim, args.iter_limit, args.time_limit, args.timeout, config, args.tree_ab)
+                if r.get("note"):
+                    print(f"| {m} | {config} | {lim} | {r['note']} | | | | |", flush=True)
                     continue
-                r = json.loads(res.stdout.strip().splitlines()[-1])
                 if args.json:
                     print(json.dumps(r), flush=True)
                     continue

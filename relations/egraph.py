@@ -36,6 +36,7 @@ dropped once.  The one table that outlives its call is ``insert_from``'s result
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import time
@@ -551,6 +552,14 @@ class EGraph:
         ).fetchall()[0][0]
 
     # ------------------------------------------------------------------ facts
+    def fingerprint(self) -> str:
+        """Every row of every e-graph table (ids, rounds and rebuild passes included), hashed: two runs built the
+        same e-graph exactly when their fingerprints agree (the determinism tests, ``bench_saturation --tree-ab``)."""
+        h = hashlib.sha256()
+        for table in [op.table for op in OPS] + ["op_opaque", "eclass", "uf"]:
+            h.update(repr(self.sql(f"SELECT * FROM {table} ORDER BY id")).encode())
+        return h.hexdigest()
+
     def counts(self) -> dict:
         """E-nodes and e-classes, in one statement over the op tables that hold rows (counting the ``enodes``
         view built every node's row, children lists and attributes: 15 ms a call on ViT-B/16, twice a round; a sum
