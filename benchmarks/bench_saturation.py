@@ -141,43 +141,36 @@ def main() -> None:
         return
     from relsat.driver.boundary import zoo
 
-    if args.tree_ab:
-        _tree_table(args)
-        return
+    header, cells = (TREE_HEADER, _tree_cells) if args.tree_ab else (HEADER, _cells)
     if not args.json:
-        print("| model | rules | node limit | seconds | match | apply | rebuild | rounds | e-nodes before | e-nodes | "
-              "e-classes | stop | SQL statements | per round | peak RSS MiB | note |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for m in args.models or zoo.NAMES:
-        for lim in args.limits:
-            for config in args.configs:
-                r = run_isolated(m, lim, args.iter_limit, args.time_limit, args.timeout, config)
-                if args.json:
-                    print(json.dumps(r), flush=True)
-                else:
-                    cells = ["-" if r.get(k) is None else str(r[k]) for k in COLUMNS]
-                    print(f"| {m} | {config} | {lim} | " + " | ".join(cells) + " |", flush=True)
-
-
-def _tree_table(args) -> None:
-    from relsat.driver.boundary import zoo
-
-    print("| model | rules | node limit | without s | with s | statements per round, without -> with | "
-          "empty rule runs, without -> with | same e-graph |")
-    print("|---|---|---|---|---|---|---|---|")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
     for m in args.models or zoo.NAMES:
         for lim in args.limits:
             for config in args.configs:
                 r = run_isolated(m, lim, args.iter_limit, args.time_limit, args.timeout, config, args.tree_ab)
-                if r.get("note"):
-                    print(f"| {m} | {config} | {lim} | {r['note']} | | | | |", flush=True)
-                    continue
                 if args.json:
                     print(json.dumps(r), flush=True)
-                    continue
-                print(f"| {m} | {config} | {lim} | {' / '.join(map(str, r['without_s']))} | "
-                      f"{' / '.join(map(str, r['with_s']))} | {r['without_per_round']} -> {r['with_per_round']} | "
-                      f"{r['without_empty']} -> {r['with_empty']} | {'yes' if r['same_egraph'] else 'NO'} |", flush=True)
+                else:
+                    print(f"| {m} | {config} | {lim} | " + " | ".join(cells(r)) + " |", flush=True)
+
+
+HEADER = ("model", "rules", "node limit", "seconds", "match", "apply", "rebuild", "rounds", "e-nodes before", "e-nodes",
+          "e-classes", "stop", "SQL statements", "per round", "peak RSS MiB", "note")
+TREE_HEADER = ("model", "rules", "node limit", "without s", "with s", "statements per round, without -> with",
+               "empty rule runs, without -> with", "same e-graph")
+
+
+def _cells(r: dict) -> list[str]:
+    return ["-" if r.get(k) is None else str(r[k]) for k in COLUMNS]
+
+
+def _tree_cells(r: dict) -> list[str]:
+    if r.get("note"):
+        return [r["note"], "", "", "", ""]
+    return [" / ".join(map(str, r["without_s"])), " / ".join(map(str, r["with_s"])),
+            f"{r['without_per_round']} -> {r['with_per_round']}", f"{r['without_empty']} -> {r['with_empty']}",
+            "yes" if r["same_egraph"] else "NO"]
 
 
 if __name__ == "__main__":
