@@ -14,8 +14,11 @@ and threads (a cost table imported from elsewhere); such costs are used as they 
 again, and counted in ``ProfileReport.other_versions``. The fixed cost of a ``session.run``
 call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of its own that records
 the conditions it was timed under); like every timing it can go stale (measured here: 8 us with both
-cores busy, 13-17 us on the same machine quieter), so :func:`check_call_overhead` compares it with a
-fresh timing and replaces it beyond the noise (the optimize pipeline does, before the costs).
+cores busy, 13-17 us on the same machine quieter, and 8-17 us from one fresh process to the next on a quiet
+one), so :func:`check_call_overhead` compares it with a
+fresh timing and replaces it beyond the noise where the difference moves the input graph's prediction by more
+than ``OVERHEAD_MATERIAL`` (the optimize pipeline checks it after pricing the input graph, and prices it again
+when the row was replaced).
 PyTorch's runtime (timing kind ``cuda-torch``) also pays a cost per node that one-node timings do not see; it
 is calibrated the same way (:func:`calibrated_node_overhead_ms`) and added to every operator's cost.
 """
@@ -43,6 +46,8 @@ from .cost_cache import CostCache, CostRow, conditions
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
 FLUSH_EVERY = 200  # store new measurements every this many samples
 MIN_REPEATS = 3  # timed runs a sample gets even when it overruns its time budget
+OVERHEAD_MATERIAL = 0.03  # a fresh call overhead that would move the input graph's one-node prediction by less
+# than this (the guard's threshold: what relsat calls noise in a latency) does not replace the cached one
 CALL_OVERHEAD_OP = "__call_overhead__"  # the op_type of the call overhead's cache row
 NODE_OVERHEAD_OP = "__node_overhead__"  # the op_type of the PyTorch runtime's per-node cost row
 # PyTorch on CUDA: a one-node timing of a few microseconds is a median of at least this many runs (an operator
@@ -304,12 +309,24 @@ def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200) -> 
                         "conditions": cond}, ms, len(times) or repeats, ort.__version__)
 
 
-def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor: float = 0.10) -> dict | None:
+def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor: float = 0.10, *,
+                        nodes: int | None = None, cost_ms: float | None = None) -> dict | None:
     """The cached call overhead against a fresh timing of it (a few ms): the row is replaced when the two
     disagree beyond the noise, ``max(floor, (q3 - q1) / median)`` of the fresh runs, on either side (a
-    row taken while other jobs shared the machine, or on another one). Stored when the cache has none.
-    Returns what was compared (``replaced`` says whether the row was); None when ``backend`` cannot
-    be timed here (its row, from elsewhere, is kept)."""
+    row taken while other jobs shared the machine, or on another one), and the difference matters: every
+    one-node cost of a graph of ``nodes`` nodes whose one-node prediction is ``cost_ms`` (priced with the
+    cached row) moves by it, and a change that moves that prediction by less than ``OVERHEAD_MATERIAL``
+    keeps the row (without ``nodes`` and ``cost_ms`` every disagreement counts). Stored when the cache has
+    none. Returns what was compared (``replaced`` says whether the row was, ``shift`` the fraction of the
+    prediction the fresh value would move); None when ``backend`` cannot be timed here (its row, from
+    elsewhere, is kept).
+
+    The materiality is what keeps a warm cache's prices, and so the candidate graphs and their cached
+    whole-graph profiles, the same from run to run: the overhead is bimodal from process to process on a
+    quiet machine (2 threads: 8.0-9.1 us in four fresh processes, 16.8 us in a fifth, interquartile ranges
+    apart), and replacing the row at every such flip moved ViT-B/16's one-node costs by 6 us each (2 % of
+    its prediction), changed the ILP's near-ties and so every candidate graph, whose profiles (10 s each)
+    were then all taken again."""
     try:
         key = call_overhead_key(timing_kind(backend), threads)
     except ProviderUnavailable:
@@ -321,10 +338,14 @@ def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor:
     tolerance = max(floor, spread)
     cached = row[0] if row is not None else None
     ratio = cached / fresh if cached is not None and fresh > 0 else None
-    replace = ratio is None or not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
+    shift = (nodes * abs(fresh - cached) / cost_ms if cached is not None and nodes is not None
+             and cost_ms is not None and cost_ms > 0 else None)
+    beyond = ratio is None or not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
+    replace = beyond and (shift is None or shift > OVERHEAD_MATERIAL)
     if replace:
         cache.store([new])
-    return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "tolerance": tolerance, "replaced": replace,
+    return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "tolerance": tolerance, "shift": shift,
+            "beyond_noise": beyond, "replaced": replace,
             "cached_conditions": row[1].get("conditions") if row is not None else None}
 
 

@@ -16,7 +16,7 @@ from relsat.driver.app.optimize import optimize
 from relsat.relations.backend import CPU
 from relsat.extract.context import GRAPH_OP
 from relsat.extract.cost_cache import CostCache
-from relsat.extract.profile import CALL_OVERHEAD_OP, call_overhead_key, check_call_overhead
+from relsat.extract.profile import CALL_OVERHEAD_OP, OVERHEAD_MATERIAL, call_overhead_key, check_call_overhead
 
 MODEL = "squeezenet"  # the quickest small zoo model to optimize (about 8 s here)
 THREADS = 1
@@ -150,3 +150,23 @@ def test_a_stale_call_overhead_is_replaced(tmp_path):
     again = check_call_overhead(CPU, THREADS, cache)
     assert again["ratio"] > 5 and again["replaced"]
     assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == again["fresh_ms"] < ms * 10
+
+
+def test_a_call_overhead_off_by_less_than_matters_is_kept(tmp_path):
+    """A cached overhead beyond the fresh timing's noise is still kept when the difference moves the input
+    graph's one-node prediction by less than ``OVERHEAD_MATERIAL`` (the row stays, so a warm cache prices the
+    same graph the same way run after run), and replaced when it moves it by more."""
+    cache = CostCache(tmp_path / "costs.duckdb")
+    first = check_call_overhead(CPU, THREADS, cache)
+    key = call_overhead_key("cpu", THREADS)
+    with duckdb.connect(str(cache.path)) as con:  # three times what this machine measures: beyond any noise
+        con.execute("UPDATE costs SET ms = ? WHERE key = ?", [3 * first["fresh_ms"], key])
+    planted = rows(cache.path, CALL_OVERHEAD_OP)[key][0]
+    # 10 nodes of a 100 ms graph: each node's cost moves by ~2x the overhead, a few hundredths of a percent
+    small = check_call_overhead(CPU, THREADS, cache, nodes=10, cost_ms=100.0)
+    assert small["beyond_noise"] and small["shift"] < OVERHEAD_MATERIAL and not small["replaced"]
+    assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == planted
+    # 1,000 nodes of a 1 ms graph: the same difference is most of the prediction
+    large = check_call_overhead(CPU, THREADS, cache, nodes=1000, cost_ms=1.0)
+    assert large["beyond_noise"] and large["shift"] > OVERHEAD_MATERIAL and large["replaced"]
+    assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == large["fresh_ms"] != planted

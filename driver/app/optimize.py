@@ -12,9 +12,10 @@ into ``Report.phases_s`` under their name:
    rule files resolved and, for a user's file, verified on random tensors; the cost cache opened;
 2. **import** -> ``Loaded``, then ``Imported``: the model loaded and checked, then read into the e-graph
    (built beside ``db``), with the sizes its dynamic dims are costed, timed and verified at;
-3. **profile** -> the call overhead's check (a dict; with the in-context search only): the cached call
-   overhead against a fresh timing, replaced when stale; then ``InputPriced``: the input graph priced before
-   any rule runs (the report's predicted cost of the input, the same in every strategy);
+3. **profile** -> ``InputPriced``: the input graph priced before any rule runs (the report's predicted cost
+   of the input, the same in every strategy); then the call overhead's check (a dict; with the in-context
+   search only): the cached call overhead against a fresh timing, replaced when stale and material to that
+   prediction (the input graph then priced again);
 4. **saturate** -> ``Saturated``: the rules run by the ``Runner`` under the options' limits (or a
    ``--search``);
 5. **profile** -> ``Priced``: every e-node's cost, measured per operator signature (through the
@@ -239,11 +240,14 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
             dbfile = EGraphFile(db) if db is not None else None  # no folder made for a bad model
             g = EGraph(dbfile.path if dbfile else None, memory_limit=o.memory_limit, temp_dir=o.temp_dir)
             imported = phases.read(run, loaded, g)
-        with timer("profile", "profile (the call overhead)"):
-            overhead = phases.check_overhead(run, prepared)
         price = phases.pricer(run, prepared, imported)
         with timer("profile", "profile (the input graph)"):
             input_priced = phases.price_input(run, imported, price)
+        with timer("profile", "profile (the call overhead)"):
+            overhead = phases.check_overhead(run, prepared, input_priced)
+            if overhead is not None and overhead["replaced"] and overhead["cached_ms"] is not None:
+                again = phases.price_input(run, imported, price)  # every one-node cost moved with it
+                input_priced = replace(again, report=phases.merged(again.report, input_priced.report))
         with timer("derive"):
             derived = phases.derive(run, imported)
         with timer("saturate"):

@@ -203,11 +203,13 @@ def in_context(run: Run, prepared: Prepared) -> bool:
             and run.backend.profiles_graphs)  # in-context costs come from ONNX Runtime's profiler
 
 
-def check_overhead(run: Run, prepared: Prepared) -> dict | None:
-    """The cached call overhead against a fresh timing of it, replaced when stale, before any cost uses it
-    (``relsat.extract.profile.check_call_overhead``); with the in-context search only (it times models)."""
+def check_overhead(run: Run, prepared: Prepared, priced: "InputPriced") -> dict | None:
+    """The cached call overhead against a fresh timing of it, replaced when stale and material to the input
+    graph as ``priced`` with it (``relsat.extract.profile.check_call_overhead``: its nodes' one-node costs all
+    move by the difference); with the in-context search only (it times models)."""
     if prepared.cache is not None and in_context(run, prepared):
-        return check_call_overhead(run.backend, run.opts.threads, prepared.cache)
+        return check_call_overhead(run.backend, run.opts.threads, prepared.cache, nodes=priced.nodes,
+                                   cost_ms=priced.cost)
     return None
 
 
@@ -231,6 +233,7 @@ def pricer(run: Run, prepared: Prepared, imported: Imported) -> Callable:
 class InputPriced:
     cost: float  # the input graph's predicted cost under the run's costs
     report: MeasuredReport | None  # what pricing it measured (None for analytic costs)
+    nodes: int = 0  # the input graph's e-nodes (one per e-class the outputs reach)
 
 
 def price_input(run: Run, imported: Imported, price: Callable) -> InputPriced:
@@ -246,14 +249,24 @@ def price_input(run: Run, imported: Imported, price: Callable) -> InputPriced:
         raise RelsatError(f"--provider {run.backend.name}: {e}") from None
     nodes = sorted(set(original_choice(g, imported.roots).values()))
     if not nodes:
-        return InputPriced(0.0, report)
+        return InputPriced(0.0, report, 0)
     g.con.register("_input_nodes", {"node": np.asarray(nodes, dtype=np.int64)})
     try:
         ms = [m for (m,) in g.con.execute("SELECT coalesce(k.ms, 0.0) FROM _input_nodes i "
                                           "LEFT JOIN costs k ON k.node = i.node").fetchall()]
     finally:
         g.con.unregister("_input_nodes")
-    return InputPriced(math.fsum(sorted(ms)), report)
+    return InputPriced(math.fsum(sorted(ms)), report, len(nodes))
+
+
+def merged(report: MeasuredReport | None, before: MeasuredReport | None) -> MeasuredReport | None:
+    """``report`` counting what an earlier pricing of the same run (``before``) measured as measured in this run,
+    not as found in the cache (it stored them there)."""
+    if report is not None and before is not None:
+        report.measured += before.measured
+        report.cached = max(0, report.cached - before.measured)
+        report.seconds += before.seconds
+    return report
 
 
 @dataclass(frozen=True)
@@ -467,10 +480,7 @@ def profile(run: Run, prepared: Prepared, imported: Imported, price: Callable,
                                                 run.status(f"profiling operators: {done}/{total} new signatures")))
     except ProviderUnavailable as e:
         raise RelsatError(f"--provider {run.backend.name}: {e}") from None
-    if p is not None and before is not None:
-        p.measured += before.measured
-        p.cached = max(0, p.cached - before.measured)
-        p.seconds += before.seconds
+    p = merged(p, before)
     if p is not None:
         notices += p.notices
         if p.failed:
