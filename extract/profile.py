@@ -13,12 +13,12 @@ running version is looked up under the other versions the cache holds for the sa
 and threads (a cost table imported from elsewhere); such costs are used as they are, not timed
 again, and counted in ``ProfileReport.other_versions``. The fixed cost of a ``session.run``
 call is calibrated once per cache (:func:`calibrated_call_overhead_ms`, a row of its own that records
-the conditions it was timed under); like every timing it can go stale (measured here: 8 us with both
-cores busy, 13-17 us on the same machine quieter, and 8-17 us from one fresh process to the next on a quiet
-one), so :func:`check_call_overhead` compares it with a
-fresh timing and replaces it beyond the noise where the difference moves the input graph's prediction by more
-than ``OVERHEAD_MATERIAL`` (the optimize pipeline checks it after pricing the input graph, and prices it again
-when the row was replaced).
+the conditions it was timed under, timed as a few bursts of runs); like every timing it can go stale
+(measured here: 8 us with both cores busy, 13-17 us on the same machine quieter, and 7.8-18.5 us from one
+burst to the next on a quiet one), so :func:`check_call_overhead` compares it with a fresh timing and
+replaces it when no burst of that timing comes near it and the difference moves the input graph's
+prediction by more than ``OVERHEAD_MATERIAL`` (the optimize pipeline checks it after pricing the input
+graph, and prices it again when the row was replaced).
 PyTorch's runtime (timing kind ``cuda-torch``) also pays a cost per node that one-node timings do not see; it
 is calibrated the same way (:func:`calibrated_node_overhead_ms`) and added to every operator's cost.
 """
@@ -46,6 +46,7 @@ from .cost_cache import CostCache, CostRow, conditions
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses
 FLUSH_EVERY = 200  # store new measurements every this many samples
 MIN_REPEATS = 3  # timed runs a sample gets even when it overruns its time budget
+OVERHEAD_BURSTS = 5  # the call overhead is timed as this many bursts (sessions) of runs, their median kept
 OVERHEAD_MATERIAL = 0.03  # a fresh call overhead that would move the input graph's one-node prediction by less
 # than this (the guard's threshold: what relsat calls noise in a latency) does not replace the cached one
 CALL_OVERHEAD_OP = "__call_overhead__"  # the op_type of the call overhead's cache row
@@ -293,17 +294,22 @@ def calibrated_call_overhead_ms(backend: Backend, threads: int, cache: CostCache
     return ms
 
 
-def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200) -> tuple[float, CostRow]:
-    """The call overhead timed now, and its cache row: the signature records the conditions
-    (:func:`relsat.extract.cost_cache.conditions`) and the quartiles of the runs."""
+def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200,
+                         bursts: int = OVERHEAD_BURSTS) -> tuple[float, CostRow]:
+    """The call overhead timed now, and its cache row: ``bursts`` timings of ``repeats`` runs each (a session
+    each), their median; the signature records the conditions (:func:`relsat.extract.cost_cache.conditions`),
+    the quartiles of all the runs and every burst's median (``bursts_ms``: how far it moves from one moment
+    to the next, which one burst's quartiles do not show)."""
     cond = conditions(threads)
     times: list[float] = []
     kind = timing_kind(backend)
-    ms = call_overhead_ms(backend, threads, repeats, times_out=times)
+    medians = [call_overhead_ms(backend, threads, repeats, times_out=times) for _ in range(max(1, bursts))]
+    ms = float(np.median(medians))
     if times:
         q1, q3 = np.percentile(times, [25, 75])
         cond.update(q1_ms=float(q1), q3_ms=float(q3))
-    cond.update(latency_ms=ms, runs=len(times) or repeats, clock=timer(kind, threads).__name__)
+    cond.update(latency_ms=ms, runs=len(times) or repeats, clock=timer(kind, threads).__name__,
+                bursts_ms=[float(m) for m in medians])
     return ms, CostRow(call_overhead_key(kind, threads), kind, threads, CALL_OVERHEAD_OP,
                        {"op_type": CALL_OVERHEAD_OP, "timed": "session.run of a one-node Identity of one float",
                         "conditions": cond}, ms, len(times) or repeats, ort.__version__)
@@ -311,40 +317,39 @@ def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200) -> 
 
 def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor: float = 0.10, *,
                         nodes: int | None = None, cost_ms: float | None = None) -> dict | None:
-    """The cached call overhead against a fresh timing of it (a few ms): the row is replaced when the two
-    disagree beyond the noise, ``max(floor, (q3 - q1) / median)`` of the fresh runs, on either side (a
-    row taken while other jobs shared the machine, or on another one), and the difference matters: every
-    one-node cost of a graph of ``nodes`` nodes whose one-node prediction is ``cost_ms`` (priced with the
-    cached row) moves by it, and a change that moves that prediction by less than ``OVERHEAD_MATERIAL``
-    keeps the row (without ``nodes`` and ``cost_ms`` every disagreement counts). Stored when the cache has
-    none. Returns what was compared (``replaced`` says whether the row was, ``shift`` the fraction of the
-    prediction the fresh value would move); None when ``backend`` cannot be timed here (its row, from
-    elsewhere, is kept).
+    """The cached call overhead against a fresh timing of it (:func:`_timed_call_overhead`, a few bursts): the
+    row is replaced when no fresh burst comes near it, the cached value outside the bursts' range widened by
+    ``floor`` on either side (a row taken while other jobs shared the machine, or on another one), and the
+    difference matters: every one-node cost of a graph of ``nodes`` nodes whose one-node prediction is
+    ``cost_ms`` (priced with the cached row) moves by it, and a change that moves that prediction by less than
+    ``OVERHEAD_MATERIAL`` keeps the row (without ``nodes`` and ``cost_ms`` every disagreement counts). Stored
+    when the cache has none. Returns what was compared (``replaced`` says whether the row was, ``shift`` the
+    fraction of the prediction the fresh value would move); None when ``backend`` cannot be timed here (its
+    row, from elsewhere, is kept).
 
-    The materiality is what keeps a warm cache's prices, and so the candidate graphs and their cached
-    whole-graph profiles, the same from run to run: the overhead is bimodal from process to process on a
-    quiet machine (2 threads: 8.0-9.1 us in four fresh processes, 16.8 us in a fifth, interquartile ranges
-    apart), and replacing the row at every such flip moved ViT-B/16's one-node costs by 6 us each (2 % of
-    its prediction), changed the ILP's near-ties and so every candidate graph, whose profiles (10 s each)
-    were then all taken again."""
+    Both keep a warm cache's prices, and so the candidate graphs and their cached whole-graph profiles, the
+    same from run to run. The overhead moves from moment to moment on a quiet machine (2 threads, 200 runs a
+    burst, eight bursts 0.3 s apart in each of four processes: 7.8-18.5 us, one process 7.8-16.5), while one
+    burst's quartiles are narrow (8.0-8.7 us); compared with those, the row was replaced in most runs, which
+    moved ViT-B/16's one-node costs by 6 us each (2 % of its prediction), changed the ILP's near-ties and so
+    every candidate graph, whose profiles (10 s each) were then all taken again."""
     try:
         key = call_overhead_key(timing_kind(backend), threads)
     except ProviderUnavailable:
         return None
     row = cache.rows([key]).get(key)
     fresh, new = _timed_call_overhead(backend, threads)
-    cond = new.signature["conditions"]
-    spread = (cond["q3_ms"] - cond["q1_ms"]) / fresh if "q1_ms" in cond and fresh > 0 else 0.0
-    tolerance = max(floor, spread)
+    bursts = new.signature["conditions"]["bursts_ms"]
+    low, high = min(bursts) / (1 + floor), max(bursts) * (1 + floor)
     cached = row[0] if row is not None else None
     ratio = cached / fresh if cached is not None and fresh > 0 else None
     shift = (nodes * abs(fresh - cached) / cost_ms if cached is not None and nodes is not None
              and cost_ms is not None and cost_ms > 0 else None)
-    beyond = ratio is None or not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
+    beyond = cached is None or not low <= cached <= high
     replace = beyond and (shift is None or shift > OVERHEAD_MATERIAL)
     if replace:
         cache.store([new])
-    return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "tolerance": tolerance, "shift": shift,
+    return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "range_ms": [low, high], "shift": shift,
             "beyond_noise": beyond, "replaced": replace,
             "cached_conditions": row[1].get("conditions") if row is not None else None}
 
