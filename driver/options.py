@@ -43,6 +43,7 @@ SEARCHES = ("eqsat", "mcts", "backtrack")  # how the e-graph is built (relsat.dr
 SCHEDULERS = ("backoff", "simple")  # relsat.driver.search.runner's schedulers
 NODE_LIMIT = 2000  # the default e-node limit: at least this many e-nodes ...
 NODE_LIMIT_PER_ENODE = 4  # ... or this many times the imported e-graph's, whichever is more (``Options.node_limit_for``)
+SLOW_GROWTH = 0.02  # a round that adds fewer e-nodes than this fraction of the e-graph and merges nothing is slow
 GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when faster by more than this
 
 
@@ -120,6 +121,9 @@ class Options:
         ".npz file of verification inputs, one set per file (repeatable), checked beside the random draws",
         type=list[Path], batch=False))
     iter_limit: int = field(default=30, metadata=flag("saturation rounds"))  # egg's default
+    slow_rounds: int = field(default=10, metadata=flag(
+        f"stop saturating after this many rounds in a row that each add under {SLOW_GROWTH:.0%} e-nodes, merge "
+        "nothing and ban no rule (0: never)"))  # ViT-B/16's gather rules: 1-2 % a round, rounds 4-30, never taken
     node_limit: int | None = field(default=None, metadata=flag(
         f"e-nodes (default: {NODE_LIMIT:,} or {NODE_LIMIT_PER_ENODE}x the imported graph's e-nodes, whichever is more)"))
     time_limit: float = field(default=60.0, metadata=flag("saturation (or search) time limit, seconds"))
@@ -233,7 +237,7 @@ class Options:
             raise refuse("alpha", "expected a factor >= 1 (1 is greedy)")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise refuse("threads", "expected a whole number >= 1")
-        for attr in ("candidates", "context_rounds", "iter_limit", "node_limit"):
+        for attr in ("candidates", "context_rounds", "iter_limit", "node_limit", "slow_rounds"):
             if attr == "node_limit" and self.node_limit is None:
                 continue
             if not isinstance(getattr(self, attr), int) or getattr(self, attr) < 0:

@@ -69,7 +69,7 @@ from relsat.relations.egraph import EGraph
 
 from relsat.driver.app import phases
 from relsat.driver.errors import RelsatError
-from relsat.driver.options import DEFAULTS, Options
+from relsat.driver.options import DEFAULTS, SLOW_GROWTH, Options
 from relsat.driver.boundary.outputs import EGraphFile, save_model_atomic
 from relsat.driver.version import __version__
 
@@ -447,6 +447,9 @@ def _limits(o, sat, searched, best, node_limit: int | None) -> list[dict]:
         elif rounds.value == "iteration limit":
             cut("iteration limit", "--iter-limit", o.iter_limit, n, f"saturation stopped after {n} round(s), "
                 "before saturating")
+        elif rounds.value == "slow growth":
+            cut("slow growth", "--slow-rounds", o.slow_rounds, n, f"saturation stopped after {n} round(s): the last "
+                f"{o.slow_rounds} each added under {SLOW_GROWTH:.0%} e-nodes and merged nothing")
     elif searched is not None:
         st, stop = searched.stats, searched.stop
         if searched.strategy == "mcts":

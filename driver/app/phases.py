@@ -422,7 +422,7 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
     if not prepared.rules:
         return Saturated(None)
     node_limit = o.node_limit_for(g.counts()["enodes"])
-    limits = Limits(o.iter_limit, node_limit, o.time_limit, o.multi_rounds)
+    limits = Limits(o.iter_limit, node_limit, o.time_limit, o.multi_rounds, o.slow_rounds)
     run.status(f"saturating with {len(prepared.rules)} rules ..." if o.search == "eqsat"
                else f"{o.search}: searching ...")
     if o.search == "eqsat":

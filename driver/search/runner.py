@@ -38,7 +38,8 @@ The phases of a round, one method each:
 - ``_rebuild``: the queued unions merged and congruence restored.
 - ``_record``: the ``Iteration`` and the rules' statistics stored.
 - ``_check_stop``: after the round, ``node limit`` (matches were left out for want
-  of e-nodes) or ``saturated`` (nothing changed and the scheduler agrees).
+  of e-nodes), ``saturated`` (nothing changed and the scheduler agrees) or ``slow growth``
+  (``Limits.slow_rounds`` rounds in a row each added under ``SLOW_GROWTH`` e-nodes and merged nothing).
 
 The scheduler interface (``Scheduler``): ``select(round, rules)`` gives the rules
 that run this round; ``matched(round, rule, matches)`` sees each rule's match
@@ -83,7 +84,7 @@ from relsat.relations.egraph import EGraph
 from relsat.relations.schema import literal
 from relsat.relations.reach import cyclic_matches
 
-from relsat.driver.options import DEFAULTS, NODE_LIMIT
+from relsat.driver.options import DEFAULTS, NODE_LIMIT, SLOW_GROWTH
 from relsat.driver.search.prefilter import Survey
 from relsat.driver.search.treematch import TreeFilter
 
@@ -114,6 +115,7 @@ class StopReason(str, Enum):
     ITERATION_LIMIT = "iteration limit"
     NODE_LIMIT = "node limit"
     TIME_LIMIT = "time limit"
+    SLOW_GROWTH = "slow growth"
 
 
 @dataclass
@@ -122,6 +124,7 @@ class Limits:
     enodes: int = NODE_LIMIT
     seconds: float = DEFAULTS.time_limit
     multi_rounds: int = DEFAULTS.multi_rounds  # rounds in which multi-pattern rules run (the first ones)
+    slow_rounds: int = DEFAULTS.slow_rounds  # stop after this many slow rounds in a row (0: never; ``_check_stop``)
 
 
 @dataclass
@@ -271,6 +274,7 @@ class _Run:
     tree: TreeFilter  # the ready rules' left sides as data: which can match in a round (``_tree``)
     chunk: int = 0  # the most match rows applied at once (``Runner.chunk_budget``; 0: never in parts)
     report: Report = field(default_factory=Report)
+    slow: int = 0  # slow rounds in a row, up to the last (``_check_stop``)
 
 
 @dataclass
@@ -688,11 +692,22 @@ class Runner:
             self.on_round(it)
 
     def _check_stop(self, r: _Round) -> StopReason | None:
-        """After a round: matches left unapplied for want of e-nodes, or a fixpoint."""
+        """After a round: matches left unapplied for want of e-nodes, a fixpoint, or ``Limits.slow_rounds`` slow
+        rounds in a row: each added fewer e-nodes than ``SLOW_GROWTH`` of the e-graph, merged no e-classes and
+        banned no rule (a ban holds matches back). Such rounds only grow alternatives one step at a time, as
+        ViT-B/16's gather rules carry its classifier's token-0 Gather back through the residual stream, a layer
+        every few rounds, to values every layer needs whole (rounds 4-30 added 1-2 % each and merged nothing;
+        the model written at 6, 10 and 30 rounds was the same to the byte, and the 24 rounds cost 20 s)."""
         if r.budget <= 0 or r.capped:
             return StopReason.NODE_LIMIT
-        if r.it.new_nodes == 0 and r.it.unions == 0 and self._state.scheduler.can_stop(r.it.round):
+        it, s = r.it, self._state
+        if it.new_nodes == 0 and it.unions == 0 and s.scheduler.can_stop(it.round):
             return StopReason.SATURATED
+        banned = any(row[-1] for row in r.stats)
+        slow = it.unions == 0 and not banned and it.new_nodes < SLOW_GROWTH * max(it.enodes - it.new_nodes, 1)
+        s.slow = s.slow + 1 if slow else 0
+        if self.limits.slow_rounds and s.slow >= self.limits.slow_rounds:
+            return StopReason.SLOW_GROWTH
         return None
 
     def _finish(self, stop: StopReason) -> Report:
