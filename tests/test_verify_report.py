@@ -138,3 +138,36 @@ def test_nothing_compared_when_the_input_graph_is_kept():
     v = r.report["verification"]
     assert set(v) == KEYS and v["ok"] and v["draws"] == 0 and v["bindings"] == 0 and v["worst"] is None
     assert v["inputs"] == {} and v["tolerance"]["rtol"] == RTOL
+
+
+class _Counted:
+    """An ONNX Runtime session that counts its runs (the real session runs them)."""
+
+    def __init__(self, sess, runs: list):
+        self._sess, self._runs = sess, runs
+
+    def run(self, *a, **k):
+        self._runs.append(1)
+        return self._sess.run(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._sess, name)
+
+
+@pytest.mark.parametrize("delta, ok, plain_runs", [(2e-5, True, 0), (0.5, False, 1)])
+def test_the_unoptimized_original_runs_only_where_a_draw_fails_without_its_floor(monkeypatch, delta, ok, plain_runs):
+    """The noise floor (how far ONNX Runtime's own optimizations move the original) only widens the tolerance, so
+    it is measured only for a draw that fails without it: a candidate that matches never runs the unoptimized
+    original; one that differs runs it once, for the draw that fails, and still fails with the floor."""
+    from relsat.relations import runtime
+
+    real, runs = runtime.session, []
+
+    def session(model, **k):
+        s = real(model, **k)
+        return _Counted(s, runs) if k.get("optimize") is False else s
+
+    monkeypatch.setattr(runtime, "session", session)
+    result = verify(add_model(W), perturbed(delta))
+    assert result.ok is ok and len(runs) == plain_runs
+    assert result.draws == (len(INPUT_DRAWS) if ok else 1) and result.noise_floor

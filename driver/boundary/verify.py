@@ -16,6 +16,10 @@ the last place of the output's largest magnitude and ``NOISE_FACTOR`` times how
 far ONNX Runtime's own optimizations move the original (the original run with
 graph optimizations on and off, on the same inputs: BatchNormalization folding
 and friends round differently, and relsat's rewrites may round like them).
+The original's run without optimizations is made only for a draw where an output fails the
+comparison without that floor: a wider floor passes whatever a narrower one passes, so the verdict is
+the same, and a draw that passes is reported against the narrower floor (ViT-B/16: six runs of its
+unoptimized graph, about 5 s of the 16 s a verification took, saved where the candidate matches).
 Integer, boolean and string elements must be equal (strings compared as text,
 never as numbers); NaN must match NaN and an infinity the same infinity.
 
@@ -382,12 +386,15 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
     d = -1
     for d, (what, make, bi) in enumerate(cases):
         fed = make([ref_sess, opt_sess])
-        try:
-            ref = ref_sess.run(None, fed)
-            plain = ref if plain_sess is ref_sess else plain_sess.run(None, fed)
-        except Exception as e:
-            raise RelsatError(f"{label}: ONNX Runtime cannot run the model on input draw {what}: "
-                              f"{error_line(e)}") from None
+
+        def original_run(sess):
+            try:
+                return sess.run(None, fed)
+            except Exception as e:
+                raise RelsatError(f"{label}: ONNX Runtime cannot run the model on input draw {what}: "
+                                  f"{error_line(e)}") from None
+
+        ref = original_run(ref_sess)
         if bi is None:
             sets += 1
         else:
@@ -401,8 +408,11 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         except Exception as e:
             return result(False, float("inf"), float("inf"), checks,
                           f"ONNX Runtime cannot run the optimized model: {error_line(e)}", d)
-        for n, r, p in zip(names, ref, plain):
-            c = compare_output(r, got[n], rtol=rtol, atol=atol, noise=None if plain_sess is ref_sess else p)
+        compared = [compare_output(r, got[n], rtol=rtol, atol=atol) for n, r in zip(names, ref)]
+        if plain_sess is not ref_sess and not all(c.ok for c in compared):  # the noise floor, where it can matter
+            plain = original_run(plain_sess)
+            compared = [compare_output(r, got[n], rtol=rtol, atol=atol, noise=p) for n, r, p in zip(names, ref, plain)]
+        for n, c in zip(names, compared):
             c.draw = d
             if worst is None or c.ratio > worst[0].ratio:
                 worst = (c, n, d, what)
