@@ -26,7 +26,8 @@ def test_a_disagreeing_row_is_measured_again_and_only_a_row_that_fails_again_is_
     def moved(self):  # the first check finds every cached profile off the timing, as when the machine moved
         found = real(self)
         calls.append(1)
-        return [{**r, "agrees": False} if len(calls) == 1 and r["profile"] == "cache" else r for r in found]
+        return [{**r, "agrees": False, "stale": True} if len(calls) == 1 and r["profile"] == "cache" else r
+                for r in found]
 
     monkeypatch.setattr(Search, "check", moved)
     path = tmp_path / "costs.duckdb"
