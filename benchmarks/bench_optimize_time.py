@@ -61,7 +61,13 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
             "fidelity_first": (fid.get("first_pass") or {}).get("original_prediction_ratio"),
             # the input model's own whole-graph profile over the same timing: where this is near 1 and the
             # prediction is not, the prediction's costs came from other graphs' profiles
-            "profile_ratio": fid.get("original_profile_ratio")}
+            "profile_ratio": fid.get("original_profile_ratio"),
+            # why a second search ran: the cached rows found stale (ratio to the fresh timing, to the other rows'
+            # ratio, and the noise), and those measured again as they were taken (``held``: they stood)
+            "stale": [{k: r.get(k) for k in ("label", "ratio", "relative", "tolerance", "search")}
+                      for r in fid.get("stale") or []],
+            "remeasured": [{k: h.get(k) for k in ("label", "ratio", "tolerance", "held")}
+                           for h in fid.get("remeasured") or []]}
 
 
 def poison(cache: Path, factor: float) -> int:

@@ -22,7 +22,8 @@ here):
    interleaved (:func:`relsat.driver.boundary.latency.time_models`); the input model is timed alone when there
    is no candidate. Every whole-graph profile used so far, from the cost cache or taken in this run, is
    checked against the fresh timing of its graph (the original's against the input model's): it agrees
-   within the noise, ``max(FIDELITY_FLOOR, (q3 - q1) / median)`` of the fresh runs on either side, and one
+   within the noise (``FIDELITY_FLOOR``, or the fresh runs' interquartile range or their block medians'
+   range over the median where wider: ``Search._agreement``) on either side, and one
    that does not is stale when its ratio to the timing is also off the other profiles' ratio (their median)
    by more than that noise, or off by more than ``GROSS_DRIFT``. Cached profiles taken while other jobs
    shared the machine predicted squeezenet at 5.7x and Inception-v3 at 2.3x their latency in every later
@@ -351,11 +352,16 @@ class Search:
 
     def _agreement(self, profiled_ms: float, timing: Latency) -> dict:
         """A profile's latency against the fresh timing of its graph: the ratio, the tolerance and whether
-        they agree. The tolerance is the noise: the floor, or the fresh runs' interquartile range over their
-        median where larger, widened after a re-take by how far the input model's two fresh timings moved
-        apart (this machine, shared, swung between 0.13 and 0.22 ms on small SqueezeNet within seconds)."""
+        they agree. The tolerance is the noise: the floor, or where larger the fresh runs' interquartile range
+        over their median, or how far the timing's own block medians lie apart over their median (ViT-B/16's
+        moved 16-31 % within one timing here: a profile inside that range cannot be told off it), widened after
+        a re-take by how far the input model's two fresh timings moved apart (this machine, shared, swung
+        between 0.13 and 0.22 ms on small SqueezeNet within seconds)."""
         measured = judged_ms(timing, self.threads, self.backend)
-        spread = (timing.q3_ms - timing.q1_ms) / timing.median_ms if timing.median_ms > 0 else 0.0
+        blocks = timing.blocks(self.backend.metric(self.threads))
+        middle = float(np.median(blocks)) if blocks else 0.0
+        spread = max((timing.q3_ms - timing.q1_ms) / timing.median_ms if timing.median_ms > 0 else 0.0,
+                     (max(blocks) - min(blocks)) / middle if len(blocks) > 1 and middle > 0 else 0.0)
         tolerance = (1 + max(self.fidelity_floor, spread)) * (1 + self._drift) - 1
         ratio = profiled_ms / measured if measured > 0 else math.inf
         return {"profiled_ms": profiled_ms, "measured_ms": measured, "ratio": ratio, "spread": spread,
