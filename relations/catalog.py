@@ -246,8 +246,10 @@ def _unary(op: str, attrs: tuple[Attr, ...] = (), flops: str = "prod(s_out)", **
 
 
 def _binary(op: str, **kw) -> OpDef:
+    """An element-wise op of two inputs of one type (ONNX's T): operands of two known, different types make no
+    node, whatever rule asks for it (a float 0 minus an int64 constant once reached Faster R-CNN's exports)."""
     kw.setdefault("example", Example(([2, 3, 4], [4])))
-    return OpDef(op, _AB, shape="bcast(s_a, s_b)", **kw)
+    return OpDef(op, _AB, shape="CASE WHEN d_a IS NULL OR d_b IS NULL OR d_a = d_b THEN bcast(s_a, s_b) END", **kw)
 
 
 def _reduce(op: str, kind: str, flops: str = "prod(s_data)", **kw) -> OpDef:

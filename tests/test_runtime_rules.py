@@ -270,3 +270,26 @@ def test_matmul_and_bias_under_a_dynamic_batch_is_one_gemm():
     static = model_of(nodes, [2, S, C], [2, S, M], inits)
     _, applied = rewrite(static, set())
     assert applied["matmul-add-gemm-dynamic"] == 0, applied
+
+
+def test_an_integer_subtraction_is_not_rewritten_with_a_float_zero():
+    """``sub-const-as-add`` (y - c = y + (0 - c)) writes its 0 as a float32 constant: on Faster R-CNN's int64 box
+    arithmetic it made Sub(float 0, int64 c), every extraction failed the ONNX checker, and the search exported
+    dozens of candidates that could not be written. The rule now asks for a float32 c, and the catalog makes no
+    Add/Sub/Mul/Div node of two known, different types, whatever rule asks."""
+    i64 = TensorProto.INT64
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["x", "c"], ["y"])], "t", [helper.make_tensor_value_info("x", i64, [2, 3])],
+        [helper.make_tensor_value_info("y", i64, [2, 3])], [numpy_helper.from_array(np.arange(3, dtype=np.int64), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    written, applied = rewrite(model, {"Sub"}, rules=("default",))
+    assert applied["sub-const-as-add"] == 0
+    x = np.arange(6, dtype=np.int64).reshape(2, 3)
+    np.testing.assert_array_equal(session(written).run(None, {"x": x})[0], x - np.arange(3))
+    from relsat.relations.egraph import EGraph, ShapeConflict
+
+    g = EGraph()
+    (xi,) = g.add("Input", attrs={"name": np.array(["x"], dtype=object), "shape": [3], "dtype": 7})
+    (zero,) = g.add("Constant", attrs={"value_float": np.array([0.0])})
+    with pytest.raises(ShapeConflict):
+        g.add("Sub", {"a": [zero], "b": [xi]})
