@@ -243,6 +243,12 @@ def metric_ms(t: Latency, metric: str) -> float:
     return t.cpu_ms if metric == "cpu" else t.median_ms
 
 
+def relative_range(values) -> float:
+    """How far ``values`` (block medians) lie apart: their range over their median (0 for none, or a median of 0)."""
+    middle = float(np.median(values)) if len(values) else 0.0
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
+
+
 def spread(orig: Latency, opt: Latency, metric: str, threshold: float = 0.0) -> dict:
     """The spread of two timings: each one's interval of block medians (``Latency.blocks``), the noise (the
     wider interval over its median), ``ratios``: the input's block median over the optimized model's, block by
@@ -252,7 +258,7 @@ def spread(orig: Latency, opt: Latency, metric: str, threshold: float = 0.0) -> 
     a, b = orig.blocks(metric), opt.blocks(metric)
     if not a or not b:
         return {"original_ms": None, "optimized_ms": None, "noise": None, "ratios": None, "apart": True}
-    noise = max((max(x) - min(x)) / float(np.median(x)) if np.median(x) > 0 else 0.0 for x in (a, b))
+    noise = max(relative_range(a), relative_range(b))
     pairs = list(zip(a, b))  # a model the race dropped after the first session has its first blocks only
     return {"original_ms": [min(a), max(a)], "optimized_ms": [min(b), max(b)], "noise": noise,
             "ratios": [_ratio(x, y) for x, y in pairs],

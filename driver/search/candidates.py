@@ -68,7 +68,8 @@ from relsat.relations.backend import Backend
 
 from relsat.driver.boundary import feeds
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import MIN_RUNS, Latency, judge, judged_ms, promising, time_models, undecided
+from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
+                                            time_models, undecided)
 from relsat.driver.boundary.onnx_export import export_graph
 from relsat.driver.boundary.verify import VerifyResult, verify
 
@@ -358,10 +359,8 @@ class Search:
         a re-take by how far the input model's two fresh timings moved apart (this machine, shared, swung
         between 0.13 and 0.22 ms on small SqueezeNet within seconds)."""
         measured = judged_ms(timing, self.threads, self.backend)
-        blocks = timing.blocks(self.backend.metric(self.threads))
-        middle = float(np.median(blocks)) if blocks else 0.0
         spread = max((timing.q3_ms - timing.q1_ms) / timing.median_ms if timing.median_ms > 0 else 0.0,
-                     (max(blocks) - min(blocks)) / middle if len(blocks) > 1 and middle > 0 else 0.0)
+                     relative_range(timing.blocks(self.backend.metric(self.threads))))
         tolerance = (1 + max(self.fidelity_floor, spread)) * (1 + self._drift) - 1
         ratio = profiled_ms / measured if measured > 0 else math.inf
         return {"profiled_ms": profiled_ms, "measured_ms": measured, "ratio": ratio, "spread": spread,
@@ -374,10 +373,10 @@ class Search:
 
         Each row says whether its profile ``agrees`` with the fresh timing (within the noise) and whether it is
         ``stale``: it does not, and its ratio is off the other rows' (their median) beyond the same noise, or off
-        by more than ``GROSS_DRIFT`` (the only test of a row alone). A speed the machine took since the profiles (all of them, or all
-        that came from the cache with nothing measured now) moves every row alike: the prices keep their
-        proportions, the ILP makes the same choices, and a second search finds the same candidates (ViT-B/16's
-        warm runs searched twice, 114 s of choice, for a cache 12 % off the timing throughout)."""
+        by more than ``GROSS_DRIFT`` (the only test of a row alone). A speed the machine took since the profiles
+        (all of them, or all that came from the cache with nothing measured now) moves every row alike: the
+        prices keep their proportions, the ILP makes the same choices, and a second search finds the same
+        candidates."""
         o = self.original
         rows, seen = [], set()
         same = next((c for c in self.usable() if c.model is o.model and c.timing is not None), None)
