@@ -25,6 +25,7 @@ is calibrated the same way (:func:`calibrated_node_overhead_ms`) and added to ev
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import math
@@ -316,16 +317,20 @@ def _timed_call_overhead(backend: Backend, threads: int, repeats: int = 200,
 
 
 def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor: float = 0.10, *,
-                        nodes: int | None = None, cost_ms: float | None = None) -> dict | None:
+                        nodes: int | None = None, cost_ms: float | None = None,
+                        taken_since: dt.datetime | None = None) -> dict | None:
     """The cached call overhead against a fresh timing of it (:func:`_timed_call_overhead`, a few bursts): the
     row is replaced when no fresh burst comes near it, the cached value outside the bursts' range widened by
     ``floor`` on either side (a row taken while other jobs shared the machine, or on another one), and the
     difference matters: every one-node cost of a graph of ``nodes`` nodes whose one-node prediction is
     ``cost_ms`` (priced with the cached row) moves by it, and a change that moves that prediction by less than
     ``OVERHEAD_MATERIAL`` keeps the row (without ``nodes`` and ``cost_ms`` every disagreement counts). Stored
-    when the cache has none. Returns what was compared (``replaced`` says whether the row was, ``shift`` the
-    fraction of the prediction the fresh value would move); None when ``backend`` cannot be timed here (its
-    row, from elsewhere, is kept).
+    when the cache has none. A row taken at or after ``taken_since`` (the run's start: this run calibrated it a
+    moment ago, on a cold cache) is a fresh timing itself: kept, not timed again (``taken_this_run``), since a
+    second timing a second later is no better and replacing the first moved the run's own prices between its
+    input graph and its e-graph. Returns what was compared (``replaced`` says whether the row was, ``shift``
+    the fraction of the prediction the fresh value would move); None when ``backend`` cannot be timed here
+    (its row, from elsewhere, is kept).
 
     Both keep a warm cache's prices, and so the candidate graphs and their cached whole-graph profiles, the
     same from run to run. The overhead moves from moment to moment on a quiet machine (2 threads, 200 runs a
@@ -338,10 +343,16 @@ def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor:
     except ProviderUnavailable:
         return None
     row = cache.rows([key]).get(key)
+    cached = row[0] if row is not None else None
+    taken = row[1].get("conditions", {}).get("measured_at") if row is not None else None
+    if taken is not None and taken_since is not None and \
+            dt.datetime.fromisoformat(taken) >= taken_since.replace(microsecond=0):
+        return {"cached_ms": cached, "fresh_ms": None, "ratio": None, "range_ms": None, "shift": None,
+                "beyond_noise": False, "replaced": False, "taken_this_run": True,
+                "cached_conditions": row[1].get("conditions")}
     fresh, new = _timed_call_overhead(backend, threads)
     bursts = new.signature["conditions"]["bursts_ms"]
     low, high = min(bursts) / (1 + floor), max(bursts) * (1 + floor)
-    cached = row[0] if row is not None else None
     ratio = cached / fresh if cached is not None and fresh > 0 else None
     shift = (nodes * abs(fresh - cached) / cost_ms if cached is not None and nodes is not None
              and cost_ms is not None and cost_ms > 0 else None)
@@ -350,7 +361,7 @@ def check_call_overhead(backend: Backend, threads: int, cache: CostCache, floor:
     if replace:
         cache.store([new])
     return {"cached_ms": cached, "fresh_ms": fresh, "ratio": ratio, "range_ms": [low, high], "shift": shift,
-            "beyond_noise": beyond, "replaced": replace,
+            "beyond_noise": beyond, "replaced": replace, "taken_this_run": False,
             "cached_conditions": row[1].get("conditions") if row is not None else None}
 
 

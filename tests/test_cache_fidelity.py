@@ -63,7 +63,10 @@ def test_every_profile_row_records_its_conditions(honest):
     fid = report["fidelity"]
     assert fid["metric"] == "cpu" and fid["original_measured_ms"] > 0
     assert fid["original_prediction_ratio"] == pytest.approx(fid["original_predicted_ms"] / fid["original_measured_ms"])
-    assert fid["call_overhead"]["fresh_ms"] > 0
+    # a cold cache: the run calibrated the call overhead itself, so its check kept that row untimed
+    check = fid["call_overhead"]
+    assert check["taken_this_run"] and not check["replaced"] and check["fresh_ms"] is None
+    assert check["cached_ms"] == overhead[0] > 0
 
 
 def poisoned_run(honest, folder):
@@ -150,6 +153,23 @@ def test_a_stale_call_overhead_is_replaced(tmp_path):
     again = check_call_overhead(CPU, THREADS, cache)
     assert again["ratio"] > 5 and again["replaced"]
     assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == again["fresh_ms"] < ms * 10
+
+
+def test_a_call_overhead_this_run_took_is_not_timed_again(tmp_path):
+    """A row dated at or after the run's start is the run's own calibration: kept as it is, even when a
+    fresh timing would replace it, and not timed again; an older row is checked."""
+    cache = CostCache(tmp_path / "costs.duckdb")
+    start = dt.datetime.now()
+    first = check_call_overhead(CPU, THREADS, cache)  # a cold cache: timed and stored
+    key = call_overhead_key("cpu", THREADS)
+    with duckdb.connect(str(cache.path)) as con:  # twenty times the truth: any check replaces it
+        con.execute("UPDATE costs SET ms = ? WHERE key = ?", [20 * first["fresh_ms"], key])
+    kept = check_call_overhead(CPU, THREADS, cache, taken_since=start)
+    assert kept["taken_this_run"] and not kept["replaced"] and kept["fresh_ms"] is None
+    assert kept["cached_ms"] == rows(cache.path, CALL_OVERHEAD_OP)[key][0] == 20 * first["fresh_ms"]
+    later = check_call_overhead(CPU, THREADS, cache, taken_since=dt.datetime.now() + dt.timedelta(seconds=2))
+    assert not later["taken_this_run"] and later["replaced"] and later["ratio"] > 5
+    assert rows(cache.path, CALL_OVERHEAD_OP)[key][0] == later["fresh_ms"]
 
 
 def test_a_call_overhead_off_by_less_than_matters_is_kept(tmp_path):

@@ -29,13 +29,14 @@ in-context measured choice all reach it as results.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,7 @@ class Run:
     status: Callable[[str], None]
     on_round: Callable | None = None
     on_progress: Callable[[int, int | None], None] | None = None  # the current phase's steps: done, total
+    started: dt.datetime = field(default_factory=dt.datetime.now)  # what this run's own cache rows are dated after
 
     def tick(self, done: int, total: int | None) -> None:
         """``done`` of ``total`` steps of the current phase (rounds, signatures, search steps) to the caller."""
@@ -206,10 +208,11 @@ def in_context(run: Run, prepared: Prepared) -> bool:
 def check_overhead(run: Run, prepared: Prepared, priced: "InputPriced") -> dict | None:
     """The cached call overhead against a fresh timing of it, replaced when stale and material to the input
     graph as ``priced`` with it (``relsat.extract.profile.check_call_overhead``: its nodes' one-node costs all
-    move by the difference); with the in-context search only (it times models)."""
+    move by the difference), not timed again when this run took it (a cold cache); with the in-context search
+    only (it times models)."""
     if prepared.cache is not None and in_context(run, prepared):
         return check_call_overhead(run.backend, run.opts.threads, prepared.cache, nodes=priced.nodes,
-                                   cost_ms=priced.cost)
+                                   cost_ms=priced.cost, taken_since=run.started)
     return None
 
 
