@@ -585,7 +585,7 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
     if fid.get("confirmed"):
         held = fid["confirmed"]
-        ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)
+        ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)  # of the median of the bursts
         notices.append(
             f"{len(held)} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise, but measured "
             f"again as they were taken they held ({ratios} of the new measurement): the timing moved, not the "
