@@ -120,6 +120,20 @@ def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, kind: str, threads:
     return h.hexdigest()
 
 
+def graph_key(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, backend: Backend = CPU,
+              threads: int = 1) -> str:
+    """The cache key :func:`profile_graph` files ``model``'s profile under, without profiling it: the name
+    of the graph as it would run (a graph that was not profiled, timed as a candidate)."""
+    with _renamed(model) as renamed:
+        blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
+        return _graph_key(renamed, blob, timing_kind(backend), threads, _shapes(model, feeds))
+
+
+def _shapes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
+    """The input shapes a graph's key names: those fed, where an input has a dynamic dim (else None)."""
+    return sorted((k, list(np.shape(v))) for k, v in feeds.items()) if _dynamic(model) else None
+
+
 def _dynamic(model: onnx.ModelProto) -> bool:
     """Whether a graph input has a dynamic dim (its profile then depends on the input shapes fed)."""
     return any(not d.HasField("dim_value") for v in model.graph.input for d in v.type.tensor_type.shape.dim)
@@ -252,8 +266,7 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
     with _renamed(model) as renamed:
         blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-        key = _graph_key(renamed, blob, kind, threads,
-                         sorted((k, list(np.shape(v))) for k, v in feeds.items()) if _dynamic(model) else None)
+        key = _graph_key(renamed, blob, kind, threads, _shapes(model, feeds))
         overhead = calibrated_call_overhead_ms(backend, threads, cache)
         retake = refresh(key) if callable(refresh) else bool(refresh)
         hit = cache.rows([key]).get(key) if cache is not None else None

@@ -583,6 +583,11 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
             f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
             f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
+    if fid.get("comparison_recalled"):
+        notices.append(
+            f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} found no faster "
+            f"than the input model (cached: the same input model and graphs); the input model was timed now and "
+            f"the original's profile checked against it, the candidates were not timed again")
     if fid.get("confirmed"):
         held = fid["confirmed"]
         ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)  # of the median of the bursts

@@ -62,12 +62,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from relsat.extract.context import graph_latency, profile_graph
+from relsat.extract.context import graph_key, graph_latency, profile_graph
+from relsat.extract.profile import timing_kind
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 from relsat.relations.backend import Backend
 
 from relsat.driver.boundary import feeds
+from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
                                             time_models, undecided)
@@ -110,11 +112,12 @@ class Candidate:
     profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
     blob: bytes | None = None  # the graph as its profile serialized it (node names aside, what is written)
+    graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
 
     def as_dict(self) -> dict:
         return {"label": self.label, "predicted_ms": self.predicted_ms, "profiled_ms": self.profiled_ms,
                 "measured_ms": self.measured_ms, "wall_ms": self.wall_ms, "status": self.status, "nodes": self.nodes,
-                "profile": self.profile_source, "confirm": self.confirm}
+                "profile": self.profile_source, "confirm": self.confirm, "graph_key": self.graph_key}
 
 
 @dataclass
@@ -433,6 +436,9 @@ class Search:
             self._serialized = {}
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
+        recalled = self._recall(input_model, bindings, threshold, status) if self.usable() else None
+        if recalled is not None:
+            return None, None, recalled
         t_retake, removed, measured, first, stale_all, reused, remeasured = None, 0, [], None, [], 0, []
         timed = None  # the last timing: the original and the candidates it timed
         for attempt in range(RETAKES + 1):
@@ -475,7 +481,7 @@ class Search:
                          "stale_rows_replaced": len(self._stale & self._retaken),
                          "retake_s": time.perf_counter() - t_retake if t_retake else 0.0, "timings_reused": reused,
                          "remeasured": remeasured, "confirmed": [h for h in remeasured if h["held"]],
-                         "first_pass": first if retaken else None}
+                         "first_pass": first if retaken else None, "comparison_recalled": None}
         if not cands:
             return None, None, None
         orig = self.original
@@ -497,7 +503,57 @@ class Search:
         best = picked or self.fastest()
         guard = judge(orig.timing, best.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
+        if picked is None and self.cache is not None:
+            comparisons.remember(self.cache, self._comparison_key(input_model, cands, bindings, threshold),
+                                 timing_kind(self.backend), self.threads, orig.timing,
+                                 [(c.label, c.timing, c.status) for c in cands], guard.as_dict())
         return picked, check, guard.as_dict()
+
+    # ------------------------------------------------------------------ cached comparisons
+    def _comparison_key(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings, threshold) -> str:
+        """The key of the comparison of the input model with ``cands``: each candidate named by its profile's
+        cache key, or for one that was not profiled (next-best graphs) the key its profile would have."""
+        sha = comparisons.input_sha256(self._blobs([input_model])[0], input_model)
+        for c in cands:
+            c.graph_key = c.graph_key or c.profile_key or graph_key(c.model, self.feeds, backend=self.backend,
+                                                                    threads=self.threads)
+        return comparisons.comparison_key(sha, [c.graph_key for c in cands], timing_kind(self.backend), self.threads,
+                                          threshold, bindings[0])
+
+    def _recall(self, input_model: onnx.ModelProto, bindings, threshold: float, status) -> dict | None:
+        """The choice a cached comparison of the same input model and candidate graphs made (it kept the input
+        model: ``relsat.driver.search.comparisons``), or None. The input model is timed alone and the original's
+        cached profile checked against it first: a stale one (the check's rules, the original's row alone)
+        recalls nothing and the candidates are timed. Recalled, the candidates carry the stored timings and
+        statuses, and the report the stored guard's (``recalled``: when it was measured)."""
+        cands = self.usable()
+        if self.cache is None:
+            return None
+        record = comparisons.recall(self.cache, self._comparison_key(input_model, cands, bindings, threshold))
+        if record is None or [r["label"] for r in record["candidates"]] != [c.label for c in cands]:
+            return None
+        status("timing the input model (the candidates' comparison is cached) ...")
+        self._time(input_model, [], bindings, threshold)
+        checks = self.check()
+        if any(r["stale"] and r["profile"] == "cache" for r in checks):
+            return None  # the prices may be poisoned: time everything, check every profile (``_choose``)
+        when = record["conditions"].get("measured_at")
+        self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
+                         "floor": self.fidelity_floor, "timing_drift": 0.0,
+                         "timings_of_input_ms": [self.original.measured_ms], "checked": checks, "stale": [],
+                         "searches": 1, "profiles_measured": self.profiles_measured,
+                         "profiles_from_cache": self.profiles_cached, "retaken": 0, "stale_rows_removed": 0,
+                         "stale_rows_replaced": 0, "retake_s": 0.0, "timings_reused": 0, "remeasured": [],
+                         "confirmed": [], "first_pass": None, "comparison_recalled": when}
+        orig = self.original  # the stored timings from here: the candidates were timed against that one
+        orig.timing = record["original"]
+        orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
+        for c, r in zip(cands, record["candidates"]):
+            c.timing = r["timing"]
+            if c.timing is not None:
+                c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
+            c.status = f"{r['status']} (the comparison of {when}, cached)"
+        return {**(record["guard"] or {}), "recalled": when}
 
     def _remeasure(self, rows: list[dict], status) -> list[dict]:
         """Each row of ``rows`` (cached profiles the check found off the fresh timing) measured again, as its

@@ -74,6 +74,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -277,13 +278,25 @@ class _Run:
     slow: int = 0  # slow rounds in a row, up to the last (``_check_stop``)
 
 
+class RuleStat(NamedTuple):
+    """One row of ``rule_stats``: a rule in a round (its columns, in their order)."""
+
+    round: int
+    rule: str
+    matches: int
+    applied: int
+    new_nodes: int
+    seconds: float
+    banned: bool
+
+
 @dataclass
 class _Round:
     """What the phases of one round hand on to each other."""
 
     it: Iteration
     budget: int  # e-nodes that may still be added in this round
-    stats: list[tuple] = field(default_factory=list)  # rule_stats rows
+    stats: list[RuleStat] = field(default_factory=list)  # rule_stats rows
     capped: bool = False  # a rule's matches were cut to fit the budget
     newest: dict = field(default_factory=dict)  # op table -> its newest row's ts (absent: the table is empty)
     oldest: dict = field(default_factory=dict)  # op table -> its oldest row's ts
@@ -369,13 +382,13 @@ class Runner:
                         banned = not s.scheduler.matched(rnd, st, 0)
                         if not banned:
                             st.since = rnd
-                        r.stats.append((rnd, st.rule, 0, 0, 0, 0.0, banned))
+                        r.stats.append(RuleStat(rnd, st.rule, 0, 0, 0, 0.0, banned))
                         continue
                     m = self._match(r, st, sql)
                     if s.scheduler.matched(rnd, st, m.count):
                         self._apply(r, m)
                     else:  # banned: the matches are not applied, so the rule's `since` stays
-                        r.stats.append((rnd, st.rule, m.count, 0, 0, m.seconds, True))
+                        r.stats.append(RuleStat(rnd, st.rule, m.count, 0, 0, m.seconds, True))
                 self._rebuild(r)
                 s.report.statements.append(counter.count)
                 self._record(r)
@@ -610,7 +623,7 @@ class Runner:
             self._sample_temp(r)
         by_rule = self._state.report.applied_by_rule
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
-        r.stats.append((rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
+        r.stats.append(RuleStat(rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
 
     def _apply_matches(self, r: _Round, c: Compiled) -> tuple[int, int]:
         """The right sides of the matches in ``c.matches`` inserted, their unions queued, their explanations
@@ -681,10 +694,11 @@ class Runner:
                       [it.round, it.enodes, it.eclasses, it.match_s, it.apply_s, it.rebuild_s, it.applied, it.unions,
                        it.temp_mib])
         if stats:
-            cols = list(zip(*stats))
-            frame = {"round": np.array(cols[0]), "rule": np.array(cols[1], dtype=object),
-                     "matches": np.array(cols[2]), "applied": np.array(cols[3]), "new_nodes": np.array(cols[4]),
-                     "seconds": np.array(cols[5], dtype=float), "banned": np.array(cols[6], dtype=bool)}
+            cols = RuleStat(*zip(*stats))
+            frame = {"round": np.array(cols.round), "rule": np.array(cols.rule, dtype=object),
+                     "matches": np.array(cols.matches), "applied": np.array(cols.applied),
+                     "new_nodes": np.array(cols.new_nodes), "seconds": np.array(cols.seconds, dtype=float),
+                     "banned": np.array(cols.banned, dtype=bool)}
             g.con.register("_stats", frame)
             g.con.execute("INSERT INTO rule_stats SELECT * FROM _stats")
             g.con.unregister("_stats")
@@ -703,7 +717,7 @@ class Runner:
         it, s = r.it, self._state
         if it.new_nodes == 0 and it.unions == 0 and s.scheduler.can_stop(it.round):
             return StopReason.SATURATED
-        banned = any(row[-1] for row in r.stats)
+        banned = any(row.banned for row in r.stats)
         slow = it.unions == 0 and not banned and it.new_nodes < SLOW_GROWTH * max(it.enodes - it.new_nodes, 1)
         s.slow = s.slow + 1 if slow else 0
         if self.limits.slow_rounds and s.slow >= self.limits.slow_rounds:

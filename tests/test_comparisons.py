@@ -1,0 +1,115 @@
+"""Cached comparisons (relsat.driver.search.comparisons): a measured choice that kept the input model is stored,
+and a later run that reaches the same candidate graphs recalls it instead of timing them again, after timing
+the input model and checking the original's profile (a poisoned cache recalls nothing). Real ONNX Runtime
+sessions, real DuckDB cost caches, real HiGHS."""
+
+import shutil
+
+import duckdb
+import pytest
+
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.latency import Latency
+from relsat.driver.search import comparisons
+from relsat.extract.context import GRAPH_OP
+from relsat.extract.cost_cache import CostCache
+
+from test_cache_fidelity import POISON, THREADS, rows
+
+NEVER = 0.9  # a guard threshold no candidate beats (90 % faster): the input model is always kept
+MODEL = "bert"  # a small zoo model whose search finds candidate graphs (squeezenet's finds none)
+
+
+def test_the_key_names_every_part_and_not_the_order_of_the_graphs():
+    base = dict(input_sha256="a" * 64, graph_keys=["k1", "k2"], kind="cpu", threads=1, threshold=0.03,
+                shapes={"x": [1, 3, 8, 8]})
+    key = comparisons.comparison_key(**base)
+    assert comparisons.comparison_key(**{**base, "graph_keys": ["k2", "k1"]}) == key
+    for change in ({"input_sha256": "b" * 64}, {"graph_keys": ["k1"]}, {"graph_keys": ["k1", "k3"]},
+                   {"kind": "cuda"}, {"threads": 2}, {"threshold": 0.05}, {"shapes": {"x": [2, 3, 8, 8]}}):
+        assert comparisons.comparison_key(**{**base, **change}) != key, change
+    assert comparisons.comparison_key(**base, ort_version="0.0.1") != key
+
+
+def test_a_stored_comparison_comes_back_as_it_was_stored(tmp_path):
+    cache = CostCache(tmp_path / "c.duckdb")
+    assert comparisons.recall(cache, "nothing") is None
+    orig = Latency(2.0, 1.9, 2.1, 15, 1.95, [2.0, 2.01], [1.9, 1.96])
+    cand = Latency(1.99, 1.9, 2.2, 15, 1.97, [1.98, 2.0], [1.96, 1.98])
+    comparisons.remember(cache, "k", "cpu", 1, orig, [("one-node", cand, "not faster beyond noise"),
+                                                      ("round 1", None, "not verified: x")], {"kept": "original"})
+    got = comparisons.recall(cache, "k")
+    assert got["original"] == orig and got["guard"] == {"kept": "original"}
+    assert [(c["label"], c["timing"], c["status"]) for c in got["candidates"]] == [
+        ("one-node", cand, "not faster beyond noise"), ("round 1", None, "not verified: x")]
+    assert got["conditions"]["threads"] == 1 and got["conditions"]["measured_at"]
+
+
+def _comparison_rows(path) -> int:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute("SELECT count(*) FROM costs WHERE op_type = ?", [comparisons.COMPARISON_OP]).fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """A cold run that keeps the input model (no candidate beats a 90 % threshold): (cache path, report)."""
+    path = tmp_path_factory.mktemp("kept") / "costs.duckdb"
+    report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path, guard_threshold=NEVER).report
+    return path, report
+
+
+def _timed(report) -> list:
+    return [c for c in report["candidates"] if c["label"] != "original"]
+
+
+def test_a_kept_input_model_is_recalled_by_a_run_that_reaches_the_same_graphs(kept, tmp_path):
+    """Warm runs recall the comparison exactly when they reach the graphs the last stored one named and the
+    original's profile holds; the warm searches price alike, so one of a few recalls it."""
+    path, first = kept
+    assert first["written"] == "original" and first["fidelity"]["comparison_recalled"] is None
+    assert _timed(first) and _comparison_rows(path) == 1
+    copy = tmp_path / "costs.duckdb"
+    shutil.copy(path, copy)
+    last, recalled = first, 0
+    for _ in range(3):
+        again = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=copy,
+                         guard_threshold=NEVER).report
+        fid, same = again["fidelity"], [c["graph_key"] for c in _timed(again)] == [c["graph_key"] for c in _timed(last)]
+        assert again["written"] == "original"
+        if fid["comparison_recalled"] is None:
+            assert not same or fid["checked"][0]["stale"], "the same graphs, a sound profile, and no recall"
+            last = again
+            continue
+        recalled += 1
+        assert same and again["latency"]["recalled"] == fid["comparison_recalled"]
+        # the candidates carry the stored timings and statuses; the input model was timed afresh alone
+        for mine, theirs in zip(_timed(again), _timed(last)):
+            assert mine["measured_ms"] == theirs["measured_ms"] and mine["status"].startswith(theirs["status"])
+            assert "cached" in mine["status"]
+        assert [r["label"] for r in fid["checked"]] == ["original"] and len(fid["timings_of_input_ms"]) == 1
+        assert any("comparison" in n for n in again["notices"])
+        break
+    assert recalled == 1
+    assert _comparison_rows(copy) >= 1
+
+
+def test_a_poisoned_cache_recalls_nothing(kept, tmp_path):
+    path = tmp_path / "costs.duckdb"
+    shutil.copy(kept[0], path)
+    with duckdb.connect(str(path)) as con:  # every profile taken while the machine was loaded
+        con.execute("UPDATE costs SET ms = ms * ? WHERE op_type = ?", [POISON, GRAPH_OP])
+    report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path, guard_threshold=NEVER).report
+    fid = report["fidelity"]
+    assert fid["comparison_recalled"] is None and "recalled" not in (report["latency"] or {})
+    assert fid["stale"] and fid["retaken"] >= 1  # checked against fresh timings and re-taken, as without the row
+
+
+def test_a_written_model_stores_no_comparison(tmp_path):
+    path = tmp_path / "costs.duckdb"
+    report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path, guard_threshold=-0.5).report
+    if report["written"] == "optimized":
+        assert _comparison_rows(path) == 0
+    else:  # no candidate at all, or none verified: then a kept input model may be stored
+        assert not any(c["status"] == "written" for c in report["candidates"])
+    assert rows(path)  # its profiles were stored as usual
