@@ -2,6 +2,7 @@
 kernel time attributed to the e-nodes it came from, no-good cuts, and a choice made by measurement
 (real ONNX Runtime sessions with its profiler, real DuckDB e-graphs, real HiGHS)."""
 
+import duckdb
 import numpy as np
 import onnx
 import pytest
@@ -219,3 +220,56 @@ def test_a_rewrite_onto_an_older_value_is_written():
     assert r.report["written"] == "optimized" and [n.op_type for n in r.model.graph.node] == ["MatMul"]
     r = optimize(model, threads=1)  # in context: the simplified original is timed against the input model
     assert any(c["label"] == "original, simplified" and c["nodes"] == 1 for c in r.report["candidates"])
+
+
+def test_a_restated_profile_keeps_its_kernels_and_prices_at_the_new_latency(tmp_path):
+    """``restate_latency``: the row's latency becomes the new measurement, its kernels and the conditions it
+    was taken under stay, what it said is recorded; a later profile of the graph reads the restated latency.
+    ``graph_key`` names the graph as its profile does."""
+    from relsat.extract.context import GRAPH_OP, graph_key, restate_latency
+
+    model = conv_bn_relu()
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    cache = CostCache(tmp_path / "c.duckdb")
+    weights = np.ones(len(model.graph.node))
+    first = profile_graph(model, feeds, weights, threads=1, cache=cache)
+    assert graph_key(model, feeds, threads=1) == first.key and graph_key(model, feeds, threads=2) != first.key
+    (ms, sig), = cache.rows([first.key]).values()
+    assert not restate_latency(cache, "no such row", 1.0, [1.0], threads=1)
+    assert restate_latency(cache, first.key, 3 * ms, [2.9 * ms, 3 * ms, 3.1 * ms], threads=1)
+    (new_ms, new_sig), = cache.rows([first.key]).values()
+    assert new_ms == 3 * ms and new_sig["kernels"] == sig["kernels"] and new_sig["nodes"] == sig["nodes"]
+    cond = new_sig["conditions"]
+    assert cond["restated_from"] == ms and cond["latency_ms"] == 3 * ms and len(cond["restated_bursts_ms"]) == 3
+    assert cond["measured_at"] == sig["conditions"]["measured_at"] and cond["threads"] == 1
+    assert cond["q1_ms"] <= cond["latency_ms"] <= cond["q3_ms"]  # the bursts' range, none given
+    again = profile_graph(model, feeds, weights, threads=1, cache=cache)
+    assert again.cached and again.latency_ms == 3 * ms
+    with duckdb.connect(str(cache.path), read_only=True) as con:
+        assert con.execute("SELECT op_type FROM costs WHERE key = ?", [first.key]).fetchall() == [(GRAPH_OP,)]
+
+
+def test_a_profile_this_run_took_that_a_second_measurement_contradicts_is_restated(tmp_path, monkeypatch):
+    """A profile taken in this run that disagrees with the timing is measured again: restated (its cached
+    latency the new median) exactly when that does not hold it either, else left as it was. The disagreement
+    is the check's verdict, turned for the profiles this run took (real timings otherwise)."""
+    real = Search.check
+
+    def moved(self):
+        return [{**r, "agrees": False} if r["profile"] != "cache" else r for r in real(self)]
+
+    monkeypatch.setattr(Search, "check", moved)
+    path = tmp_path / "costs.duckdb"
+    report = optimize(conv_bn_relu(), threads=1, cost_cache=path).report
+    fid = report["fidelity"]
+    assert fid["restated"] and {h["label"] for h in fid["restated"]} >= {"original"}
+    now = CostCache(path).rows([h["key"] for h in fid["restated"]])
+    for h in fid["restated"]:
+        assert h["restated"] == (not h["held"])
+        ms, sig = now[h["key"]]
+        if h["restated"]:
+            assert ms == h["fresh_ms"] and sig["conditions"]["restated_from"] == h["cached_ms"]
+            assert sig["conditions"]["q1_ms"] <= ms <= sig["conditions"]["q3_ms"]
+        else:
+            assert ms == h["cached_ms"] and "restated_from" not in sig["conditions"]
+    assert any("restated" in n for n in report["notices"]) == any(h["restated"] for h in fid["restated"])

@@ -588,6 +588,11 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} found no faster "
             f"than the input model (cached: the same input model and graphs); the input model was timed now and "
             f"the original's profile checked against it, the candidates were not timed again")
+    if restated := [h for h in fid.get("restated") or () if h.get("restated")]:
+        changes = ", ".join(f"{h['label']} {h['cached_ms']:.3f} -> {h['fresh_ms']:.3f} ms" for h in restated)
+        notices.append(
+            f"{len(restated)} whole-graph profile(s) this run took disagreed with the fresh timing and with a "
+            f"measurement again ({changes}): their cached latency restated, so the next run prices them as measured now")
     if fid.get("confirmed"):
         held = fid["confirmed"]
         ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)  # of the median of the bursts

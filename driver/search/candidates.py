@@ -38,7 +38,11 @@ here):
    and checked again, the noise widened by how far the input model's fresh timings moved apart. A cached
    row that is stale now (it passed the first check inside a wider noise band) is re-taken the same way,
    up to ``RETAKES`` searches in all, then only removed. Only cached rows can be stale: a profile taken
-   in this run that disagrees is the noise of the machine between it and the timing, and stands.
+   in this run that disagrees is the noise of the machine between it and the timing, and stands for this
+   run; it is measured again, and where that contradicts it too its cached latency is restated as measured
+   now (``_restate``), so that the next run does not find it stale and search twice. A choice that kept the
+   input model is stored and recalled by a later run that reaches the same graphs
+   (``relsat.driver.search.comparisons``).
    ``Search.fidelity`` reports the prediction of the original against its measured latency, what was
    stale and what was re-taken.
 5. **Choice**: the candidates are verified fastest first; the fastest that verifies is written when it
@@ -62,7 +66,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from relsat.extract.context import graph_key, graph_latency, profile_graph
+from relsat.extract.context import graph_key, graph_latency, profile_graph, restate_latency
 from relsat.extract.profile import timing_kind
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
@@ -154,6 +158,7 @@ class Search:
         self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
         self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
         self._folds: dict = {}  # the folded constants of the graphs exported (``export_graph``'s ``folds``)
+        self._found_comparison: dict | None = None  # the cached comparison of these graphs, and its check
 
     def _reset_prices(self) -> None:
         self.ctx = np.full(len(self.alone), np.nan)
@@ -472,6 +477,7 @@ class Search:
                 break
             t_retake = t_retake or time.perf_counter()
             removed += self._retake(checks, status)
+        restated = self._restate(checks, status)
         retaken = attempt > 0
         self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
                          "floor": self.fidelity_floor, "timing_drift": self._drift, "timings_of_input_ms": measured,
@@ -481,7 +487,9 @@ class Search:
                          "stale_rows_replaced": len(self._stale & self._retaken),
                          "retake_s": time.perf_counter() - t_retake if t_retake else 0.0, "timings_reused": reused,
                          "remeasured": remeasured, "confirmed": [h for h in remeasured if h["held"]],
-                         "first_pass": first if retaken else None, "comparison_recalled": None}
+                         "first_pass": first if retaken else None, "comparison_recalled": None,
+                         "comparison_found": self._found_comparison,
+                         "restated": restated}
         if not cands:
             return None, None, None
         orig = self.original
@@ -527,24 +535,28 @@ class Search:
         recalls nothing and the candidates are timed. Recalled, the candidates carry the stored timings and
         statuses, and the report the stored guard's (``recalled``: when it was measured)."""
         cands = self.usable()
+        self._found_comparison = None
         if self.cache is None:
             return None
         record = comparisons.recall(self.cache, self._comparison_key(input_model, cands, bindings, threshold))
         if record is None or [r["label"] for r in record["candidates"]] != [c.label for c in cands]:
             return None
+        when = record["conditions"].get("measured_at")
         status("timing the input model (the candidates' comparison is cached) ...")
         self._time(input_model, [], bindings, threshold)
         checks = self.check()
-        if any(r["stale"] and r["profile"] == "cache" for r in checks):
+        stale = [r for r in checks if r["stale"] and r["profile"] == "cache"]
+        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale}
+        if stale:
             return None  # the prices may be poisoned: time everything, check every profile (``_choose``)
-        when = record["conditions"].get("measured_at")
         self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
                          "floor": self.fidelity_floor, "timing_drift": 0.0,
                          "timings_of_input_ms": [self.original.measured_ms], "checked": checks, "stale": [],
                          "searches": 1, "profiles_measured": self.profiles_measured,
                          "profiles_from_cache": self.profiles_cached, "retaken": 0, "stale_rows_removed": 0,
                          "stale_rows_replaced": 0, "retake_s": 0.0, "timings_reused": 0, "remeasured": [],
-                         "confirmed": [], "first_pass": None, "comparison_recalled": when}
+                         "confirmed": [], "first_pass": None, "comparison_recalled": when,
+                         "comparison_found": self._found_comparison, "restated": []}
         orig = self.original  # the stored timings from here: the candidates were timed against that one
         orig.timing = record["original"]
         orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
@@ -582,17 +594,35 @@ class Search:
                     continue
         again = []
         for r, c, bursts in graphs:
-            medians = [b[0] for b in bursts if b[0] > 0]
-            if not medians:
+            valid = sorted((b for b in bursts if b[0] > 0), key=lambda b: b[0])
+            if not valid:
                 continue
-            ms = float(np.median(medians))
-            spread = max([(q3 - q1) / m for m, q1, q3, _ in bursts if m > 0], default=0.0)
+            medians = [b[0] for b in bursts if b[0] > 0]
+            ms, q1, q3, runs = valid[(len(valid) - 1) // 2]  # the middle burst (the median of an odd count)
+            spread = max([(hi - lo) / m for m, lo, hi, _ in valid], default=0.0)
             tolerance = max(self.fidelity_floor, spread)
             low, high = min(medians) / (1 + tolerance), max(medians) * (1 + tolerance)
             again.append({"label": r["label"], "key": r["key"], "cached_ms": r["profiled_ms"], "fresh_ms": ms,
-                          "bursts_ms": medians, "range_ms": [low, high], "ratio": r["profiled_ms"] / ms,
+                          "bursts_ms": medians, "quartiles_ms": [q1, q3], "runs": runs,
+                          "range_ms": [low, high], "ratio": r["profiled_ms"] / ms,
                           "tolerance": tolerance, "timed_ms": r["measured_ms"],
                           "held": low <= r["profiled_ms"] <= high})
+        return again
+
+    def _restate(self, checks: list[dict], status) -> list[dict]:
+        """The profiles this run took that disagree with the fresh timing, measured again (``_remeasure``); where
+        that does not hold the profile either, its cached latency is restated as the new measurement
+        (``relsat.extract.context.restate_latency``), so that the next run does not find it stale and search
+        twice. This run's prices stand (its candidates are timed). Returns the re-measures, ``restated`` marking
+        the rows changed."""
+        own = [r for r in checks if not r["agrees"] and r["profile"] != "cache"]
+        if not own or self.cache is None:
+            return []
+        again = self._remeasure(own, status)
+        for h in again:
+            h["restated"] = not h["held"] and restate_latency(
+                self.cache, h["key"], h["fresh_ms"], h["bursts_ms"], quartiles_ms=h["quartiles_ms"], runs=h["runs"],
+                backend=self.backend, threads=self.threads)
         return again
 
     @staticmethod
