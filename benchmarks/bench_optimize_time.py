@@ -66,8 +66,13 @@ def run_pass(model: Path, out_dir: Path, timeout: float, cache: Path | None) -> 
             # ratio, and the noise), and those measured again as they were taken (``held``: they stood)
             "stale": [{k: r.get(k) for k in ("label", "ratio", "relative", "tolerance", "search")}
                       for r in fid.get("stale") or []],
-            "remeasured": [{k: h.get(k) for k in ("label", "ratio", "tolerance", "held")}
-                           for h in fid.get("remeasured") or []]}
+            "remeasured": [{k: h.get(k) for k in ("label", "ratio", "tolerance", "held", "bursts_ms")}
+                           for h in fid.get("remeasured") or []],
+            # a cached comparison recalled (its date) instead of timing the candidates, and this run's own
+            # profiles restated after a second measurement contradicted them
+            "comparison_recalled": fid.get("comparison_recalled"),
+            "restated": [{k: h.get(k) for k in ("label", "ratio", "held", "restated", "bursts_ms")}
+                         for h in fid.get("restated") or []]}
 
 
 def poison(cache: Path, factor: float) -> int:
