@@ -13,7 +13,6 @@ caller to fall back from.
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from dataclasses import dataclass
 
@@ -168,7 +167,7 @@ class _Writer:
         self.name: dict[int, str] = {}
         self.out_nodes: list[onnx.NodeProto] = []
         self.origins: list[int] = []  # the e-node each of out_nodes was written for (-1: none)
-        self.inits: list[onnx.TensorProto | tuple[str, np.ndarray]] = []
+        self.inits: list[onnx.TensorProto] = []
         self.counter: Counter = Counter()
         self.lifted: dict[tuple, str] = {}
         self.projections: dict[int, dict[int, int]] = {}  # tuple class -> {index: getitem class}
@@ -202,7 +201,7 @@ class _Writer:
         return self.value(proj) if proj is not None else self.fresh("unused")
 
     def initializer(self, c: int, arr: np.ndarray) -> None:
-        self.inits.append((self.value(c), np.asarray(arr)))  # a TensorProto once, in place (``_add_initializers``)
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), self.value(c)))
 
     def emit(self, c: int) -> None:
         start = len(self.out_nodes)
@@ -290,10 +289,9 @@ def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], tak
         outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, imported.symbols.onnx_dims(info[c].shape))
                    for c in fold]
         model = helper.make_model(
-            helper.make_graph(w.out_nodes, "fold", [], outputs),
+            helper.make_graph(w.out_nodes, "fold", [], outputs, w.inits),
             opset_imports=w.opset_imports(), ir_version=min(imported.ir_version, MAX_IR_VERSION),
             functions=imported.functions)
-        _add_initializers(model.graph, w.inits)
         return dict(zip(fold, session(model, optimize=False).run(None, {})))
     except Exception:  # e.g. an opaque node ONNX Runtime cannot run alone: keep the nodes
         return None
@@ -355,18 +353,14 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
             outputs.append(imported.output_info[name])
     inputs = [helper.make_tensor_value_info(n, dt, dims(s)) for n, dt, s in imported.inputs]
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
-        inputs += [helper.make_tensor_value_info(t[0], helper.np_dtype_to_tensor_dtype(t[1].dtype), t[1].shape)
-                   if isinstance(t, tuple) else helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                   for t in w.inits]
-    # the model made around a graph without its initializers, which are then copied in once: make_graph and
-    # make_model each copied every weight again (ViT-B/16: 2.2 s of its 2.9 s export, four exports a run)
+        inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
+    graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits + imported.defaults)
+    _check_graph(graph, {name: c for c, name in w.name.items()})
     model = helper.make_model(
-        helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs), opset_imports=w.opset_imports(),
+        graph, opset_imports=w.opset_imports(),
         ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
         producer_version=imported.producer[1], doc_string=imported.doc_string, domain=imported.domain,
         model_version=imported.model_version, functions=imported.functions)
-    _add_initializers(model.graph, w.inits + list(imported.defaults))
-    _check_graph(model.graph, {name: c for c, name in w.name.items()})
     props = dict(imported.metadata)
     if imported.specialized:
         props["relsat.specialized_input_shapes"] = json.dumps(imported.specialized)
@@ -377,29 +371,6 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
     except Exception as e:
         raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
     return model, w.origins
-
-
-_RAW_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32,
-                                                np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
-
-
-def _add_initializers(graph: onnx.GraphProto, inits: list) -> None:
-    """``inits`` (TensorProtos, or ``(name, array)`` pairs) as ``graph``'s initializers, in order. A pair of a
-    plain numeric dtype is written into its place directly (the bytes numpy_helper.from_array would write,
-    little-endian raw data): a TensorProto made first and then copied in copied every weight once more."""
-    for t in inits:
-        if not isinstance(t, tuple):
-            graph.initializer.append(t)
-            continue
-        name, arr = t
-        if arr.dtype not in _RAW_DTYPES or not arr.dtype.isnative or sys.byteorder != "little":
-            graph.initializer.append(numpy_helper.from_array(arr, name))
-            continue
-        proto = graph.initializer.add()
-        proto.name = name
-        proto.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
-        proto.dims.extend(arr.shape)
-        proto.raw_data = np.ascontiguousarray(arr).tobytes()
 
 
 HOLLOW_BYTES = 1024  # initializers above this size are checked as graph inputs of their type and shape
