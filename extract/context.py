@@ -144,12 +144,13 @@ def restate_latency(cache: CostCache, key: str, latency_ms: float, bursts_ms: li
 
 
 def graph_key(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, backend: Backend = CPU,
-              threads: int = 1) -> str:
+              threads: int = 1) -> tuple[str, bytes | None]:
     """The cache key :func:`profile_graph` files ``model``'s profile under, without profiling it: the name
-    of the graph as it would run (a graph that was not profiled, timed as a candidate)."""
+    of the graph as it would run (a graph that was not profiled, timed as a candidate), and the graph as
+    serialized for it (as ``GraphProfile.blob``: what a timing of it can run; None over 2 GiB)."""
     with _renamed(model) as renamed:
         blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-        return _graph_key(renamed, blob, timing_kind(backend), threads, _shapes(model, feeds))
+        return _graph_key(renamed, blob, timing_kind(backend), threads, _shapes(model, feeds)), blob
 
 
 def _shapes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):

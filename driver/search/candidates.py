@@ -157,6 +157,7 @@ class Search:
         self.profiles_measured = self.profiles_cached = 0
         self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
         self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
+        self._input_sha256: tuple | None = None  # (the input model, the SHA-256 of its bytes) during :meth:`choose`
         self._folds: dict = {}  # the folded constants of the graphs exported (``export_graph``'s ``folds``)
         self._found_comparison: dict | None = None  # the cached comparison of these graphs, and its check
 
@@ -438,7 +439,7 @@ class Search:
         try:
             return self._choose(input_model, bindings, threshold, input_sets, status)
         finally:
-            self._serialized = {}
+            self._serialized, self._input_sha256 = {}, None
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
         recalled = self._recall(input_model, bindings, threshold, status) if self.usable() else None
@@ -479,17 +480,12 @@ class Search:
             removed += self._retake(checks, status)
         restated = self._restate(checks, status)
         retaken = attempt > 0
-        self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
-                         "floor": self.fidelity_floor, "timing_drift": self._drift, "timings_of_input_ms": measured,
-                         "checked": checks, "stale": stale_all, "searches": attempt + 1 if retaken else 1,
-                         "profiles_measured": self.profiles_measured, "profiles_from_cache": self.profiles_cached,
-                         "retaken": len(self._retaken), "stale_rows_removed": removed,
-                         "stale_rows_replaced": len(self._stale & self._retaken),
-                         "retake_s": time.perf_counter() - t_retake if t_retake else 0.0, "timings_reused": reused,
-                         "remeasured": remeasured, "confirmed": [h for h in remeasured if h["held"]],
-                         "first_pass": first if retaken else None, "comparison_recalled": None,
-                         "comparison_found": self._found_comparison,
-                         "restated": restated}
+        self.fidelity = self._fidelity(
+            checks, timings_of_input_ms=measured, stale=stale_all, searches=attempt + 1 if retaken else 1,
+            retaken=len(self._retaken), stale_rows_removed=removed,
+            stale_rows_replaced=len(self._stale & self._retaken),
+            retake_s=time.perf_counter() - t_retake if t_retake else 0.0, timings_reused=reused,
+            remeasured=remeasured, first_pass=first if retaken else None, restated=restated)
         if not cands:
             return None, None, None
         orig = self.original
@@ -517,16 +513,35 @@ class Search:
                                  [(c.label, c.timing, c.status) for c in cands], guard.as_dict())
         return picked, check, guard.as_dict()
 
+    def _fidelity(self, checks: list[dict], *, timings_of_input_ms: list, stale=(), searches: int = 1,
+                  retaken: int = 0, stale_rows_removed: int = 0, stale_rows_replaced: int = 0, retake_s: float = 0.0,
+                  timings_reused: int = 0, remeasured=(), first_pass=None, restated=(),
+                  comparison_recalled=None) -> dict:
+        """Step 4's report (``Search.fidelity``): the original's prediction against its fresh timing, the
+        checks, what was stale, re-taken, re-measured, restated, and the cached comparison found or recalled."""
+        return {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
+                "floor": self.fidelity_floor, "timing_drift": self._drift, "timings_of_input_ms": timings_of_input_ms,
+                "checked": checks, "stale": list(stale), "searches": searches,
+                "profiles_measured": self.profiles_measured, "profiles_from_cache": self.profiles_cached,
+                "retaken": retaken, "stale_rows_removed": stale_rows_removed,
+                "stale_rows_replaced": stale_rows_replaced, "retake_s": retake_s, "timings_reused": timings_reused,
+                "remeasured": list(remeasured), "confirmed": [h for h in remeasured if h["held"]],
+                "first_pass": first_pass, "comparison_recalled": comparison_recalled,
+                "comparison_found": self._found_comparison, "restated": list(restated)}
+
     # ------------------------------------------------------------------ cached comparisons
     def _comparison_key(self, input_model: onnx.ModelProto, cands: list[Candidate], bindings, threshold) -> str:
         """The key of the comparison of the input model with ``cands``: each candidate named by its profile's
         cache key, or for one that was not profiled (next-best graphs) the key its profile would have."""
-        sha = comparisons.input_sha256(self._blobs([input_model])[0], input_model)
+        if self._input_sha256 is None or self._input_sha256[0] is not input_model:  # hashed once a choice
+            self._input_sha256 = (input_model, comparisons.input_sha256(self._blobs([input_model])[0], input_model))
         for c in cands:
-            c.graph_key = c.graph_key or c.profile_key or graph_key(c.model, self.feeds, backend=self.backend,
-                                                                    threads=self.threads)
-        return comparisons.comparison_key(sha, [c.graph_key for c in cands], timing_kind(self.backend), self.threads,
-                                          threshold, bindings[0])
+            if c.graph_key is None and c.profile_key is not None:
+                c.graph_key = c.profile_key
+            elif c.graph_key is None:  # its serialized graph kept as a profile's is, for its timing to run
+                c.graph_key, c.blob = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads)
+        return comparisons.comparison_key(self._input_sha256[1], [c.graph_key for c in cands],
+                                          timing_kind(self.backend), self.threads, threshold, bindings[0])
 
     def _recall(self, input_model: onnx.ModelProto, bindings, threshold: float, status) -> dict | None:
         """The choice a cached comparison of the same input model and candidate graphs made (it kept the input
@@ -549,14 +564,9 @@ class Search:
         self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale}
         if stale:
             return None  # the prices may be poisoned: time everything, check every profile (``_choose``)
-        self.fidelity = {**self._original_fidelity(), "metric": self.backend.metric(self.threads),
-                         "floor": self.fidelity_floor, "timing_drift": 0.0,
-                         "timings_of_input_ms": [self.original.measured_ms], "checked": checks, "stale": [],
-                         "searches": 1, "profiles_measured": self.profiles_measured,
-                         "profiles_from_cache": self.profiles_cached, "retaken": 0, "stale_rows_removed": 0,
-                         "stale_rows_replaced": 0, "retake_s": 0.0, "timings_reused": 0, "remeasured": [],
-                         "confirmed": [], "first_pass": None, "comparison_recalled": when,
-                         "comparison_found": self._found_comparison, "restated": []}
+        self._drift = 0.0
+        self.fidelity = self._fidelity(checks, timings_of_input_ms=[self.original.measured_ms],
+                                       comparison_recalled=when)
         orig = self.original  # the stored timings from here: the candidates were timed against that one
         orig.timing = record["original"]
         orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
