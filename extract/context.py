@@ -10,7 +10,8 @@ the executor's per-kernel cost. This module prices the nodes of a whole exported
    (median over the runs) say where the time goes, and one without, whose median latency (by the
    clock of :func:`relsat.extract.profile.timer`) is what the graph costs, since the profiler
    itself slows small kernels down. Both are stored in the cost cache under a key that says what was
-   timed: the graph's bytes, provider, threads, clock and ONNX Runtime version.
+   timed: the graph (its weights by the digests of their data), provider, threads, clock and ONNX
+   Runtime version.
 2. :func:`attribute` charges every kernel to the graph nodes it came from. The profiler names each
    kernel after a source node: ``fused NAME/MatMulAddFusion``, ``NAME/MatmulTransposeFusion/``, or
    after the value a fused Conv writes (``VALUE_nchwc``); the nodes are renamed ``RELSATN<i>_`` for
@@ -55,6 +56,7 @@ import onnxruntime as ort
 
 from relsat.relations import runtime
 from relsat.relations.backend import CPU, Backend
+from relsat.relations.digests import tensor_digest
 
 from .cost_cache import CostCache, CostRow, conditions
 from .profile import ProviderUnavailable, timing_kind, calibrated_call_overhead_ms, timer
@@ -85,8 +87,8 @@ class GraphProfile:
     replaced: bool = False  # re-taken (``refresh``): the cache's row for this graph was replaced
     q1_ms: float | None = None  # quartiles of the whole-graph runs (None: not recorded)
     q3_ms: float | None = None
-    blob: bytes | None = None  # the graph as profiled, serialized (its nodes renamed; None: over 2 GiB), which
-    # runs as the model does: a caller timing the model again need not serialize it again
+    blob: bytes | None = None  # the graph as profiled, serialized when this call ran it (its nodes renamed; None:
+    # from the cache, or over 2 GiB), which runs as the model does: a caller timing it need not serialize it again
 
 
 @contextlib.contextmanager
@@ -103,21 +105,33 @@ def _renamed(model: onnx.ModelProto):
             node.name = name
 
 
-def _graph_key(renamed: onnx.ModelProto, blob: bytes | None, kind: str, threads: int, shapes=None) -> str:
-    """sha256 of what a graph profile depends on: the graph as profiled (``blob``, its bytes; part by part
-    for a model too large for one protobuf buffer), the input shapes it ran at (a graph with dynamic dims
-    runs at any), provider, threads, clock and ONNX Runtime version."""
-    parts = ["graph", kind, threads, timer(kind, threads).__name__, ort.__version__]
+def _graph_key(renamed: onnx.ModelProto, kind: str, threads: int, shapes=None,
+               digests: dict[str, str] | None = None) -> str:
+    """sha256 of what a graph profile depends on: the graph as profiled, part by part (its IR version,
+    opsets, functions, inputs, outputs, value infos and nodes serialized; each weight over
+    ``digests.MIN_BYTES`` by the digest of its data, from ``digests`` (initializer name -> digest, what the
+    exporter hashed once a run) or else hashed here), the input shapes it ran at (a graph with dynamic dims
+    runs at any), provider, threads, clock and ONNX Runtime version. Nothing is serialized whole: ViT-B/16's
+    graphs took 1.1 s each to serialize for the key before."""
+    parts = ["graph", kind, threads, timer(kind, threads).__name__, ort.__version__, renamed.ir_version]
     if shapes:
         parts.append(shapes)
     h = hashlib.sha256(json.dumps(parts).encode())
-    if blob is not None:
-        h.update(blob)
-        return h.hexdigest()
     g = renamed.graph
-    for part in (*renamed.opset_import, *g.input, *g.output, *g.node, *g.initializer):
-        data = part.SerializeToString(deterministic=True)
-        h.update(len(data).to_bytes(8, "little") + data)
+
+    def put(tag: bytes, data: bytes) -> None:
+        h.update(tag + len(data).to_bytes(8, "little") + data)
+
+    for part in (*renamed.opset_import, *renamed.functions, *g.input, *g.output, *g.value_info, *g.node,
+                 *g.sparse_initializer):
+        put(b"p", part.SerializeToString(deterministic=True))
+    known = digests or {}
+    for t in g.initializer:
+        d = known.get(t.name) or tensor_digest(t)
+        if d is None:
+            put(b"t", t.SerializeToString(deterministic=True))
+        else:
+            put(b"d", f"{t.name}:{d}".encode())
     return h.hexdigest()
 
 
@@ -144,13 +158,12 @@ def restate_latency(cache: CostCache, key: str, latency_ms: float, bursts_ms: li
 
 
 def graph_key(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, backend: Backend = CPU,
-              threads: int = 1) -> tuple[str, bytes | None]:
+              threads: int = 1, digests: dict[str, str] | None = None) -> str:
     """The cache key :func:`profile_graph` files ``model``'s profile under, without profiling it: the name
-    of the graph as it would run (a graph that was not profiled, timed as a candidate), and the graph as
-    serialized for it (as ``GraphProfile.blob``: what a timing of it can run; None over 2 GiB)."""
+    of the graph as it would run (a graph that was not profiled, timed as a candidate). ``digests``: as
+    :func:`profile_graph`'s."""
     with _renamed(model) as renamed:
-        blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-        return _graph_key(renamed, blob, timing_kind(backend), threads, _shapes(model, feeds)), blob
+        return _graph_key(renamed, timing_kind(backend), threads, _shapes(model, feeds), digests)
 
 
 def _shapes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
@@ -278,9 +291,11 @@ def graph_latency(model: onnx.ModelProto | bytes, feeds: dict[str, np.ndarray], 
 
 def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, backend: Backend = CPU,
                   threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
-                  refresh: bool | Callable[[str], bool] = False) -> GraphProfile:
+                  refresh: bool | Callable[[str], bool] = False, digests: dict[str, str] | None = None
+                  ) -> GraphProfile:
     """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
-    ``weights`` its nodes' one-node costs (how a fused group's time is shared). From the cache when
+    ``weights`` its nodes' one-node costs (how a fused group's time is shared); ``digests``: its weights'
+    digests where its exporter hashed them (:mod:`relsat.relations.digests`; else hashed here). From the cache when
     this graph was profiled before with these settings, unless ``refresh`` (True, or a function of the
     cache key saying whether to) re-takes it: the cached row is then ignored and replaced. Raises
     ProviderUnavailable when the backend cannot run whole graphs here through ONNX Runtime."""
@@ -288,9 +303,9 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
     kind = timing_kind(backend)
     if not backend.profiles_graphs:
         raise ProviderUnavailable("whole graphs are profiled with ONNX Runtime, which has no CUDA provider here")
+    blob = None  # serialized only to be run (a profile from the cache runs nothing)
     with _renamed(model) as renamed:
-        blob = renamed.SerializeToString(deterministic=True) if runtime.fits_one_buffer(renamed) else None
-        key = _graph_key(renamed, blob, kind, threads, _shapes(model, feeds))
+        key = _graph_key(renamed, kind, threads, _shapes(model, feeds), digests)
         overhead = calibrated_call_overhead_ms(backend, threads, cache)
         retake = refresh(key) if callable(refresh) else bool(refresh)
         hit = cache.rows([key]).get(key) if cache is not None else None
@@ -306,6 +321,7 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         else:
             clock = timer(kind, threads)
             fetch = [o.name for o in model.graph.output]
+            blob = renamed.SerializeToString() if runtime.fits_one_buffer(renamed) else None
             cond = conditions(threads)  # taken as the timing starts
             latency, q1, q3, runs = graph_latency(renamed if blob is None else blob, feeds, backend=backend,
                                                   threads=threads, budget_s=budget_s)

@@ -71,7 +71,7 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     s = Search(imported, problem, node_ids, feeds, CPU, 1, cache, 10.0, 1e-4)
     orig = original_choice(g, roots)
     cand = s.profile(Candidate("original", orig, float("nan")))
-    exported, origins = export_graph(imported, orig)
+    exported, origins, _ = export_graph(imported, orig)
     assert [n.op_type for n in exported.graph.node] == ["Conv", "BatchNormalization", "Relu"]
     idx = np.searchsorted(node_ids, origins)
     ctx = s.ctx[idx]
@@ -82,10 +82,11 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     again = profile_graph(exported, feeds, weights, threads=1, cache=cache)
     assert again.cached and again.kernels - again.unnamed == 1  # one kernel named after a node: the fused one
     assert again.latency_ms == pytest.approx(cand.profiled_ms)
-    # the model keeps its node names; the graph as profiled (nodes renamed) comes back serialized, and the
-    # candidate's timing uses those bytes rather than serializing the model again
+    assert again.key == cand.profile_key and again.blob is None  # found by its key: nothing serialized
+    # the model keeps its node names; the graph as profiled (nodes renamed) comes back serialized from the
+    # profile that ran it, and the candidate's timing uses those bytes rather than serializing the model again
     assert [n.name for n in exported.graph.node] == [n.name for n in export_graph(imported, orig)[0].graph.node]
-    profiled = onnx.load_from_string(again.blob)
+    profiled = onnx.load_from_string(cand.blob)
     assert [n.name for n in profiled.graph.node] == ["RELSATN0_", "RELSATN1_", "RELSATN2_"]
     assert [(n.op_type, list(n.input), list(n.output)) for n in profiled.graph.node] == \
         [(n.op_type, list(n.input), list(n.output)) for n in exported.graph.node]
@@ -233,8 +234,8 @@ def test_a_restated_profile_keeps_its_kernels_and_prices_at_the_new_latency(tmp_
     cache = CostCache(tmp_path / "c.duckdb")
     weights = np.ones(len(model.graph.node))
     first = profile_graph(model, feeds, weights, threads=1, cache=cache)
-    assert graph_key(model, feeds, threads=1) == (first.key, first.blob)
-    assert graph_key(model, feeds, threads=2)[0] != first.key
+    assert graph_key(model, feeds, threads=1) == first.key
+    assert graph_key(model, feeds, threads=2) != first.key
     (ms, sig), = cache.rows([first.key]).values()
     assert not restate_latency(cache, "no such row", 1.0, [1.0], threads=1)
     assert restate_latency(cache, first.key, 3 * ms, [2.9 * ms, 3 * ms, 3.1 * ms], threads=1)

@@ -55,7 +55,7 @@ def test_shared_folds_export_the_same_bytes_and_evaluate_each_constant_once(monk
     monkeypatch.setattr(onnx_export, "_evaluate", lambda *a: evaluated.append(list(a[3])) or real(*a))
     folds = {}
     for name, choice in (("folded", folded), ("original", original), ("folded", folded)):
-        model, _ = onnx_export.export_graph(imported, choice, folds=folds)
+        model = onnx_export.export_graph(imported, choice, folds=folds).model
         assert model.SerializeToString() == alone[name], name
     assert len(evaluated) == 1 and len(evaluated[0]) >= 3  # the folded weights and biases, computed once
     assert len(folds) == len(evaluated[0])

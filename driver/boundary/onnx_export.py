@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -22,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from relsat.extract.original import original_choice
 from relsat.relations.catalog import BY_TYPE, OPS
+from relsat.relations.digests import Digests
 from relsat.relations.dims import is_sym
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import (FormError, catalog_nodes, opaque_node, opaque_outputs, outer_names,
@@ -40,6 +42,16 @@ class ExportError(RelsatError, ValueError):
     produced, a class the choice leaves out, a graph ONNX Runtime would break): the caller can fall
     back to another choice. One line naming the e-class or value. Also a ValueError, as a malformed
     choice was before."""
+
+
+class Exported(NamedTuple):
+    """What :func:`export_graph` writes: the model, the e-node each of its nodes was written for (-1 for the
+    Identity nodes that give an output its original name), and the digests of its weights' data where the
+    caller kept a :class:`~relsat.relations.digests.Digests` (initializer name -> SHA-256; else empty)."""
+
+    model: onnx.ModelProto
+    origins: list[int]
+    digests: dict[str, str]
 
 
 @dataclass
@@ -158,8 +170,9 @@ class _Writer:
     """Writes chosen classes as ONNX nodes and initializers, naming every value uniquely."""
 
     def __init__(self, imported: ImportResult, nodes: dict[int, _Node], info: dict[int, _Info],
-                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str]):
+                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str], digests: Digests | None = None):
         self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
+        self.memo, self.digests = digests, {}  # initializer name -> digest of its data (with a memo)
         self.opsets = imported.opset_imports
         self.domains: dict[str, int] = {}  # domains of catalog nodes written -> their opset
         self.taken, self.owned = taken, owned  # names never generated; class -> its name in the original
@@ -201,7 +214,10 @@ class _Writer:
         return self.value(proj) if proj is not None else self.fresh("unused")
 
     def initializer(self, c: int, arr: np.ndarray) -> None:
-        self.inits.append(numpy_helper.from_array(np.asarray(arr), self.value(c)))
+        arr = np.asarray(arr)
+        self.inits.append(numpy_helper.from_array(arr, self.value(c)))
+        if self.memo is not None and (d := self.memo.of(arr)) is not None:
+            self.digests[self.name[c]] = d
 
     def emit(self, c: int) -> None:
         start = len(self.out_nodes)
@@ -283,7 +299,7 @@ def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> di
 def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray] | None:
     """Values of the constant classes ``fold`` from one ONNX Runtime run (None if it cannot)."""
     try:
-        w = _Writer(imported, nodes, info, {}, taken, {})
+        w = _Writer(imported, nodes, info, {}, taken, {}, None)
         for c in _topo(fold, nodes):
             w.emit(c)
         outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, imported.symbols.onnx_dims(info[c].shape))
@@ -304,9 +320,11 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
 
 
 def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
-                 folds: dict | None = None) -> tuple[onnx.ModelProto, list[int]]:
+                 folds: dict | None = None, digests: Digests | None = None) -> Exported:
     """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
     Identity nodes that give an output its original name): what in-context profiling charges.
+    ``digests``: a memo the caller keeps between exports, as ``folds``: each weight written is hashed once
+    (:mod:`relsat.relations.digests`), and the model's weights are named by their digests (the profile key).
 
     ``folds``: a dict the caller keeps between exports of one e-graph (the candidates of a search): the
     values of folded constants, each keyed by its e-class and the e-nodes chosen below it, so that a
@@ -336,7 +354,7 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
         if todo:
             folds.update((keys[c], v) for c, v in _evaluate(imported, nodes, info, todo, taken).items())
         folded = {c: folds[keys[c]] for c in fold if keys[c] in folds}
-    w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported))
+    w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported), digests)
     for name, c in zip([o for o, _ in imported.outputs], roots):
         if nodes[c].op != "Input" and c not in w.name:
             w.assign(c, name)
@@ -370,7 +388,7 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
         onnx.checker.check_model(_hollow(model), full_check=True)
     except Exception as e:
         raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
-    return model, w.origins
+    return Exported(model, w.origins, w.digests)
 
 
 HOLLOW_BYTES = 1024  # initializers above this size are checked as graph inputs of their type and shape

@@ -71,6 +71,7 @@ from relsat.extract.profile import timing_kind
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 from relsat.relations.backend import Backend
+from relsat.relations.digests import Digests
 
 from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
@@ -115,7 +116,8 @@ class Candidate:
     profile_key: str | None = None  # the cost cache key of its whole-graph profile
     profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
-    blob: bytes | None = None  # the graph as its profile serialized it (node names aside, what is written)
+    blob: bytes | None = None  # the graph as its profile serialized it to run it (node names aside, what is written)
+    digests: dict | None = None  # its weights' digests, as the export hashed them (``export_graph``)
     graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
 
     def as_dict(self) -> dict:
@@ -159,6 +161,7 @@ class Search:
         self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
         self._input_sha256: tuple | None = None  # (the input model, the SHA-256 of its bytes) during :meth:`choose`
         self._folds: dict = {}  # the folded constants of the graphs exported (``export_graph``'s ``folds``)
+        self._digests = Digests()  # their weights' digests, each array hashed once (``export_graph``'s ``digests``)
         self._found_comparison: dict | None = None  # the cached comparison of these graphs, and its check
 
     def _reset_prices(self) -> None:
@@ -211,7 +214,8 @@ class Search:
     # ------------------------------------------------------------------ graphs
     def _export(self, cand: Candidate, *, load: bool = True) -> list[int] | None:
         try:
-            cand.model, origins = export_graph(self.imported, cand.choice, folds=self._folds)
+            cand.model, origins, cand.digests = export_graph(self.imported, cand.choice, folds=self._folds,
+                                                             digests=self._digests)
             if load:  # loadable with ONNX Runtime's optimizations on (profiling loads it anyway)
                 runtime.session(cand.model)
         except Exception as e:  # never fail a valid model: this candidate is dropped
@@ -230,7 +234,7 @@ class Search:
         weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
         try:
             prof = profile_graph(cand.model, self.feeds, weights, backend=self.backend, threads=self.threads,
-                                 cache=self.cache, refresh=self._refresh)
+                                 cache=self.cache, refresh=self._refresh, digests=cand.digests)
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
@@ -287,7 +291,7 @@ class Search:
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
-                                             profile_source=o.profile_source, blob=o.blob))
+                                             profile_source=o.profile_source, blob=o.blob, digests=o.digests))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
@@ -538,8 +542,9 @@ class Search:
         for c in cands:
             if c.graph_key is None and c.profile_key is not None:
                 c.graph_key = c.profile_key
-            elif c.graph_key is None:  # its serialized graph kept as a profile's is, for its timing to run
-                c.graph_key, c.blob = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads)
+            elif c.graph_key is None:
+                c.graph_key = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads,
+                                        digests=c.digests)
         return comparisons.comparison_key(self._input_sha256[1], [c.graph_key for c in cands],
                                           timing_kind(self.backend), self.threads, threshold, bindings[0])
 

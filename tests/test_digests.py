@@ -1,0 +1,83 @@
+"""Weights named by the digests of their data (relsat.relations.digests) in whole-graph profile keys: an array
+and its TensorProto agree, a key changes with any weight, node or shape and not with node names, and an
+exported graph's key is the same with or without the exporter's digests."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from relsat.driver.boundary import zoo
+from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.onnx_import import import_model
+from relsat.extract.context import graph_key
+from relsat.relations.digests import MIN_BYTES, Digests, array_digest, tensor_digest
+
+from test_context import conv_bn_relu
+
+DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+          "uint64", "bool"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_array_and_its_tensor_have_one_digest(dtype):
+    rng = np.random.default_rng(0)
+    arr = (rng.standard_normal((40, 33)) * 50).astype(dtype)
+    d = array_digest(arr)
+    assert d is not None and d == tensor_digest(numpy_helper.from_array(arr, "w"))
+    assert array_digest(arr.T) == tensor_digest(numpy_helper.from_array(arr.T, "w"))  # not contiguous
+    assert array_digest(arr.T) != d  # the same bytes in another shape differ (and another order)
+    assert array_digest(arr.reshape(33, 40)) != d
+    other = arr.copy()
+    other.flat[7] = other.flat[7] + 1 if dtype != "bool" else not other.flat[7]
+    assert array_digest(other) != d
+
+
+def test_small_and_unplain_tensors_have_no_digest():
+    assert array_digest(np.zeros(MIN_BYTES // 4, np.float32)) is None
+    assert array_digest(np.zeros(MIN_BYTES, np.dtype(">f4"))) is None  # not native: from_array swaps its bytes
+    assert array_digest(np.array(["ab"] * 600, dtype=object)) is None
+    assert tensor_digest(numpy_helper.from_array(np.zeros(10, np.float32), "s")) is None
+
+
+def test_the_memo_hashes_an_array_once_and_keeps_it():
+    memo, arr = Digests(), np.ones((100, 100), np.float32)
+    d = memo.of(arr)
+    arr[0, 0] = 5  # the memo keys arrays by identity: an array is not changed while it is exported
+    assert memo.of(arr) == d and memo.of(arr.copy()) != d
+
+
+def test_a_key_follows_weights_nodes_and_shapes_not_node_names():
+    model = conv_bn_relu()
+    feeds = {"x": np.zeros((1, 16, 32, 32), np.float32)}
+    key = graph_key(model, feeds, threads=1)
+    renamed = conv_bn_relu()
+    for i, n in enumerate(renamed.graph.node):
+        n.name = f"n{i}"
+    assert graph_key(renamed, feeds, threads=1) == key
+    assert [n.name for n in renamed.graph.node] == ["n0", "n1", "n2"]  # names restored after hashing
+    changed = conv_bn_relu()
+    w = numpy_helper.to_array(changed.graph.initializer[0]).copy()
+    w[3, 2, 1, 0] += 1e-3
+    changed.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
+    assert graph_key(changed, feeds, threads=1) != key
+    small = conv_bn_relu()  # a small initializer, hashed serialized
+    small.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.ones(16, np.float32), "bias"))
+    assert graph_key(small, feeds, threads=1) != key
+    node = conv_bn_relu()
+    node.graph.node[0].attribute[0].CopyFrom(helper.make_attribute("pads", [1, 1, 1, 0]))
+    assert graph_key(node, feeds, threads=1) != key
+    assert graph_key(model, feeds, threads=1, digests={"W": "0" * 64}) != key  # the digest stands for the data
+
+
+def test_an_exported_graph_has_one_key_with_or_without_its_digests():
+    imported = import_model(zoo.build("squeezenet", small=True))
+    memo = Digests()
+    model, _, digests = export_graph(imported, digests=memo)
+    assert digests and set(digests) <= {t.name for t in model.graph.initializer}
+    assert all(digests[t.name] == tensor_digest(t) for t in model.graph.initializer if t.name in digests)
+    feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+             for i in model.graph.input}
+    assert graph_key(model, feeds, threads=1, digests=digests) == graph_key(model, feeds, threads=1)
+    again = export_graph(imported, digests=memo)  # the memo's digests, each array hashed once
+    assert again.digests == digests
+    assert graph_key(again.model, feeds, threads=1, digests=again.digests) == graph_key(model, feeds, threads=1)
