@@ -7,7 +7,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from relsat.driver.boundary import zoo
-from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.onnx_export import ExportMemo, export_graph
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.extract.context import graph_key
 from relsat.relations.digests import MIN_BYTES, Digests, array_digest, tensor_digest
@@ -71,13 +71,14 @@ def test_a_key_follows_weights_nodes_and_shapes_not_node_names():
 
 def test_an_exported_graph_has_one_key_with_or_without_its_digests():
     imported = import_model(zoo.build("squeezenet", small=True))
-    memo = Digests()
-    model, _, digests = export_graph(imported, digests=memo)
+    memo = ExportMemo()
+    model, _, digests = export_graph(imported, memo=memo)
     assert digests and set(digests) <= {t.name for t in model.graph.initializer}
     assert all(digests[t.name] == tensor_digest(t) for t in model.graph.initializer if t.name in digests)
     feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
              for i in model.graph.input}
     assert graph_key(model, feeds, threads=1, digests=digests) == graph_key(model, feeds, threads=1)
-    again = export_graph(imported, digests=memo)  # the memo's digests, each array hashed once
-    assert again.digests == digests
+    again = export_graph(imported, memo=memo)  # the memo's digests and weights
+    assert again.digests == digests and again.model.SerializeToString() == model.SerializeToString()
+    assert again.model.SerializeToString() == export_graph(imported).model.SerializeToString()  # as without
     assert graph_key(again.model, feeds, threads=1, digests=again.digests) == graph_key(model, feeds, threads=1)

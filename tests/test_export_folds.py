@@ -1,4 +1,4 @@
-"""Folded constants shared between the exports of one e-graph (``export_graph(..., folds=)``): a graph
+"""Folded constants shared between the exports of one e-graph (``export_graph(..., memo=)``'s ``folds``): a graph
 exported with the shared values is byte for byte the graph exported alone, whatever was exported before
 it, and a constant computed once is not computed again. Real DuckDB e-graph, real ONNX Runtime."""
 
@@ -53,9 +53,10 @@ def test_shared_folds_export_the_same_bytes_and_evaluate_each_constant_once(monk
     evaluated = []
     real = onnx_export._evaluate
     monkeypatch.setattr(onnx_export, "_evaluate", lambda *a: evaluated.append(list(a[3])) or real(*a))
-    folds = {}
+    memo = onnx_export.ExportMemo()
+    folds = memo.folds
     for name, choice in (("folded", folded), ("original", original), ("folded", folded)):
-        model = onnx_export.export_graph(imported, choice, folds=folds).model
+        model = onnx_export.export_graph(imported, choice, memo=memo).model
         assert model.SerializeToString() == alone[name], name
     assert len(evaluated) == 1 and len(evaluated[0]) >= 3  # the folded weights and biases, computed once
     assert len(folds) == len(evaluated[0])

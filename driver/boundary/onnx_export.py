@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -52,6 +52,22 @@ class Exported(NamedTuple):
     model: onnx.ModelProto
     origins: list[int]
     digests: dict[str, str]
+
+
+@dataclass
+class ExportMemo:
+    """What the exports of one e-graph share (the candidates of a search), kept by the caller between them:
+    ``folds``, the values of folded constants, each keyed by its e-class and the e-nodes chosen below it,
+    so that a constant computed for one graph is not computed again by ONNX Runtime for the next (0.6 s a
+    graph on ConvNeXt-T) and a graph is the same whatever was exported before it; ``digests``, each weight's
+    digest, hashed once (:mod:`relsat.relations.digests`: what names the weights in a profile's key); and
+    ``protos``, each weight's TensorProto as the last export wrote it (keyed by the array, kept with it, and
+    the value's name), copied into the next graph instead of made again from the array: ViT-B/16's export
+    took 1.8 s a graph, most of it copying its 330 MB of weights four times."""
+
+    folds: dict = field(default_factory=dict)
+    digests: Digests = field(default_factory=Digests)
+    protos: dict = field(default_factory=dict)  # (id(array), name) -> (array, TensorProto)
 
 
 @dataclass
@@ -170,9 +186,10 @@ class _Writer:
     """Writes chosen classes as ONNX nodes and initializers, naming every value uniquely."""
 
     def __init__(self, imported: ImportResult, nodes: dict[int, _Node], info: dict[int, _Info],
-                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str], digests: Digests | None = None):
+                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str], memo: ExportMemo | None = None):
         self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
-        self.memo, self.digests = digests, {}  # initializer name -> digest of its data (with a memo)
+        self.memo, self.digests = memo, {}  # initializer name -> digest of its data (with a memo)
+        self.sources: dict[str, np.ndarray] = {}  # initializer name -> the array it was made from (with a memo)
         self.opsets = imported.opset_imports
         self.domains: dict[str, int] = {}  # domains of catalog nodes written -> their opset
         self.taken, self.owned = taken, owned  # names never generated; class -> its name in the original
@@ -214,10 +231,23 @@ class _Writer:
         return self.value(proj) if proj is not None else self.fresh("unused")
 
     def initializer(self, c: int, arr: np.ndarray) -> None:
-        arr = np.asarray(arr)
-        self.inits.append(numpy_helper.from_array(arr, self.value(c)))
-        if self.memo is not None and (d := self.memo.of(arr)) is not None:
-            self.digests[self.name[c]] = d
+        arr, name = np.asarray(arr), self.value(c)
+        if self.memo is None:
+            self.inits.append(numpy_helper.from_array(arr, name))
+            return
+        hit = self.memo.protos.get((id(arr), name))
+        self.inits.append(hit[1] if hit is not None and hit[0] is arr else numpy_helper.from_array(arr, name))
+        if (d := self.memo.digests.of(arr)) is not None:  # a weight (small constants are not kept)
+            self.digests[name] = d
+            self.sources[name] = arr
+
+    def remember(self, model: onnx.ModelProto) -> None:
+        """The weights' TensorProtos as ``model`` holds them, for the next export of the memo to copy."""
+        if self.memo is not None:
+            for t in model.graph.initializer:
+                arr = self.sources.get(t.name)
+                if arr is not None:
+                    self.memo.protos[(id(arr), t.name)] = (arr, t)
 
     def emit(self, c: int) -> None:
         start = len(self.out_nodes)
@@ -320,16 +350,11 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
 
 
 def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
-                 folds: dict | None = None, digests: Digests | None = None) -> Exported:
+                 memo: ExportMemo | None = None) -> Exported:
     """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
-    Identity nodes that give an output its original name): what in-context profiling charges.
-    ``digests``: a memo the caller keeps between exports, as ``folds``: each weight written is hashed once
-    (:mod:`relsat.relations.digests`), and the model's weights are named by their digests (the profile key).
-
-    ``folds``: a dict the caller keeps between exports of one e-graph (the candidates of a search): the
-    values of folded constants, each keyed by its e-class and the e-nodes chosen below it, so that a
-    constant computed for one graph is not computed again by ONNX Runtime for the next (0.6 s a graph on
-    ConvNeXt-T) and a graph is the same whatever was exported before it."""
+    Identity nodes that give an output its original name): what in-context profiling charges; with a
+    ``memo`` (:class:`ExportMemo`, kept by the caller between the exports of one e-graph) also the digests
+    of its weights. The same model to the byte with a memo or without."""
     g = imported.egraph
     dims = imported.symbols.onnx_dims  # dynamic dims written as the original's dim_params (or unnamed)
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
@@ -346,15 +371,16 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
         if n.op == "opaque":
             taken |= _subgraph_names(n.attrs["node"])
     fold = _fold_roots(roots, nodes, info)
-    if folds is None:
+    if memo is None:
         folded = _evaluate(imported, nodes, info, fold, taken) if fold else {}
     else:
+        folds = memo.folds
         keys = {c: (c, tuple(nodes[k].id for k in _topo([c], nodes))) for c in fold}
         todo = [c for c in fold if keys[c] not in folds]
         if todo:
             folds.update((keys[c], v) for c, v in _evaluate(imported, nodes, info, todo, taken).items())
         folded = {c: folds[keys[c]] for c in fold if keys[c] in folds}
-    w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported), digests)
+    w = _Writer(imported, nodes, info, folded, taken, _owned_names(imported), memo)
     for name, c in zip([o for o, _ in imported.outputs], roots):
         if nodes[c].op != "Input" and c not in w.name:
             w.assign(c, name)
@@ -372,13 +398,19 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
     inputs = [helper.make_tensor_value_info(n, dt, dims(s)) for n, dt, s in imported.inputs]
     if imported.ir_version < 4:  # IR 3 wants every initializer listed as a graph input
         inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in w.inits]
-    graph = helper.make_graph(w.out_nodes, imported.graph_name, inputs, outputs, w.inits + imported.defaults)
+    # made in place (make_graph and make_model each copy every weight again)
+    model = onnx.ModelProto(ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
+                            producer_version=imported.producer[1], doc_string=imported.doc_string,
+                            domain=imported.domain, model_version=imported.model_version)
+    model.opset_import.extend(w.opset_imports())
+    model.functions.extend(imported.functions)
+    graph = model.graph
+    graph.name = imported.graph_name
+    graph.node.extend(w.out_nodes)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    graph.initializer.extend(w.inits + imported.defaults)
     _check_graph(graph, {name: c for c, name in w.name.items()})
-    model = helper.make_model(
-        graph, opset_imports=w.opset_imports(),
-        ir_version=min(imported.ir_version, MAX_IR_VERSION), producer_name=imported.producer[0],
-        producer_version=imported.producer[1], doc_string=imported.doc_string, domain=imported.domain,
-        model_version=imported.model_version, functions=imported.functions)
     props = dict(imported.metadata)
     if imported.specialized:
         props["relsat.specialized_input_shapes"] = json.dumps(imported.specialized)
@@ -388,6 +420,7 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
         onnx.checker.check_model(_hollow(model), full_check=True)
     except Exception as e:
         raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
+    w.remember(model)
     return Exported(model, w.origins, w.digests)
 
 

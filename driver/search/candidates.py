@@ -71,14 +71,13 @@ from relsat.extract.profile import timing_kind
 from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 from relsat.relations.backend import Backend
-from relsat.relations.digests import Digests
 
 from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
                                             time_models, undecided)
-from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.onnx_export import ExportMemo, export_graph
 from relsat.driver.boundary.verify import VerifyResult, verify
 
 
@@ -160,8 +159,7 @@ class Search:
         self._drift = 0.0  # how far the input model's two fresh timings differ (after a re-take)
         self._serialized: dict[int, tuple] = {}  # id -> (model, its bytes) during :meth:`choose`
         self._input_sha256: tuple | None = None  # (the input model, the SHA-256 of its bytes) during :meth:`choose`
-        self._folds: dict = {}  # the folded constants of the graphs exported (``export_graph``'s ``folds``)
-        self._digests = Digests()  # their weights' digests, each array hashed once (``export_graph``'s ``digests``)
+        self._memo = ExportMemo()  # what the graphs exported share: folded constants, weights and their digests
         self._found_comparison: dict | None = None  # the cached comparison of these graphs, and its check
 
     def _reset_prices(self) -> None:
@@ -214,8 +212,7 @@ class Search:
     # ------------------------------------------------------------------ graphs
     def _export(self, cand: Candidate, *, load: bool = True) -> list[int] | None:
         try:
-            cand.model, origins, cand.digests = export_graph(self.imported, cand.choice, folds=self._folds,
-                                                             digests=self._digests)
+            cand.model, origins, cand.digests = export_graph(self.imported, cand.choice, memo=self._memo)
             if load:  # loadable with ONNX Runtime's optimizations on (profiling loads it anyway)
                 runtime.session(cand.model)
         except Exception as e:  # never fail a valid model: this candidate is dropped
