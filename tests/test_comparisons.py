@@ -77,12 +77,12 @@ def test_a_kept_input_model_is_recalled_by_a_run_that_reaches_the_same_graphs(ke
     assert _timed(first) and _comparison_rows(path) == 1
     copy = tmp_path / "costs.duckdb"
     shutil.copy(path, copy)
-    stored, recalled = [first], 0  # the runs whose comparisons the cache holds
+    stored, recalled = [first], 0  # the runs whose comparisons the cache holds (a later one of the same graphs replaces)
     for _ in range(3):
         again = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=copy,
                          guard_threshold=NEVER).report
         fid = again["fidelity"]
-        match = next((r for r in stored if _keys(r) == _keys(again)), None)
+        match = next((r for r in reversed(stored) if _keys(r) == _keys(again)), None)  # the last stored wins
         assert again["written"] == "original"
         found = fid["comparison_found"]
         assert (found is not None) == (match is not None), (  # a comparison of graphs a stored one named, only those
@@ -118,11 +118,39 @@ def test_a_poisoned_cache_recalls_nothing(kept, tmp_path):
     assert fid["stale"] and fid["retaken"] >= 1  # checked against fresh timings and re-taken, as without the row
 
 
-def test_a_written_model_stores_no_comparison(tmp_path):
+WRITES = -0.5  # a guard threshold every verified candidate passes (up to 2x slower): a candidate is written
+
+
+def test_a_written_model_is_recalled_timed_again_and_verified(tmp_path):
+    """A comparison that wrote a candidate is stored; a warm run reaching the same graphs times that candidate
+    again against the input model (its confirmation), checks both profiles against those timings, verifies it,
+    and writes it; only the losing candidates' timings and statuses come from the row."""
     path = tmp_path / "costs.duckdb"
-    report = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path, guard_threshold=-0.5).report
-    if report["written"] == "optimized":
-        assert _comparison_rows(path) == 0
-    else:  # no candidate at all, or none verified: then a kept input model may be stored
-        assert not any(c["status"] == "written" for c in report["candidates"])
-    assert rows(path)  # its profiles were stored as usual
+    first = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path, guard_threshold=WRITES).report
+    assert first["written"] == "optimized" and first["fidelity"]["comparison_recalled"] is None
+    assert _comparison_rows(path) == 1
+    stored, recalled = [first], 0
+    for _ in range(3):
+        again = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=path,
+                         guard_threshold=WRITES).report
+        fid = again["fidelity"]
+        match = next((r for r in reversed(stored) if _keys(r) == _keys(again)), None)  # the last stored wins
+        assert (fid["comparison_found"] is not None) == (match is not None)
+        assert again["written"] == "optimized" and again["verification"]["ok"] and again["verification"]["draws"]
+        if fid["comparison_recalled"] is None:
+            stored.append(again)
+            continue
+        recalled += 1
+        wrote = next(c for c in _timed(match) if c["status"] == "written")
+        mine = {c["graph_key"]: c for c in _timed(again)}
+        assert mine[wrote["graph_key"]]["status"].startswith("written") and mine[wrote["graph_key"]]["confirm"]
+        assert fid["comparison_found"]["written"] == wrote["label"] and fid["comparison_found"]["held"]
+        for c in _timed(match):  # the losing candidates carry the stored timings; the written one a fresh one
+            if c is not wrote:
+                assert mine[c["graph_key"]]["measured_ms"] == c["measured_ms"]
+                assert "cached" in mine[c["graph_key"]]["status"]
+        assert {r["label"] for r in fid["checked"]} >= {"original"}
+        assert any("timed again against the input model now and verified" in n for n in again["notices"])
+        assert again["latency"]["recalled"] == fid["comparison_recalled"]
+        break
+    assert recalled == 1

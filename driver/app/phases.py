@@ -583,7 +583,12 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
             f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
             f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
-    if fid.get("comparison_recalled"):
+    if fid.get("comparison_recalled") and picked is not None:
+        notices.append(
+            f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
+            f"same input model and graphs); the {picked.label} graph it wrote was timed again against the input model "
+            f"now and verified, the other candidates were not timed again")
+    elif fid.get("comparison_recalled"):
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} found no faster "
             f"than the input model (cached: the same input model and graphs); the input model was timed now and "

@@ -40,9 +40,9 @@ here):
    up to ``RETAKES`` searches in all, then only removed. Only cached rows can be stale: a profile taken
    in this run that disagrees is the noise of the machine between it and the timing, and stands for this
    run; it is measured again, and where that contradicts it too its cached latency is restated as measured
-   now (``_restate``), so that the next run does not find it stale and search twice. A choice that kept the
-   input model is stored and recalled by a later run that reaches the same graphs
-   (``relsat.driver.search.comparisons``).
+   now (``_restate``), so that the next run does not find it stale and search twice. A measured choice is
+   stored and recalled by a later run that reaches the same graphs (``relsat.driver.search.comparisons``):
+   the candidates that lost are not timed again; one it wrote is timed again and verified (``_recall``).
    ``Search.fidelity`` reports the prediction of the original against its measured latency, what was
    stale and what was re-taken.
 5. **Choice**: the candidates are verified fastest first; the fastest that verifies is written when it
@@ -443,9 +443,9 @@ class Search:
             self._serialized, self._input_sha256 = {}, None
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
-        recalled = self._recall(input_model, bindings, threshold, status) if self.usable() else None
+        recalled = self._recall(input_model, bindings, threshold, input_sets, status) if self.usable() else None
         if recalled is not None:
-            return None, None, recalled
+            return recalled
         t_retake, removed, measured, first, stale_all, reused, remeasured = None, 0, [], None, [], 0, []
         timed = None  # the last timing: the original and the candidates it timed
         for attempt in range(RETAKES + 1):
@@ -500,7 +500,7 @@ class Search:
                 result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
                 if not result.ok:
                     c.status = f"not verified: {result.message}"
-                elif self._confirmed(input_model, c, bindings, threshold, status):
+                elif self._confirmed(input_model, c, bindings, threshold, status)[0]:
                     picked, check, c.status = c, result, "written"
                 else:
                     picked = False  # the fastest verified candidate did not hold: none is written
@@ -508,7 +508,7 @@ class Search:
         best = picked or self.fastest()
         guard = judge(orig.timing, best.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
-        if picked is None and self.cache is not None:
+        if self.cache is not None:  # (a written one is confirmed again when recalled: ``_recall``)
             comparisons.remember(self.cache, self._comparison_key(input_model, cands, bindings, threshold),
                                  timing_kind(self.backend), self.threads, orig.timing,
                                  [(c.label, c.timing, c.status) for c in cands], guard.as_dict())
@@ -545,12 +545,18 @@ class Search:
         return comparisons.comparison_key(self._input_sha256[1], [c.graph_key for c in cands],
                                           timing_kind(self.backend), self.threads, threshold, bindings[0])
 
-    def _recall(self, input_model: onnx.ModelProto, bindings, threshold: float, status) -> dict | None:
-        """The choice a cached comparison of the same input model and candidate graphs made (it kept the input
-        model: ``relsat.driver.search.comparisons``), or None. The input model is timed alone and the original's
-        cached profile checked against it first: a stale one (the check's rules, the original's row alone)
-        recalls nothing and the candidates are timed. Recalled, the candidates carry the stored timings and
-        statuses, and the report the stored guard's (``recalled``: when it was measured)."""
+    def _recall(self, input_model: onnx.ModelProto, bindings, threshold: float, input_sets, status) -> tuple | None:
+        """The choice a cached comparison of the same input model and candidate graphs made
+        (``relsat.driver.search.comparisons``) as ``_choose`` returns it, or None: then everything is timed.
+
+        One that kept the input model: the input model is timed alone and the original's cached profile checked
+        against it; a stale one (the check's rules, the original's row alone) recalls nothing. One that wrote a
+        candidate: that candidate and the input model are timed again by themselves (``_confirmed``, the
+        confirmation every written model gets), the original's profile and the candidate's checked against those
+        timings, and the candidate verified; it is written only if all of that holds now, so a model is still
+        written on a fresh timing (the other candidates', which lost, come from the row), and any miss recalls
+        nothing. Recalled, the candidates carry the stored timings and statuses, the report the guard's
+        (``recalled``: when the comparison was measured)."""
         cands = self.usable()
         self._found_comparison = None
         if self.cache is None:
@@ -559,25 +565,49 @@ class Search:
         if record is None or [r["label"] for r in record["candidates"]] != [c.label for c in cands]:
             return None
         when = record["conditions"].get("measured_at")
-        status("timing the input model (the candidates' comparison is cached) ...")
-        self._time(input_model, [], bindings, threshold)
+        orig = self.original
+        written = next((c for c, r in zip(cands, record["candidates"]) if r["status"] == "written"), None)
+        if written is None:
+            status("timing the input model (the candidates' comparison is cached) ...")
+            self._time(input_model, [], bindings, threshold)
+            held = True
+        else:
+            held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold, status)
+            for c in (orig, written):
+                c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
         checks = self.check()
         stale = [r for r in checks if r["stale"] and r["profile"] == "cache"]
-        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale}
-        if stale:
-            return None  # the prices may be poisoned: time everything, check every profile (``_choose``)
+        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale and held,
+                                  **({"written": written.label, "held": held} if written is not None else {})}
+        if stale or not held:
+            # the prices may be poisoned, or the written graph is not faster now: time everything (``_choose``)
+            if written is not None:
+                written.confirm, written.status = None, "candidate"
+            return None
+        check = None
+        if written is not None:
+            status(f"verifying the {written.label} graph ...")
+            check = verify(input_model, written.model, bindings=bindings, input_sets=input_sets)
+            if not check.ok:
+                self._found_comparison.update(recalled=False, verified=check.message)
+                return None
         self._drift = 0.0
-        self.fidelity = self._fidelity(checks, timings_of_input_ms=[self.original.measured_ms],
-                                       comparison_recalled=when)
-        orig = self.original  # the stored timings from here: the candidates were timed against that one
-        orig.timing = record["original"]
-        orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
+        self.fidelity = self._fidelity(checks, timings_of_input_ms=[orig.measured_ms], comparison_recalled=when)
+        if written is None:  # the stored timings from here: the candidates were timed against that one
+            orig.timing = record["original"]
+            orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
         for c, r in zip(cands, record["candidates"]):
+            if c is written:
+                c.status = f"written (faster in the comparison of {when}, cached, and timed again now)"
+                continue
             c.timing = r["timing"]
             if c.timing is not None:
                 c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
             c.status = f"{r['status']} (the comparison of {when}, cached)"
-        return {**(record["guard"] or {}), "recalled": when}
+        if written is None:
+            return None, None, {**(record["guard"] or {}), "recalled": when}
+        guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
+        return written, check, {**guard.as_dict(), "recalled": when}
 
     def _remeasure(self, rows: list[dict], status) -> list[dict]:
         """Each row of ``rows`` (cached profiles the check found off the fresh timing) measured again, as its
@@ -657,7 +687,8 @@ class Search:
             c.timing, c.measured_ms, c.wall_ms, c.status = t.timing, t.measured_ms, t.wall_ms, t.status
         return True
 
-    def _confirmed(self, input_model: onnx.ModelProto, c: Candidate, bindings, threshold: float, status) -> bool:
+    def _confirmed(self, input_model: onnx.ModelProto, c: Candidate, bindings, threshold: float,
+                   status) -> tuple[bool, Latency, Latency]:
         """Time the input model and ``c`` again, by themselves, in fresh sessions: ``c`` is written only if it
         is faster beyond ``threshold`` in such a timing too (by the medians and in every block, ``judge``). With
         several candidates, the fastest of them in one timing is faster than the input model by more than the
@@ -671,7 +702,7 @@ class Search:
         the threshold in all of them) is taken once more, up to ``CONFIRM_TIMINGS`` in all, each judged alone by
         the same rule: ViT-B/16's 1.10x faster graph was timed again at block ratios 1.12, 1.10, 1.03, 1.14
         while the machine's speed moved 30 % between the blocks. A timing where the candidate is slower in
-        any block ends it."""
+        any block ends it. Returns whether it held, and the last timing of the input model and of ``c``."""
         shapes = bindings[0]
         tries = []
         for k in range(CONFIRM_TIMINGS):
@@ -685,13 +716,13 @@ class Search:
             tries.append(held.as_dict())
             c.confirm = dict(tries[-1], timings=len(tries), earlier=tries[:-1])
             if held.keep_optimized:
-                return True
+                return True, orig, again
             if not promising(held):
                 break
         c.status = (f"not faster when timed again ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
                     f"{judged_ms(orig, self.threads, self.backend):.3f} ms"
                     + (f"; {len(tries)} timings" if len(tries) > 1 else "") + ")")
-        return False
+        return False, orig, again
 
     def _original_fidelity(self) -> dict:
         """The in-context prediction of the original (the sum of its e-nodes' costs plus the call overhead)

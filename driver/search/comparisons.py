@@ -1,21 +1,22 @@
-"""Cached comparisons: what a measured choice found when no candidate beat the input model, recalled by a later
-run that reaches the same graphs.
+"""Cached comparisons: what a measured choice found, recalled by a later run that reaches the same graphs.
 
 A warm run on an unchanged model searches on the same cached prices and so finds the same candidate graphs;
 timing them against the input model again (two sessions of each, interleaved; ViT-B/16's 66-80 s of a 108-122 s
-warm run) repeats a verdict that an interleaved timing already gave. The verdict of a choice that kept the input
-model is stored as a row of the cost cache (op_type ``COMPARISON_OP``): its key names the input model (the
-SHA-256 of its bytes), every candidate graph (the cache key of its whole-graph profile, or the key it would
-have: the graph, the timing kind, the threads and the shapes it ran at), the guard threshold and the ONNX
-Runtime version; the
-row holds every model's timing, the candidates' statuses and the guard's report, and the conditions it was
-taken under. Only a choice that kept the input model is stored: a model is written on a fresh timing alone.
+warm run) repeats a verdict that an interleaved timing already gave. The verdict of a measured choice is stored
+as a row of the cost cache (op_type ``COMPARISON_OP``): its key names the input model (the SHA-256 of its
+bytes), every candidate graph (the cache key of its whole-graph profile, or the key it would have: the graph,
+the timing kind, the threads and the shapes it ran at), the guard threshold and the ONNX Runtime version; the
+row holds every model's timing, the candidates' statuses (the one written: ``written``) and the guard's report,
+and the conditions it was taken under.
 
 Recalling one (``relsat.driver.search.candidates.Search.choose``) still times the input model and checks the
 original's cached profile against it, so a cache poisoned by a loaded machine is found as before (the check's
-gross drift); only the candidates' timings and the verdict come from the row. The key names this machine too
-(its CPU model and count), so a cache carried to another machine recalls none. A fresh cache (``--cost-cache``)
-forgets them, or ``DELETE FROM costs WHERE op_type = '__comparison__'`` on the cache file."""
+gross drift). Where the comparison kept the input model, the candidates' timings and the verdict come from the
+row. Where it wrote a candidate, that candidate is timed again against the input model as every written model
+is (its confirmation) and verified: a model is written on a fresh timing of it, and only the losing candidates'
+timings come from the row (ViT-B/16's warm run, writing its 1.07-1.10x faster graph: 118-122 s before). The key
+names this machine too (its CPU model and count), so a cache carried to another machine recalls none. A fresh
+cache (``--cost-cache``) forgets them, or ``DELETE FROM costs WHERE op_type = '__comparison__'`` on the cache file."""
 
 from __future__ import annotations
 
