@@ -146,6 +146,23 @@ def test_the_measured_fastest_candidate_is_written_not_the_predicted_cheapest():
     assert [r["label"] for r in s.report()] == ["original", "predicted cheapest", "fast"]
 
 
+def test_an_unprofiled_graph_that_cannot_load_is_dropped_before_the_timing():
+    """A next-best graph is exported without a session (a recalled comparison runs none); the choice loads it
+    before timing it, and one ONNX Runtime cannot load is dropped, not the run."""
+    original = _matmul_model(2)
+    bad = _matmul_model(1)
+    bad.graph.node[0].domain = "no.such.domain"
+    bad.opset_import.append(helper.make_opsetid("no.such.domain", 1))
+    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
+    s.original = Candidate("original", {}, float("nan"), model=original)
+    s.candidates = [Candidate("cannot load", {}, 1.0, model=bad), Candidate("fast", {}, 50.0, model=_matmul_model(1))]
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    assert s.candidates[0].model is None and s.candidates[0].status.startswith("cannot load: ")
+    assert s.candidates[1].loaded and s.usable() == [s.candidates[1]] and picked in (None, s.candidates[1])
+
+
 def test_the_written_candidate_is_faster_in_a_second_timing_too():
     """Eight candidates that are the input model itself: whichever one the first timing finds fastest,
     it is written only if it is faster beyond the threshold again when timed alone against the input model,
@@ -181,7 +198,7 @@ def test_optimize_reports_every_candidate_and_costs_in_context(tmp_path):
     assert sources.get("context", 0) >= 3
     for c in rep["candidates"][1:]:
         assert c["status"] in ("written", "timed", "slower", "not faster beyond noise") or \
-            c["status"].startswith("cannot export")
+            c["status"].startswith(("cannot export", "cannot load"))
     assert (rep["written"] == "optimized") == any(c["status"] == "written" for c in rep["candidates"])
 
 

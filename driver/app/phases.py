@@ -521,7 +521,6 @@ def extract(run: Run, imported: Imported, saturated: Saturated, priced: Priced) 
 @dataclass(frozen=True)
 class Candidates:
     search: Search  # the refined costs and the candidate graphs
-    fallbacks: list  # the candidates that could not be exported: {"candidate", "reason"}
 
 
 def _fallbacks(search: Search) -> list:
@@ -543,7 +542,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
     s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
           input_nodes=len(model.graph.node))
     _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
-    return Candidates(s, _fallbacks(s))
+    return Candidates(s)
 
 
 @dataclass(frozen=True)
@@ -574,9 +573,8 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
     o, s, model, notices = run.opts, candidates.search, imported.model, []
     picked, check, latency_report = s.choose(model, bindings=imported.binding.all, input_sets=imported.input_sets,
                                              threshold=o.guard_threshold, status=run.status)
-    fid, fallbacks = s.fidelity, candidates.fallbacks
+    fid, fallbacks = s.fidelity, _fallbacks(s)  # (as the choice left them: a graph that cannot load is dropped there)
     if fid.get("first_pass") is not None:  # stale profiles were re-taken: the search ran again
-        fallbacks = _fallbacks(s)
         _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
         first = fid["first_pass"]
         notices.append(

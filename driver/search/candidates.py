@@ -117,6 +117,7 @@ class Candidate:
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
     blob: bytes | None = None  # the graph as its profile serialized it to run it (node names aside, what is written)
     digests: dict | None = None  # its weights' digests, as the export hashed them (``export_graph``)
+    loaded: bool = False  # an unprofiled graph loaded in ONNX Runtime this run (``Search._load_unprofiled``)
     graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
 
     def as_dict(self) -> dict:
@@ -210,20 +211,34 @@ class Search:
         return ExtractionProblem(p.node_class, self.costs(), p.child_ptr, p.child_class, p.roots)
 
     # ------------------------------------------------------------------ graphs
-    def _export(self, cand: Candidate, *, load: bool = True) -> list[int] | None:
+    def _export(self, cand: Candidate) -> list[int] | None:
         try:
             cand.model, origins, cand.digests = export_graph(self.imported, cand.choice, memo=self._memo)
-            if load:  # loadable with ONNX Runtime's optimizations on (profiling loads it anyway)
-                runtime.session(cand.model)
         except Exception as e:  # never fail a valid model: this candidate is dropped
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
         cand.nodes = len(cand.model.graph.node)
         return origins
 
+    def _load_unprofiled(self, status) -> None:
+        """Each candidate graph that was not profiled (next-best graphs) loaded in ONNX Runtime with its
+        optimizations on before it is timed; one that cannot load is dropped (``cannot load: ...``). Done by
+        :meth:`choose` after the cached comparison was looked up: one recalled runs none of these graphs (it
+        named them by their keys; each loaded then), and a session of BERT-base made only to check it cost
+        2-3 s a graph of a warm run. The graph is serialized once for the check and the timing after it."""
+        todo = [c for c in self.candidates if c.model is not None and c.profile_key is None and not c.loaded]
+        if todo:
+            status(f"loading {len(todo)} candidate graph(s) in ONNX Runtime ...")
+        for c in todo:
+            try:
+                runtime.session(self._blobs([c.model])[0])
+                c.loaded = True
+            except Exception as e:  # never fail a valid model: this candidate is dropped
+                c.status, c.model = f"cannot load: {error_line(e)}", None
+
     def profile(self, cand: Candidate) -> Candidate:
         """Export ``cand`` and price its e-nodes in context."""
-        origins = self._export(cand, load=False)
+        origins = self._export(cand)
         if origins is None:
             return cand
         origins = np.asarray(origins, dtype=np.int64)
@@ -295,7 +310,7 @@ class Search:
             cand = Candidate(label, choice, self.predicted(choice))
             if profile:
                 self.profile(cand)
-            else:
+            else:  # loaded in ONNX Runtime when it is to be timed (``_load_unprofiled``)
                 self._export(cand)
             self.candidates.append(cand)
             self._found()
@@ -449,6 +464,7 @@ class Search:
         t_retake, removed, measured, first, stale_all, reused, remeasured = None, 0, [], None, [], 0, []
         timed = None  # the last timing: the original and the candidates it timed
         for attempt in range(RETAKES + 1):
+            self._load_unprofiled(status)
             cands = self.usable()
             if timed is not None and self._reuse(timed, cands):
                 reused += 1  # the search on re-taken prices found the graphs already timed
