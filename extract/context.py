@@ -291,11 +291,13 @@ def graph_latency(model: onnx.ModelProto | bytes, feeds: dict[str, np.ndarray], 
 
 def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, backend: Backend = CPU,
                   threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
-                  refresh: bool | Callable[[str], bool] = False, digests: dict[str, str] | None = None
-                  ) -> GraphProfile:
+                  refresh: bool | Callable[[str], bool] = False, digests: dict[str, str] | None = None,
+                  before_run: Callable[[], None] | None = None) -> GraphProfile:
     """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
     ``weights`` its nodes' one-node costs (how a fused group's time is shared); ``digests``: its weights'
-    digests where its exporter hashed them (:mod:`relsat.relations.digests`; else hashed here). From the cache when
+    digests where its exporter hashed them (:mod:`relsat.relations.digests`; else hashed here); ``before_run``:
+    called before the graph is run, when its profile is not taken from the cache (a graph exported with its
+    weights as shells fills them in: ``relsat.driver.boundary.onnx_export.fill_weights``). From the cache when
     this graph was profiled before with these settings, unless ``refresh`` (True, or a function of the
     cache key saying whether to) re-takes it: the cached row is then ignored and replaced. Raises
     ProviderUnavailable when the backend cannot run whole graphs here through ONNX Runtime."""
@@ -321,6 +323,8 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         else:
             clock = timer(kind, threads)
             fetch = [o.name for o in model.graph.output]
+            if before_run is not None:
+                before_run()
             blob = renamed.SerializeToString() if runtime.fits_one_buffer(renamed) else None
             cond = conditions(threads)  # taken as the timing starts
             latency, q1, q3, runs = graph_latency(renamed if blob is None else blob, feeds, backend=backend,

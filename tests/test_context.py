@@ -71,7 +71,7 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     s = Search(imported, problem, node_ids, feeds, CPU, 1, cache, 10.0, 1e-4)
     orig = original_choice(g, roots)
     cand = s.profile(Candidate("original", orig, float("nan")))
-    exported, origins, _ = export_graph(imported, orig)
+    exported, origins = export_graph(imported, orig)[:2]
     assert [n.op_type for n in exported.graph.node] == ["Conv", "BatchNormalization", "Relu"]
     idx = np.searchsorted(node_ids, origins)
     ctx = s.ctx[idx]

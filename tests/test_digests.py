@@ -3,11 +3,12 @@ and its TensorProto agree, a key changes with any weight, node or shape and not 
 exported graph's key is the same with or without the exporter's digests."""
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper, numpy_helper
 
 from relsat.driver.boundary import zoo
-from relsat.driver.boundary.onnx_export import ExportMemo, export_graph
+from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.extract.context import graph_key
 from relsat.relations.digests import MIN_BYTES, Digests, array_digest, tensor_digest
@@ -70,15 +71,31 @@ def test_a_key_follows_weights_nodes_and_shapes_not_node_names():
 
 
 def test_an_exported_graph_has_one_key_with_or_without_its_digests():
+    """With a memo the weights are shells named by digests; filled in, the model is the one an export without
+    a memo writes, to the byte, and its key is the same with or without the digests."""
     imported = import_model(zoo.build("squeezenet", small=True))
     memo = ExportMemo()
-    model, _, digests = export_graph(imported, memo=memo)
-    assert digests and set(digests) <= {t.name for t in model.graph.initializer}
-    assert all(digests[t.name] == tensor_digest(t) for t in model.graph.initializer if t.name in digests)
+    light, _, digests, weights = export_graph(imported, memo=memo)
+    assert digests and set(digests) == set(weights) <= {t.name for t in light.graph.initializer}
+    assert all(not t.raw_data for t in light.graph.initializer if t.name in weights)
+    full = export_graph(imported).model
     feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
-             for i in model.graph.input}
-    assert graph_key(model, feeds, threads=1, digests=digests) == graph_key(model, feeds, threads=1)
-    again = export_graph(imported, memo=memo)  # the memo's digests and weights
-    assert again.digests == digests and again.model.SerializeToString() == model.SerializeToString()
-    assert again.model.SerializeToString() == export_graph(imported).model.SerializeToString()  # as without
-    assert graph_key(again.model, feeds, threads=1, digests=again.digests) == graph_key(model, feeds, threads=1)
+             for i in full.graph.input}
+    key = graph_key(full, feeds, threads=1)
+    assert graph_key(light, feeds, threads=1, digests=digests) == key  # the shells' key: nothing filled in
+    assert fill_weights(light, weights).SerializeToString() == full.SerializeToString()
+    assert all(digests[t.name] == tensor_digest(t) for t in light.graph.initializer if t.name in digests)
+    assert graph_key(light, feeds, threads=1, digests=digests) == graph_key(light, feeds, threads=1) == key
+    again = export_graph(imported, memo=memo)  # the memo's digests, each array hashed once
+    assert again.digests == digests and again.weights.keys() == weights.keys()
+    assert fill_weights(again.model, again.weights).SerializeToString() == full.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_filled_shell_is_the_tensor_from_array_writes(dtype):
+    arr = (np.random.default_rng(1).standard_normal((30, 20)) * 50).astype(dtype)
+    shell = onnx.TensorProto(name="w", data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+    shell.dims.extend(arr.shape)
+    model = helper.make_model(helper.make_graph([], "g", [], [], [shell]))
+    fill_weights(model, {"w": arr})
+    assert model.graph.initializer[0].SerializeToString() == numpy_helper.from_array(arr, "w").SerializeToString()

@@ -56,7 +56,7 @@ def record_written(graph, choice: dict[int, int]) -> None:
     g = graph.egraph
     if g.path is None:
         return
-    model, origins, _ = export_graph(graph, choice)
+    model, origins = export_graph(graph, choice)[:2]
     nodes = list(model.graph.node)
     frame = {"name": np.array([n.name or (n.output[0] if n.output else "") for n in nodes], dtype=object),
              "op_type": np.array([n.op_type for n in nodes], dtype=object),

@@ -46,12 +46,14 @@ class ExportError(RelsatError, ValueError):
 
 class Exported(NamedTuple):
     """What :func:`export_graph` writes: the model, the e-node each of its nodes was written for (-1 for the
-    Identity nodes that give an output its original name), and the digests of its weights' data where the
-    caller kept a :class:`~relsat.relations.digests.Digests` (initializer name -> SHA-256; else empty)."""
+    Identity nodes that give an output its original name), and with a :class:`ExportMemo` the digests of its
+    weights' data (initializer name -> SHA-256) and the weights written as shells (name -> the array to
+    :func:`fill_weights` them from); both empty without one."""
 
     model: onnx.ModelProto
     origins: list[int]
     digests: dict[str, str]
+    weights: dict[str, np.ndarray]
 
 
 @dataclass
@@ -59,15 +61,16 @@ class ExportMemo:
     """What the exports of one e-graph share (the candidates of a search), kept by the caller between them:
     ``folds``, the values of folded constants, each keyed by its e-class and the e-nodes chosen below it,
     so that a constant computed for one graph is not computed again by ONNX Runtime for the next (0.6 s a
-    graph on ConvNeXt-T) and a graph is the same whatever was exported before it; ``digests``, each weight's
-    digest, hashed once (:mod:`relsat.relations.digests`: what names the weights in a profile's key); and
-    ``protos``, each weight's TensorProto as the last export wrote it (keyed by the array, kept with it, and
-    the value's name), copied into the next graph instead of made again from the array: ViT-B/16's export
-    took 1.8 s a graph, most of it copying its 330 MB of weights four times."""
+    graph on ConvNeXt-T) and a graph is the same whatever was exported before it; and ``digests``, each
+    weight's digest, hashed once (:mod:`relsat.relations.digests`: what names the weights in a profile's key).
+
+    An export with a memo writes its weights as shells (name, dtype and dims, no data: ``Exported.weights``
+    holds their arrays) until :func:`fill_weights` fills them in: most candidate graphs of a warm run are only
+    named (their profiles and comparison are cached) and never run, and copying ViT-B/16's 330 MB of weights
+    into each took 0.5-1.2 s a graph."""
 
     folds: dict = field(default_factory=dict)
     digests: Digests = field(default_factory=Digests)
-    protos: dict = field(default_factory=dict)  # (id(array), name) -> (array, TensorProto)
 
 
 @dataclass
@@ -189,7 +192,7 @@ class _Writer:
                  folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str], memo: ExportMemo | None = None):
         self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
         self.memo, self.digests = memo, {}  # initializer name -> digest of its data (with a memo)
-        self.sources: dict[str, np.ndarray] = {}  # initializer name -> the array it was made from (with a memo)
+        self.weights: dict[str, np.ndarray] = {}  # initializer name -> the array of a shell (with a memo)
         self.opsets = imported.opset_imports
         self.domains: dict[str, int] = {}  # domains of catalog nodes written -> their opset
         self.taken, self.owned = taken, owned  # names never generated; class -> its name in the original
@@ -232,22 +235,14 @@ class _Writer:
 
     def initializer(self, c: int, arr: np.ndarray) -> None:
         arr, name = np.asarray(arr), self.value(c)
-        if self.memo is None:
+        d = self.memo.digests.of(arr) if self.memo is not None else None
+        if d is None:  # no memo, or a small constant: written whole
             self.inits.append(numpy_helper.from_array(arr, name))
             return
-        hit = self.memo.protos.get((id(arr), name))
-        self.inits.append(hit[1] if hit is not None and hit[0] is arr else numpy_helper.from_array(arr, name))
-        if (d := self.memo.digests.of(arr)) is not None:  # a weight (small constants are not kept)
-            self.digests[name] = d
-            self.sources[name] = arr
-
-    def remember(self, model: onnx.ModelProto) -> None:
-        """The weights' TensorProtos as ``model`` holds them, for the next export of the memo to copy."""
-        if self.memo is not None:
-            for t in model.graph.initializer:
-                arr = self.sources.get(t.name)
-                if arr is not None:
-                    self.memo.protos[(id(arr), t.name)] = (arr, t)
+        shell = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+        shell.dims.extend(arr.shape)
+        self.inits.append(shell)
+        self.digests[name], self.weights[name] = d, arr
 
     def emit(self, c: int) -> None:
         start = len(self.out_nodes)
@@ -352,9 +347,10 @@ def export_model(imported: ImportResult, choice: dict[int, int] | None = None) -
 def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
                  memo: ExportMemo | None = None) -> Exported:
     """``export_model``'s model, and the e-node each of its nodes was written for (-1 for the
-    Identity nodes that give an output its original name): what in-context profiling charges; with a
-    ``memo`` (:class:`ExportMemo`, kept by the caller between the exports of one e-graph) also the digests
-    of its weights. The same model to the byte with a memo or without."""
+    Identity nodes that give an output its original name): what in-context profiling charges. With a
+    ``memo`` (:class:`ExportMemo`, kept by the caller between the exports of one e-graph) the weights are
+    shells and the digests of their data come back too; :func:`fill_weights` makes the model the one an
+    export without a memo writes, to the byte."""
     g = imported.egraph
     dims = imported.symbols.onnx_dims  # dynamic dims written as the original's dim_params (or unnamed)
     roots = [int(c) for c in g.find([c for _, c in imported.outputs])] if imported.outputs else []
@@ -417,23 +413,35 @@ def export_graph(imported: ImportResult, choice: dict[int, int] | None = None,
     if props:
         helper.set_model_props(model, props)
     try:
-        onnx.checker.check_model(_hollow(model), full_check=True)
+        onnx.checker.check_model(_hollow(model, set(w.weights)), full_check=True)
     except Exception as e:
         raise ExportError(f"the exported model fails the ONNX checker: {error_line(e)}") from None
-    w.remember(model)
-    return Exported(model, w.origins, w.digests)
+    return Exported(model, w.origins, w.digests, w.weights)
+
+
+def fill_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The shells of an export with a memo (``Exported.weights``) filled in place with their data, as
+    ``numpy_helper.from_array`` writes it (the same model to the byte as an export without a memo); a shell
+    filled already is left as it is. Returns ``model``."""
+    for t in model.graph.initializer:
+        arr = weights.get(t.name)
+        if arr is not None and not t.raw_data and arr.size:
+            t.raw_data = np.ascontiguousarray(arr).tobytes()
+    return model
 
 
 HOLLOW_BYTES = 1024  # initializers above this size are checked as graph inputs of their type and shape
 
 
-def _hollow(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every initializer over :data:`HOLLOW_BYTES` as a graph input of its dtype and shape,
-    for the checker: the graph, the types and shape inference are checked as they are, and the weights are
-    not serialized for it (checking DistilBERT's candidates whole took 1.2 s each; a model over 2 GiB
-    could not be checked at all). Small initializers (shapes, axes, scalars) stay: inference reads them."""
+def _hollow(model: onnx.ModelProto, shells=frozenset()) -> onnx.ModelProto:
+    """``model`` with every initializer over :data:`HOLLOW_BYTES` (and the weights written as ``shells``) as a
+    graph input of its dtype and shape, for the checker: the graph, the types and shape inference are checked
+    as they are, and the weights are not serialized for it (checking DistilBERT's candidates whole took 1.2 s
+    each; a model over 2 GiB could not be checked at all). Small initializers (shapes, axes, scalars) stay:
+    inference reads them."""
     g = model.graph
-    big = [t for t in g.initializer if len(t.raw_data) > HOLLOW_BYTES or len(t.float_data) > HOLLOW_BYTES // 4]
+    big = [t for t in g.initializer if len(t.raw_data) > HOLLOW_BYTES or len(t.float_data) > HOLLOW_BYTES // 4
+           or t.name in shells]
     if not big:
         return model
     names = {t.name for t in big}

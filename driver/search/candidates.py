@@ -77,7 +77,7 @@ from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
                                             time_models, undecided)
-from relsat.driver.boundary.onnx_export import ExportMemo, export_graph
+from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.verify import VerifyResult, verify
 
 
@@ -117,7 +117,8 @@ class Candidate:
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
     blob: bytes | None = None  # the graph as its profile serialized it to run it (node names aside, what is written)
     digests: dict | None = None  # its weights' digests, as the export hashed them (``export_graph``)
-    loaded: bool = False  # an unprofiled graph loaded in ONNX Runtime this run (``Search._load_unprofiled``)
+    loaded: bool = False  # an unprofiled graph loaded in ONNX Runtime this run (``Search._ready``)
+    weights: dict | None = None  # its weights' arrays while the model holds them as shells (``Search._fill``)
     graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
 
     def as_dict(self) -> dict:
@@ -213,19 +214,30 @@ class Search:
     # ------------------------------------------------------------------ graphs
     def _export(self, cand: Candidate) -> list[int] | None:
         try:
-            cand.model, origins, cand.digests = export_graph(self.imported, cand.choice, memo=self._memo)
+            cand.model, origins, cand.digests, cand.weights = export_graph(self.imported, cand.choice,
+                                                                           memo=self._memo)
         except Exception as e:  # never fail a valid model: this candidate is dropped
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
         cand.nodes = len(cand.model.graph.node)
         return origins
 
-    def _load_unprofiled(self, status) -> None:
-        """Each candidate graph that was not profiled (next-best graphs) loaded in ONNX Runtime with its
-        optimizations on before it is timed; one that cannot load is dropped (``cannot load: ...``). Done by
-        :meth:`choose` after the cached comparison was looked up: one recalled runs none of these graphs (it
-        named them by their keys; each loaded then), and a session of BERT-base made only to check it cost
-        2-3 s a graph of a warm run. The graph is serialized once for the check and the timing after it."""
+    @staticmethod
+    def _fill(c: Candidate | None) -> None:
+        """``c``'s graph with its weights (exported as shells: ``ExportMemo``), before anything runs it."""
+        if c is not None and c.model is not None and c.weights:
+            fill_weights(c.model, c.weights)
+            c.weights = None
+
+    def _ready(self, status) -> None:
+        """Every graph the choice may run with its weights filled in (``_fill``), and each candidate graph
+        that was not profiled (next-best graphs) loaded in ONNX Runtime with its optimizations on; one that
+        cannot load is dropped (``cannot load: ...``). Done by :meth:`choose` after the cached comparison was
+        looked up: one recalled runs none of these graphs (it named them by their keys; each loaded then), and a
+        session of BERT-base made only to check it cost 2-3 s a graph of a warm run. The graph is serialized
+        once for the check and the timing after it."""
+        for c in [self.original, *self.candidates]:
+            self._fill(c)
         todo = [c for c in self.candidates if c.model is not None and c.profile_key is None and not c.loaded]
         if todo:
             status(f"loading {len(todo)} candidate graph(s) in ONNX Runtime ...")
@@ -246,7 +258,8 @@ class Search:
         weights = np.where(idx >= 0, self.alone[np.maximum(idx, 0)], 0.0)
         try:
             prof = profile_graph(cand.model, self.feeds, weights, backend=self.backend, threads=self.threads,
-                                 cache=self.cache, refresh=self._refresh, digests=cand.digests)
+                                 cache=self.cache, refresh=self._refresh, digests=cand.digests,
+                                 before_run=lambda: self._fill(cand))
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
@@ -303,14 +316,14 @@ class Search:
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
-                                             profile_source=o.profile_source, blob=o.blob, digests=o.digests))
+                                             profile_source=o.profile_source, blob=o.blob, digests=o.digests, weights=o.weights))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
             cand = Candidate(label, choice, self.predicted(choice))
             if profile:
                 self.profile(cand)
-            else:  # loaded in ONNX Runtime when it is to be timed (``_load_unprofiled``)
+            else:  # filled in and loaded in ONNX Runtime when it is to be timed (``_ready``)
                 self._export(cand)
             self.candidates.append(cand)
             self._found()
@@ -464,7 +477,7 @@ class Search:
         t_retake, removed, measured, first, stale_all, reused, remeasured = None, 0, [], None, [], 0, []
         timed = None  # the last timing: the original and the candidates it timed
         for attempt in range(RETAKES + 1):
-            self._load_unprofiled(status)
+            self._ready(status)
             cands = self.usable()
             if timed is not None and self._reuse(timed, cands):
                 reused += 1  # the search on re-taken prices found the graphs already timed
@@ -588,6 +601,7 @@ class Search:
             self._time(input_model, [], bindings, threshold)
             held = True
         else:
+            self._fill(written)
             held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold, status)
             for c in (orig, written):
                 c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
