@@ -57,6 +57,8 @@ class Digests:
         self._memo: dict[int, tuple[np.ndarray, str | None]] = {}
 
     def of(self, arr: np.ndarray) -> str | None:
+        if arr.nbytes <= MIN_BYTES:  # no digest; not kept (a Constant's value is a new array each export)
+            return None
         hit = self._memo.get(id(arr))
         if hit is None:
             hit = self._memo[id(arr)] = (arr, array_digest(arr))

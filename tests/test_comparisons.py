@@ -154,3 +154,43 @@ def test_a_written_model_is_recalled_timed_again_and_verified(tmp_path):
         assert again["latency"]["recalled"] == fid["comparison_recalled"]
         break
     assert recalled == 1
+
+
+def test_a_comparison_naming_a_graph_that_could_not_load_is_recalled(tmp_path):
+    """A next-best graph ONNX Runtime cannot load is dropped when the choice loads it, after the cached comparison
+    was looked up; the comparison stored names it (with its status), so a later run recalls it and drops it
+    again without loading it."""
+    import math
+
+    import numpy as np
+    from onnx import helper
+
+    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.extract.extraction import ExtractionProblem
+    from relsat.relations.backend import CPU
+    from test_context import _matmul_model
+
+    original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
+    bad = _matmul_model(1)
+    bad.graph.node[0].domain = "no.such.domain"
+    bad.opset_import.append(helper.make_opsetid("no.such.domain", 1))
+    empty = np.zeros(0, dtype=np.int64)
+
+    def search() -> Search:
+        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
+                   {}, CPU, 1, cache, 10.0, 1e-4)
+        s.original = Candidate("original", {}, math.nan, model=original)
+        s.candidates = [Candidate("next-best 1", {}, 1.0, model=bad),
+                        Candidate("next-best 2", {}, 50.0, model=_matmul_model(3))]  # three times the work
+        return s
+
+    s = search()
+    picked, _, _ = s.choose(original, bindings=[None], threshold=0.03)
+    assert picked is None and s.fidelity["comparison_recalled"] is None
+    assert s.candidates[0].model is None and s.candidates[0].status.startswith("cannot load: ")
+    assert _comparison_rows(tmp_path / "c.duckdb") == 1
+    s = search()
+    picked, _, guard = s.choose(original, bindings=[None], threshold=0.03)
+    assert picked is None and s.fidelity["comparison_recalled"] and guard["recalled"]
+    assert s.candidates[0].model is None and s.candidates[0].status.startswith("cannot load: ")
+    assert not s.candidates[0].loaded and "cached" in s.candidates[1].status

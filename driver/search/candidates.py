@@ -242,6 +242,9 @@ class Search:
         if todo:
             status(f"loading {len(todo)} candidate graph(s) in ONNX Runtime ...")
         for c in todo:
+            if c.graph_key is None:  # named in the comparison stored after the choice, loaded or not
+                c.graph_key = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads,
+                                        digests=c.digests)
             try:
                 runtime.session(self._blobs([c.model])[0])
                 c.loaded = True
@@ -471,6 +474,7 @@ class Search:
             self._serialized, self._input_sha256 = {}, None
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
+        self._found_comparison, self._drift = None, 0.0
         recalled = self._recall(input_model, bindings, threshold, input_sets, status) if self.usable() else None
         if recalled is not None:
             return recalled
@@ -538,9 +542,11 @@ class Search:
         guard = judge(orig.timing, best.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
         if self.cache is not None:  # (a written one is confirmed again when recalled: ``_recall``)
-            comparisons.remember(self.cache, self._comparison_key(input_model, cands, bindings, threshold),
+            # under the key a later run computes before loading its graphs: with those the choice could not load
+            named = [c for c in self.candidates if c.model is not None or c.status.startswith("cannot load")]
+            comparisons.remember(self.cache, self._comparison_key(input_model, named, bindings, threshold),
                                  timing_kind(self.backend), self.threads, orig.timing,
-                                 [(c.label, c.timing, c.status) for c in cands], guard.as_dict())
+                                 [(c.label, c.timing, c.status) for c in named], guard.as_dict())
         return picked, check, guard.as_dict()
 
     def _fidelity(self, checks: list[dict], *, timings_of_input_ms: list, stale=(), searches: int = 1,
@@ -602,7 +608,12 @@ class Search:
             held = True
         else:
             self._fill(written)
-            held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold, status)
+            try:
+                held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold,
+                                                                    status)
+            except Exception:  # (it loaded and ran when the comparison was made): time everything, ``_choose``
+                self._missed(written)
+                return None
             for c in (orig, written):
                 c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
         checks = self.check()
@@ -611,8 +622,7 @@ class Search:
                                   **({"written": written.label, "held": held} if written is not None else {})}
         if stale or not held:
             # the prices may be poisoned, or the written graph is not faster now: time everything (``_choose``)
-            if written is not None:
-                written.confirm, written.status = None, "candidate"
+            self._missed(written)
             return None
         check = None
         if written is not None:
@@ -620,6 +630,7 @@ class Search:
             check = verify(input_model, written.model, bindings=bindings, input_sets=input_sets)
             if not check.ok:
                 self._found_comparison.update(recalled=False, verified=check.message)
+                self._missed(written)
                 return None
         self._drift = 0.0
         self.fidelity = self._fidelity(checks, timings_of_input_ms=[orig.measured_ms], comparison_recalled=when)
@@ -628,8 +639,10 @@ class Search:
             orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
         for c, r in zip(cands, record["candidates"]):
             if c is written:
-                c.status = f"written (faster in the comparison of {when}, cached, and timed again now)"
+                c.status = "written"  # (the report's notice says how: timed again now, the others cached)
                 continue
+            if r["status"].startswith("cannot load"):  # dropped by the choice that made the comparison
+                c.model = None
             c.timing = r["timing"]
             if c.timing is not None:
                 c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
@@ -638,6 +651,12 @@ class Search:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         return written, check, {**guard.as_dict(), "recalled": when}
+
+    @staticmethod
+    def _missed(written: Candidate | None) -> None:
+        """A recalled comparison's written candidate as it was before the recall (its confirmation undone)."""
+        if written is not None:
+            written.confirm, written.status, written.timing, written.measured_ms = None, "candidate", None, None
 
     def _remeasure(self, rows: list[dict], status) -> list[dict]:
         """Each row of ``rows`` (cached profiles the check found off the fresh timing) measured again, as its
