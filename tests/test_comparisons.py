@@ -77,7 +77,8 @@ def test_a_kept_input_model_is_recalled_by_a_run_that_reaches_the_same_graphs(ke
     assert _timed(first) and _comparison_rows(path) == 1
     copy = tmp_path / "costs.duckdb"
     shutil.copy(path, copy)
-    stored, recalled = [first], 0  # the runs whose comparisons the cache holds (a later one of the same graphs replaces)
+    # the runs whose comparisons the cache holds (a later one of the same graphs replaces the row)
+    stored, recalled = [first], 0
     for _ in range(3):
         again = optimize(zoo.build(MODEL, small=True), threads=THREADS, cost_cache=copy,
                          guard_threshold=NEVER).report

@@ -189,7 +189,8 @@ class _Writer:
     """Writes chosen classes as ONNX nodes and initializers, naming every value uniquely."""
 
     def __init__(self, imported: ImportResult, nodes: dict[int, _Node], info: dict[int, _Info],
-                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str], memo: ExportMemo | None = None):
+                 folded: dict[int, np.ndarray], taken: set[str], owned: dict[int, str],
+                 memo: ExportMemo | None = None):
         self.g, self.nodes, self.info, self.folded = imported.egraph, nodes, info, folded
         self.memo, self.digests = memo, {}  # initializer name -> digest of its data (with a memo)
         self.weights: dict[str, np.ndarray] = {}  # initializer name -> the array of a shell (with a memo)
@@ -324,7 +325,7 @@ def _evaluate(imported: ImportResult, nodes, info, fold: list[int], taken) -> di
 def _evaluate_together(imported: ImportResult, nodes, info, fold: list[int], taken) -> dict[int, np.ndarray] | None:
     """Values of the constant classes ``fold`` from one ONNX Runtime run (None if it cannot)."""
     try:
-        w = _Writer(imported, nodes, info, {}, taken, {}, None)
+        w = _Writer(imported, nodes, info, {}, taken, {})
         for c in _topo(fold, nodes):
             w.emit(c)
         outputs = [helper.make_tensor_value_info(w.value(c), info[c].dtype, imported.symbols.onnx_dims(info[c].shape))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import onnx
 
-from relsat.relations.runtime import serialized, tensor_bytes
+from relsat.relations.runtime import serialized_already, tensor_bytes
 
 from relsat.driver.errors import RelsatError, error_line
 
@@ -312,8 +312,7 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
             onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data, size_threshold=1024)
         else:  # the bytes this run serialized the model into already, where it did (the input model kept)
-            blob = serialized(model)
-            tmp.write_bytes(blob if isinstance(blob, bytes) else model.SerializeToString())
+            tmp.write_bytes(serialized_already(model) or model.SerializeToString())
         with signals_held():
             if external_data and (tmpdir / data).exists():
                 os.replace(tmpdir / data, path.parent / data)

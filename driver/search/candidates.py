@@ -242,9 +242,7 @@ class Search:
         if todo:
             status(f"loading {len(todo)} candidate graph(s) in ONNX Runtime ...")
         for c in todo:
-            if c.graph_key is None:  # named in the comparison stored after the choice, loaded or not
-                c.graph_key = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads,
-                                        digests=c.digests)
+            self._name(c)  # (named in the comparison stored after the choice, loaded or not)
             try:
                 runtime.session(self._blobs([c.model])[0])
                 c.loaded = True
@@ -319,7 +317,8 @@ class Search:
         if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
-                                             profile_source=o.profile_source, blob=o.blob, digests=o.digests, weights=o.weights))
+                                             profile_source=o.profile_source, blob=o.blob, digests=o.digests,
+                                             weights=o.weights))
 
         def add(label: str, choice: dict[int, int], profile: bool) -> None:
             seen.append(choice)
@@ -571,14 +570,15 @@ class Search:
         cache key, or for one that was not profiled (next-best graphs) the key its profile would have."""
         if self._input_sha256 is None or self._input_sha256[0] is not input_model:  # hashed once a choice
             self._input_sha256 = (input_model, comparisons.input_sha256(self._blobs([input_model])[0], input_model))
-        for c in cands:
-            if c.graph_key is None and c.profile_key is not None:
-                c.graph_key = c.profile_key
-            elif c.graph_key is None:
-                c.graph_key = graph_key(c.model, self.feeds, backend=self.backend, threads=self.threads,
-                                        digests=c.digests)
-        return comparisons.comparison_key(self._input_sha256[1], [c.graph_key for c in cands],
+        return comparisons.comparison_key(self._input_sha256[1], [self._name(c) for c in cands],
                                           timing_kind(self.backend), self.threads, threshold, bindings[0])
+
+    def _name(self, c: Candidate) -> str:
+        """``c.graph_key``, set once: its profile's cache key, or the key its profile would have."""
+        if c.graph_key is None:
+            c.graph_key = c.profile_key or graph_key(c.model, self.feeds, backend=self.backend,
+                                                     threads=self.threads, digests=c.digests)
+        return c.graph_key
 
     def _recall(self, input_model: onnx.ModelProto, bindings, threshold: float, input_sets, status) -> tuple | None:
         """The choice a cached comparison of the same input model and candidate graphs made
