@@ -35,6 +35,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,17 +160,27 @@ def prepare(run: Run, model_or_path, *, output, db, cost_cache) -> Prepared:
 class Loaded:
     source: str  # the input's path, or "<model>"
     model: onnx.ModelProto
+    load_check: Future  # ONNX Runtime's load check, running beside the import (``load``)
+
+    def checked(self) -> None:
+        """Wait for the load check: its RelsatError when ONNX Runtime cannot load the model."""
+        self.load_check.result()
 
 
 def load(prepared: Prepared, model_or_path, once: ExitStack) -> Loaded:
-    """The input model, checked: ONNX Runtime can load it. From here on the run serializes it once and shares its
-    unoptimized session (``relations.runtime.serialize_once``, entered on ``once``): the load check's session is
-    the one the bindings and verification use."""
+    """The input model, its ONNX Runtime load check started. From here on the run serializes it once and shares
+    its unoptimized session (``relations.runtime.serialize_once``, entered on ``once``): the load check's session is
+    the one the bindings and verification use.  The check runs in a thread of its own while ``read`` imports the
+    model (ONNX Runtime builds a session without Python's lock: GPT-2's took 2.5-3 s of a 13 s import); ``read``
+    waits for it before anything runs the model, and ``once`` waits for it when the run stops earlier."""
     path = None if prepared.in_memory else model_or_path
     model = model_or_path if path is None else load_model(path, check_runtime=False)
     once.enter_context(runtime.serialize_once(model))
-    check_ort_loadable(model, label=path)  # (None: the graph's name)
-    return Loaded("<model>" if path is None else str(path), model)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="relsat-load-check")
+    check = pool.submit(check_ort_loadable, model, label=path)  # (None: the graph's name)
+    pool.shutdown(wait=False)
+    once.callback(wait, [check])  # (before serialize_once's block ends: callbacks run last in, first out)
+    return Loaded("<model>" if path is None else str(path), model, check)
 
 
 @dataclass(frozen=True)
@@ -191,7 +202,12 @@ def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
     (``relsat.driver.boundary.bindings``), with the user's verification input sets."""
     o, model = run.opts, loaded.model
     run.status(f"importing {len(model.graph.node)} nodes ...")
-    graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
+    try:
+        graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
+    except BaseException:
+        loaded.checked()  # a model ONNX Runtime cannot load fails on that first, as it did before the import
+        raise
+    loaded.checked()
     binding = bindings.choose(model, graph)
     input_sets = feeds.load_input_sets(o.inputs, feeds.graph_inputs(model)) if o.inputs else []
     return Imported(loaded.source, model, graph, [cid for _, cid in graph.outputs], binding, input_sets)
