@@ -98,6 +98,7 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
             raise RelsatError(f"{model.graph.name or 'model'}: the model runs at none of the sizes tried for its "
                               f"dynamic dims {names} ({', '.join(map(str, OTHER_VALUES))}): {last}; set them "
                               f"with --input-shape")
+    second_runs = False  # the original is known to run at the second binding
     if others:
         costed_sizes = {s.value for s in others}
         for s in others:
@@ -108,11 +109,12 @@ def choose(model: onnx.ModelProto, imported) -> Binding:
             for s in others:
                 s.second = v
             if _runs(sess, model, _shapes(imported, symbols, "second")) is None:
+                second_runs = True  # (not run again below: GPT-2's trial run takes about a second)
                 break
         else:
             for s in others:
                 s.second = s.value
-    if _runs(sess, model, _shapes(imported, symbols, "second")) is not None:
+    if not second_runs and _runs(sess, model, _shapes(imported, symbols, "second")) is not None:
         # a model whose batch is not free after all: batch 2, else no second binding
         batches = [s for s in inputs if s.batch and s.value != 2]
         for s in batches:
