@@ -539,3 +539,41 @@ def test_symbolic_inference_uses_a_cheap_canonical_form_instead_of_sympy_simplif
     cls = oi._symbolic_shape_inference()
     assert cls._infer_Resize.__globals__["sympy"].simplify is oi._quick_simplify
     assert cls._infer_Resize.__globals__["sympy"].floor is sympy.floor
+
+
+def test_symbolic_inference_prints_each_distinct_dim_expression_once(monkeypatch):
+    """ONNX Runtime's symbolic inference names each computed dim by printing its sympy expression, again at every
+    node that meets it (Faster R-CNN: 52 expressions printed 3,292 times, 6.5 of 8.3 s): relsat's run prints each
+    distinct one once, and the model it infers is the one printing every time gives."""
+    from contextlib import nullcontext
+
+    from sympy.core._print_helpers import Printable
+
+    from relsat.driver.boundary import onnx_import as oi
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w2")
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r"]),
+             helper.make_node("Resize", ["r", "", "scales"], ["u"], mode="nearest"),
+             helper.make_node("Conv", ["u", "w2"], ["c3"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c3", "c2"], ["y"])]
+    m = model([("x", [1, 3, "height", "width"])], nodes, ["y"], [w1, w2, scales])
+    plain, printed = Printable.__str__, []
+
+    def counted(self):
+        printed.append(plain(self))
+        return printed[-1]
+
+    monkeypatch.setattr(Printable, "__str__", counted)
+    once = oi._symbolic(m)
+    names = list(printed)
+    assert len(names) == len(set(names)) > 0  # each expression printed once
+    printed.clear()
+    monkeypatch.setattr(oi, "_printed_once", nullcontext)
+    every = oi._symbolic(m)
+    assert len(printed) > len(names) and set(printed) <= set(names)  # no other name, printed again and again
+    assert once is not None and once.SerializeToString() == every.SerializeToString()
