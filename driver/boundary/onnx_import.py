@@ -34,6 +34,7 @@ import math
 import re
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,8 +58,8 @@ from relsat.driver.errors import RelsatError, error_line
 
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
-SYMBOLIC_S = 15.0  # CPU-time limit of ONNX Runtime's symbolic shape inference at import (CPU time, so that
-# a loaded machine does not change what import sees: ViT-B/16 took 5.3 s of wall time under load, past a
+SYMBOLIC_S = 15.0  # CPU-time limit of ONNX Runtime's symbolic shape inference at import (the importing thread's
+# CPU time, so that a loaded machine or another thread of the run does not change what import sees: ViT-B/16 took 5.3 s of wall time under load, past a
 # wall-clock limit of 5 s, and imported with its whole encoder opaque)
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
@@ -539,7 +540,15 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     if threading.current_thread() is not threading.main_thread():
         return None
 
+    start = time.thread_time()
+
     def stop(signum, frame):
+        # the process's timer counts every thread (the load check's session, ``phases.load``): the limit is this
+        # thread's own CPU time, so the timer is set again for what is left of it
+        left = SYMBOLIC_S - (time.thread_time() - start)
+        if left > 0.01:
+            signal.setitimer(signal.ITIMER_VIRTUAL, left)
+            return
         raise _TooLong()
 
     previous = signal.signal(signal.SIGVTALRM, stop)
