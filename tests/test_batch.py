@@ -187,6 +187,10 @@ def check_small_zoo_batch(models, out, run, failing, names=zoo.NAMES):
     assert leftovers(out) == []
 
 
+# ~40 s. By default the local executor's campaign (wrong rule, corrupt file, rows, resume) is
+# test_batch_optimizes_good_models_reports_bad_ones_and_resumes, and the same checks on three zoo models are
+# tests/test_batch_ray.py::test_ray_batch_over_the_small_zoo_reports_the_corrupt_file_and_resumes
+@pytest.mark.slow
 def test_batch_over_the_whole_small_zoo(tmp_path, monkeypatch):
     """Every zoo model (reduced size) plus a corrupt file, with the wrong rule breaking nasrnn:
     the nine others are optimized and verify, the two bad ones are reported, a rerun skips."""

@@ -28,7 +28,7 @@ def local_ray():
 
 
 # The executor's checks on three models of the small zoo (~30 s for all eleven): every zoo model through a batch is
-# tests/test_batch.py::test_batch_over_the_whole_small_zoo, run by default
+# tests/test_batch.py::test_batch_over_the_whole_small_zoo (-m slow)
 RAY_MODELS = ("bert", "squeezenet", "vgg19")
 
 

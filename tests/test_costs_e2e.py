@@ -56,7 +56,9 @@ def model_of(nodes, inputs, outputs, inits=(), opset=17):
 # ------------------------------------------------------------------ extraction on real e-graphs
 
 
-@pytest.mark.parametrize("name", zoo.NAMES)
+# bert (a transformer) and nasnet_a (the largest ILP) by default; the other zoo models (~1-2 s each) with -m slow
+@pytest.mark.parametrize("name", [n if n in ("bert", "nasnet_a") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in zoo.NAMES])
 def test_ilp_never_costs_more_than_greedy_on_the_zoo(name):
     g, imported = saturated(zoo.build(name, small=True))
     analytic_costs(g)
@@ -134,6 +136,10 @@ def test_opaque_nodes_are_measured_and_unrunnable_ones_fall_back(cache_env):
     g.close()
 
 
+# ~4 s. By default a run over a filled cache profiles nothing in test_costs_export_and_import_round_trip, and cached
+# runs measure nothing in
+# tests/test_cost_labels.py::test_all_cached_runs_predict_the_same_total_and_store_the_call_overhead_once
+@pytest.mark.slow
 def test_second_run_profiles_no_new_signatures(cache_env, tmp_path):
     model = zoo.build("squeezenet", small=True)
     first = optimize(model, measure=False).report
@@ -214,6 +220,10 @@ def test_the_race_stops_timing_a_model_that_can_no_longer_pass_the_guard():
     assert len(t_ref.blocks_cpu_ms) == 2 == len(t_slow.blocks_cpu_ms)
 
 
+# ~10 s. By default a failed guard writes the input model in
+# tests/test_pipeline_phases.py::test_a_failed_guard_writes_the_input_model, the real 0.9 threshold keeps it in
+# tests/test_comparisons.py (fixture kept), and the guard's decision is test_guard_tells_a_much_slower_model_apart's
+@pytest.mark.slow
 def test_guard_writes_the_original_graph_when_not_faster(cache_env, tmp_path):
     model = zoo.build("resnet50", small=True)
     out = tmp_path / "o.onnx"
@@ -297,6 +307,9 @@ def test_provider_cuda_without_a_gpu_is_a_clear_error(small_squeezenet, tmp_path
         optimize(zoo.build("squeezenet", small=True), provider="cuda", cost_model="analytic")
 
 
+# ~5 s. By default tests/test_cuda_pricing.py::test_optimize_writes_every_fold_from_a_cuda_table optimizes with
+# --provider cuda from a table of cuda costs on a machine without a GPU (nothing profiled, the model verified)
+@pytest.mark.slow
 def test_cuda_costs_measured_elsewhere_are_used_without_a_gpu(cache_env, tmp_path):
     """Profile on the GPU box, optimize anywhere: a table of cuda costs is read, nothing is timed."""
     if "cuda" in available():

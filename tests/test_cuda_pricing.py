@@ -106,7 +106,7 @@ def folds(ops: list[str]) -> int:
     return LAYERS - ops.count("BatchNormalization")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # read by the tests, never changed: collected once
 def samples():
     g, imported = saturated()
     found, _ = collect_samples(g, imported.opset_imports)

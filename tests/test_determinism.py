@@ -77,6 +77,9 @@ def test_three_runs_at_a_node_limit_give_the_same_egraph(nasrnn_runs):
         assert other["tables"] == first["tables"]
 
 
+# ~6 s. By default test_a_limit_met_after_several_rounds_is_deterministic_too gives the same e-graph, ids included,
+# with DuckDB's threads None, 1 and 2, at a node limit
+@pytest.mark.slow
 def test_the_egraph_does_not_depend_on_duckdb_threads(nasrnn_runs):
     one, two = nasrnn(threads=1)[1], nasrnn(threads=2)[1]
     assert one == two == nasrnn_runs[0][1]
@@ -90,15 +93,15 @@ def test_a_limit_met_after_several_rounds_is_deterministic_too():
     assert all(r == runs[0] for r in runs[1:])
 
 
-def test_rule_order_in_the_file_does_not_matter():
+def test_rule_order_in_the_file_does_not_matter(nasrnn_runs):
     """Every rule of a round matches the e-graph as the round found it (one snapshot), and the node
     budget goes to the rules in name order: shuffled rule lists give the same e-graph, ids and the
     cut at the node limit included (issue 15, item 1)."""
     import random
 
-    base = nasrnn()[1]
+    base = nasrnn_runs[0][1]  # the run in file order
     assert base["stop"] == StopReason.NODE_LIMIT
-    for seed in (1, 2):
+    for seed in (1,):
         rules = list(DEFAULT)
         random.Random(seed).shuffle(rules)
         assert [r.name for r in rules] != [r.name for r in DEFAULT]

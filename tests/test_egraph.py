@@ -155,7 +155,7 @@ def ref_closure(nodes, unions):
             return uf
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_adds_and_unions_match_reference(data):
     g = EGraph()

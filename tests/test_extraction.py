@@ -85,7 +85,7 @@ MIP_START_MISREAD = ([(1, 0.0, [0]), (-1, 0.0, [0, -2]), (0, 1.0, []), (1, 1.0, 
                       (-2, 4.0, [0]), (-2, 5.0, [])], [1, -1])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(egraphs())
 @example(MIP_START_MISREAD)
 def test_against_brute_force(graph):

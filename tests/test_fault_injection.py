@@ -17,8 +17,9 @@ with it: the same model bytes and report figures (optimize), the same results ro
 Half of the kill points run in a fresh folder; the others in a folder a complete run already wrote (for
 batch with ``--force``, so that the models are optimized and committed again over earlier outputs).
 
-The default suite runs a few kill points per command; ``-m slow`` runs ``SLOW_POINTS`` each and prints the
-figures that benchmarks/FAULT_RESULTS.md records.  A temp dir on a small tmpfs (mounted when run as root)
+The default suite runs a few optimize kill points (tests/test_batch_kill.py kills a batch by default);
+``-m slow`` adds a few batch kill points and ``SLOW_POINTS`` of each command, and prints the figures that
+benchmarks/FAULT_RESULTS.md records.  A temp dir on a small tmpfs (mounted when run as root)
 ends a batch with exit != 0, nothing partial and nothing left.
 
 Defects found are kept as ``xfail(strict=True)`` tests below until fixed (the e-graph and output temporaries
@@ -50,7 +51,7 @@ from relsat.driver.boundary.outputs import egraph_problem
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="watches processes through /proc")
 
 SEED = 26
-SHORT_POINTS = {"optimize": 4, "batch": 2}  # each: one fresh folder, one over earlier outputs (and so on); was 6 and 4 (~50 s in all)
+SHORT_POINTS = {"optimize": 2, "batch": 2}  # each: one fresh folder, one over earlier outputs (was 6 and 4, ~50 s)
 SLOW_POINTS = 50
 QUICK = ["--cost-model", "analytic", "--no-measure", "--threads", "1"]
 OPT_MODEL = "bert"  # small zoo bert: rewritten (31 -> 29 nodes) in ~3 s, so -o is not the input
@@ -388,6 +389,11 @@ def test_sigkill_optimize_at_random_points(tmp_path, models, env):
     report(campaign_optimize(tmp_path, models, env, SHORT_POINTS["optimize"]), time.monotonic() - t0)
 
 
+# ~26 s. By default a batch is killed mid-run and rerun in
+# tests/test_batch_kill.py::test_kill_mid_batch_then_rerun_rows_match_files (and killed while creating its
+# results table in ::test_a_batch_killed_while_creating_its_results_table_leaves_nothing_the_next_run_refuses);
+# the campaign's checks run by default in test_sigkill_optimize_at_random_points
+@pytest.mark.slow
 def test_sigkill_batch_at_random_points(tmp_path, models, env):
     t0 = time.monotonic()
     report(campaign_batch(tmp_path, models, env, SHORT_POINTS["batch"]), time.monotonic() - t0)
@@ -430,20 +436,18 @@ def test_a_killed_optimize_leaves_no_egraph_temp_file_after_the_next_run(tmp_pat
 
 
 # the kill windows of save_model_atomic and write_text_atomic are milliseconds wide: the leftovers are made
-# here as a kill there leaves them (a model temp folder is named with its writer's pid)
-@pytest.mark.parametrize("leftover", ["model", "report"])
-def test_a_killed_optimize_leaves_no_output_temp_file_after_the_next_run(tmp_path, models, env, leftover):
+# here as a kill there leaves them (a model temp folder is named with its writer's pid); one run sweeps both
+def test_a_killed_optimize_leaves_no_output_temp_file_after_the_next_run(tmp_path, models, env):
     folder, _ = opt_folder(tmp_path, models, "run")
-    if leftover == "model":
-        stale = folder / f".o.onnx.{dead_pid()}.k1ll3d_x"
-        stale.mkdir()
-        (stale / "o.onnx").write_bytes((models / f"{OPT_MODEL}.onnx").read_bytes()[:1000])
-    else:
-        stale = folder / f".r.json.{dead_pid()}.tmp"
-        stale.write_text('{"nodes_in": 3')
+    model_stale = folder / f".o.onnx.{dead_pid()}.k1ll3d_x"
+    model_stale.mkdir()
+    (model_stale / "o.onnx").write_bytes((models / f"{OPT_MODEL}.onnx").read_bytes()[:1000])
+    report_stale = folder / f".r.json.{dead_pid()}.tmp"
+    report_stale.write_text('{"nodes_in": 3')
     rc, err = finish(start(OPT_ARGS, folder, env))
     assert rc == 0, err
-    assert not stale.exists(), f"{stale.name} is still there after the next run"
+    assert not model_stale.exists(), f"{model_stale.name} is still there after the next run"
+    assert not report_stale.exists(), f"{report_stale.name} is still there after the next run"
 
 
 @pytest.fixture
@@ -479,6 +483,9 @@ def batch_on_small_tmpfs(tmp_path, models, env, small):
     return err, rows
 
 
+# every check of this test runs by default in test_a_full_temp_dir_in_batch_is_one_line_naming_the_limit (the same
+# batch_on_small_tmpfs, plus the reasons)
+@pytest.mark.slow
 def test_a_full_temp_dir_fails_batch_with_nothing_partial_left(tmp_path, models, env, small_tmpfs):
     batch_on_small_tmpfs(tmp_path, models, env, small_tmpfs)
 

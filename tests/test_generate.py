@@ -1,6 +1,7 @@
 """Rule generation (``relsat rules generate``): fingerprints find identities and only identities, the
 verifier rejects wrong candidates, the quick mode runs end to end, the shipped generated rules check."""
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -77,6 +78,11 @@ def test_wrong_candidate_is_rejected(text):
     assert bad.verdict != "ok" and ("differ" in bad.verdict or "shape" in bad.verdict), bad.verdict
 
 
+# ~26 s. By default `rules generate` runs end to end in tests/test_progress.py::
+# test_rules_generate_off_a_terminal_one_line_per_step_with_its_time (the CLI, writing the file) and
+# ::test_rules_generate_reports_its_verification_count; enumeration, rejection and proving in
+# test_fingerprint_groups_hold_known_identities, test_wrong_candidate_is_rejected and tests/test_prove.py
+@pytest.mark.slow
 def test_quick_generate_cli(tmp_path):
     """``--max-ops 2``: the file is written with its header, every rule in it parses and verifies, the
     counts add up, and rules that restate a hand-written one are reported, not written.  The matrix family
@@ -111,6 +117,7 @@ def test_bad_family_is_one_line_error(tmp_path):
 # ---------------------------------------------------------------- the shipped generated.rules
 
 
+@functools.cache  # generated.rules is parsed once for the module's tests (~3 s a parse); none changes the list
 def _shipped():
     return load_rules(GENERATED).rules
 
@@ -132,8 +139,9 @@ def test_no_shipped_generated_rule_restates_a_hand_written_one():
 
 
 def test_shipped_generated_rules_sample_checks():
-    """Every 150th rule here (all of them under -m slow), as ``relsat rules check`` does (every 75th took ~20 s)."""
-    bad = [(r.name, v.message) for r in _shipped()[::150] if not (v := check_rule(r)).ok]
+    """Every 450th rule here (all of them under -m slow), as ``relsat rules check`` does (every 150th took ~9 s,
+    every 75th ~20 s)."""
+    bad = [(r.name, v.message) for r in _shipped()[::450] if not (v := check_rule(r)).ok]
     assert not bad
 
 

@@ -83,8 +83,16 @@ def interrupt(model: Path, folder: Path, signum: int, delay: float, *extra):
     return p.returncode, err
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-@pytest.mark.parametrize("delay", [0.0, 0.4, 1.2])
+# SIGINT at 0.4 s and SIGTERM at 1.2 s by default (each signal, early and late in the run); the other four with
+# -m slow (~1-2 s each)
+@pytest.mark.parametrize("delay, signum, code", [
+    pytest.param(0.0, signal.SIGINT, 130, marks=pytest.mark.slow),
+    pytest.param(0.0, signal.SIGTERM, 143, marks=pytest.mark.slow),
+    (0.4, signal.SIGINT, 130),
+    pytest.param(0.4, signal.SIGTERM, 143, marks=pytest.mark.slow),
+    pytest.param(1.2, signal.SIGINT, 130, marks=pytest.mark.slow),
+    (1.2, signal.SIGTERM, 143),
+], ids=["0.0-2-130", "0.0-15-143", "0.4-2-130", "0.4-15-143", "1.2-2-130", "1.2-15-143"])
 def test_a_signal_ends_optimize_in_one_line_and_leaves_no_temporary_file(model, tmp_path, signum, code, delay):
     folder = tmp_path / "run"
     rc, err = interrupt(model, folder, signum, delay, "--cost-model", "analytic", "--no-measure")
@@ -102,7 +110,8 @@ def test_sigint_while_profiling_with_measured_costs(model, tmp_path):
     whole_or_absent(tmp_path / "run")
 
 
-@pytest.mark.parametrize("limit", ["10KB", "1MB", "20MB"])
+# 1MB with -m slow: 10KB and 20MB name the limit by default
+@pytest.mark.parametrize("limit", ["10KB", pytest.param("1MB", marks=pytest.mark.slow), "20MB"])
 def test_running_out_of_memory_is_one_line_naming_the_limit(model, tmp_path, limit):
     rc, _, err = run("optimize", model, "-o", "o.onnx", "--db", "e.duckdb", "--cost-model", "analytic",
                      "--no-measure", "--memory-limit", limit, cwd=tmp_path)
@@ -130,9 +139,10 @@ def test_a_full_temp_dir_is_one_line_naming_it(model, tmp_path):
         subprocess.run(["umount", str(small)], capture_output=True)
 
 
+# -5GB and 0 with -m slow: 0GB gets the same message from the same check by default
 @pytest.mark.parametrize("flag, value, says", [
-    ("--memory-limit", "-5GB", "expected a size above 0"),
-    ("--memory-limit", "0", "expected a size above 0"),
+    pytest.param("--memory-limit", "-5GB", "expected a size above 0", marks=pytest.mark.slow),
+    pytest.param("--memory-limit", "0", "expected a size above 0", marks=pytest.mark.slow),
     ("--memory-limit", "0GB", "expected a size above 0"),
     ("--input-shape", "x=0,64", "every dim must be 1 or more"),
     ("--input-shape", "x=99999999999,64", "do not fit in this machine's memory"),

@@ -149,7 +149,9 @@ def string_model(action: str = "LOWER") -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-@pytest.mark.parametrize("extra", [(), ("--cost-model", "measured")])
+# measured costs with -m slow: tests/test_dynamic.py::test_a_string_tensor_model_passes_its_string_nodes_through
+# optimizes a string model with the default measured costs, and [extra0] keeps the strings
+@pytest.mark.parametrize("extra", [(), pytest.param(("--cost-model", "measured"), marks=pytest.mark.slow)])
 def test_a_string_tensor_model_is_optimized_and_its_strings_kept(tmp_path, extra):
     m = string_model()
     r, src, out = optimize(tmp_path, m, "strings", *extra)

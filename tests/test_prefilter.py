@@ -35,8 +35,8 @@ def saturate(g: EGraph, rules, limits: Limits, prefilter: bool) -> dict:
             "explain": g.sql("SELECT count(*) FROM explain_matches")[0][0]}
 
 
-# nasrnn (~30 s) is slow: the same comparison with the generated rules runs by default on bert (~12 s), and
-# test_live_parts_give_the_rows_of_the_whole_match checks the live statements' rows on nasrnn by default
+# nasrnn (~30 s) is slow: the same comparison with the generated rules runs by default on bert (~12 s); the live
+# statements' rows on nasrnn (test_live_parts_give_the_rows_of_the_whole_match) are checked with -m slow
 @pytest.mark.parametrize("model, enodes", [pytest.param("nasrnn", 2500, marks=pytest.mark.slow),
                                            pytest.param("resnext50", 50_000, marks=pytest.mark.slow),
                                            ("bert", 50_000),
@@ -55,8 +55,8 @@ def test_zoo_with_generated_rules_same_egraph_with_and_without_prefilter(model, 
     assert runs[True]["statements"] < runs[False]["statements"]  # what it is for
 
 
-# n = 9 (~8 s): -m slow; n = 5 and 7 compare the e-graphs by default
-@pytest.mark.parametrize("n", [5, 7, pytest.param(9, marks=pytest.mark.slow)])
+# n = 7 and 9 (~6-8 s): -m slow; n = 5 and the bert comparison above compare the e-graphs by default
+@pytest.mark.parametrize("n", [5, pytest.param(7, marks=pytest.mark.slow), pytest.param(9, marks=pytest.mark.slow)])
 def test_ac_add_same_egraph_with_and_without_prefilter(n):
     runs = {}
     for prefilter in (False, True):
@@ -141,6 +141,11 @@ def surveyed_nasrnn():
     return g, compiled, newest, oldest
 
 
+# ~12 s. By default match_live's rows are what the prefilter runs on in
+# test_zoo_with_generated_rules_same_egraph_with_and_without_prefilter[bert-50000] (the same matches per rule and
+# round, the same tables), test_ac_add_same_egraph_with_and_without_prefilter[5] and
+# test_carried_witness_equals_the_joined_one[ac-add]
+@pytest.mark.slow
 def test_live_parts_give_the_rows_of_the_whole_match():
     """``match_live`` leaves out only parts empty by the tables' ts ranges: at every ``since`` it returns the
     rows ``match`` returns."""

@@ -174,6 +174,9 @@ def _store_many(path, tag, ready):
         cache.store([row(f"{tag}-{i}-{j}") for j in range(20)])
 
 
+# ~3 s. By default tests/test_batch.py::test_cost_cache_two_processes_create_store_and_look_up_concurrently has two
+# processes store into one cache (and retry on its lock), and ::test_cost_cache_survives_a_writer_killed_mid_store
+@pytest.mark.slow
 def test_concurrent_processes_can_store(tmp_path):
     path = tmp_path / "shared.duckdb"
     CostCache(path)

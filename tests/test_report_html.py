@@ -42,7 +42,8 @@ def batch(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("RELSAT_COST_CACHE", str(root / "costs.duckdb"))
     try:
-        res = run_batch(models, root / "out", jobs=1, threads=1, node_limit=300, iter_limit=2)
+        # one candidate a model (default 3): fewer graphs to time, still a candidate for every plot and table
+        res = run_batch(models, root / "out", jobs=1, threads=1, node_limit=300, iter_limit=2, candidates=1)
     finally:
         mp.undo()
     assert {r["model"]: r["status"] for r in res.rows} == {"nasrnn": "ok", "squeezenet": "ok", "broken": "failed"}

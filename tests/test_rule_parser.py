@@ -4,7 +4,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relsat.programs.checker import check_ruleset
@@ -240,6 +240,7 @@ _exprs = st.recursive(
 )
 
 
+@settings(max_examples=40, deadline=None)  # hypothesis' default of 100 took ~4 s
 @given(mode=st.text(), pads=st.lists(_ints, max_size=6), value=_floats,
        cond=st.builds(Cmp, st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), _exprs, _exprs))  # fmt: skip
 def test_round_trip_literals_and_expressions(mode, pads, value, cond):

@@ -151,7 +151,9 @@ def test_a_quiet_round_fast_forwards_the_bans():
     assert len(released) >= 3 and not any(released)
 
 
-@pytest.mark.parametrize("n", range(2, 10))
+# 5 to 8 with -m slow: 9 is the size where the default iteration limit matters, and
+# tests/test_saturation.py::test_ac_add_exact_sizes checks 8 by default
+@pytest.mark.parametrize("n", [2, 3, 4, *(pytest.param(n, marks=pytest.mark.slow) for n in (5, 6, 7, 8)), 9])
 def test_ac_add_is_exact_with_the_default_scheduler_and_limits(n):
     """``relsat optimize --rules ac-add`` with default scheduler settings and iteration limit: the
     exact e-graph (2^n - n - 1 Add e-classes, 3^n - 2^(n+1) + 1 Add e-nodes), node limit raised only."""
@@ -231,6 +233,10 @@ def test_a_bad_memory_limit_is_a_one_line_error():
         DEFAULTS.replace(memory_limit="lots").check()
 
 
+# ~15 s. The memory limit and temp dir reaching DuckDB stay checked by default in
+# test_memory_limit_and_temp_dir_reach_duckdb_and_saturation_stays_exact and
+# test_optimize_runs_its_egraph_under_the_memory_limit; only the temp_mib figure is read only here
+@pytest.mark.slow
 def test_iterations_report_the_temp_files_of_a_round(tmp_path):
     """``iterations.temp_mib``: what DuckDB spilled to its temp directory, by round; nothing without a memory
     limit, something once the e-graph outgrows a small one (issue 30, item 3)."""

@@ -71,7 +71,11 @@ def ops(model):
     return Counter(n.op_type for n in model.graph.node)
 
 
-@pytest.mark.parametrize("scale_shape, bias", [((1,), True), ((), True), ((1, 6, 1, 1), True), ((6, 1, 1), True),
+# () and (6, 1, 1) with -m slow: a one-element scale with a bias ((1,)) and a per-channel one with and without a
+# bias ((1, 6, 1, 1)) stay by default, the last two standing for tests/test_rules.py's SLOW_CHECKS
+@pytest.mark.parametrize("scale_shape, bias", [((1,), True), pytest.param((), True, marks=pytest.mark.slow),
+                                               ((1, 6, 1, 1), True),
+                                               pytest.param((6, 1, 1), True, marks=pytest.mark.slow),
                                                ((1, 6, 1, 1), False)])
 def test_affine_folding_into_conv(scale_shape, bias):
     """conv(x) * s + t for a one-element or per-channel s, t (either operand order) is one Conv. Without a
@@ -123,7 +127,8 @@ def test_affine_folding_into_matmul():
     same_outputs(m, out, [2, 5, 8])
 
 
-@pytest.mark.parametrize("form", ["div", "gate", "hardsigmoid", "one-element"])
+# one-element with -m slow: div is the same graph with a scalar 3
+@pytest.mark.parametrize("form", ["div", "gate", "hardsigmoid", pytest.param("one-element", marks=pytest.mark.slow)])
 def test_decomposed_hardswish_is_one_op(form):
     """x * clip(x + 3, 0, 6) / 6 (and the forms exporters write) is HardSwish; below opset 14 it is
     written x * HardSigmoid(x)."""

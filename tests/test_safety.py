@@ -5,6 +5,7 @@ path or rule, no traceback, and the files that were there before unchanged.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -291,10 +292,22 @@ def test_small_elements_are_not_hidden_by_large_ones():
 # ---------------------------------------------------------------- relsat query
 
 
+@pytest.fixture(scope="module")
+def built_egraph(tmp_path_factory):
+    """The small model's e-graph, built once for the module's query tests (each gets its own copy)."""
+    d = tmp_path_factory.mktemp("query")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RELSAT_COST_CACHE", str(d / "costs.duckdb"))
+    try:
+        optimize(small_model(), db=d / "g.duckdb", cost_model="analytic", measure=False)
+    finally:
+        mp.undo()
+    return d / "g.duckdb"
+
+
 @pytest.fixture
-def egraph(place):
-    res = runner.invoke(app, ["optimize", "m.onnx", "-o", "o.onnx", "--db", "g.duckdb", *FAST])
-    assert res.exit_code == 0, res.output
+def egraph(place, built_egraph):
+    shutil.copy(built_egraph, place / "g.duckdb")
     return place / "g.duckdb"
 
 

@@ -27,8 +27,10 @@ def saturate(g, rules=AC_ADD, **kw):
     return Runner(g, rules, limits, **kw).run()
 
 
-# n = 9 (~5 s): -m slow; n = 2..8 check the exact sizes by default
-@pytest.mark.parametrize("n", [*range(2, 9), pytest.param(9, marks=pytest.mark.slow)])
+# n = 5..7 and 9 (~3-5 s each): -m slow; n = 2..4 and 8 check the exact sizes by default (and
+# tests/test_runner_phases.py::test_ac_add_is_exact_with_the_default_scheduler_and_limits checks 9)
+@pytest.mark.parametrize("n", [2, 3, 4, *(pytest.param(n, marks=pytest.mark.slow) for n in (5, 6, 7)), 8,
+                               pytest.param(9, marks=pytest.mark.slow)])
 def test_ac_add_exact_sizes(n, tmp_path):
     path = tmp_path / "g.duckdb"
     g = add_chain(n, path)
@@ -44,7 +46,7 @@ def test_ac_add_exact_sizes(n, tmp_path):
 
 
 def test_invariants_hold_after_every_round():
-    g = add_chain(6)
+    g = add_chain(5)
     rounds = []
     Runner(g, AC_ADD, Limits(iterations=50, enodes=10**6, seconds=60),
            on_round=lambda it: (g.check_invariants(), rounds.append(it.round))).run()
@@ -54,7 +56,7 @@ def test_invariants_hold_after_every_round():
 def test_semi_naive_reaches_the_same_egraph_as_naive():
     sizes = []
     for semi in (True, False):
-        g = add_chain(7)
+        g = add_chain(6)
         saturate(g, scheduler="simple", semi_naive=semi)
         sizes.append(g.counts())
     assert sizes[0] == sizes[1]
@@ -84,6 +86,9 @@ def test_node_limit_is_honoured_within_a_round():
     g.check_invariants()
 
 
+# a subset of tests/test_runner_phases.py::test_backoff_bans_a_rule_with_many_matches (the same chain, banned rows
+# and stop reason, plus the ban lengths), which runs by default
+@pytest.mark.slow
 def test_backoff_bans_a_rule_with_too_many_matches():
     g = add_chain(8)
     report = Runner(g, AC_ADD, Limits(iterations=4, enodes=10**6, seconds=60), scheduler="backoff",

@@ -140,7 +140,11 @@ def saturate(g: EGraph, tree: bool) -> dict:
             "ran": g.sql("SELECT count(*) FROM rule_stats WHERE seconds > 0")[0][0]}
 
 
-@pytest.mark.parametrize("model", ["resnext50", pytest.param("nasnet_a", marks=pytest.mark.slow),
+# all -m slow (resnext50 ~7 s): by default test_the_benchmark_alternates_without_and_with_it compares the e-graphs
+# with and without the tree match on full-size squeezenet with default + generated rules (and fewer empty joins),
+# and test_ac_add_same_egraph_with_and_without_tree_match[5] compares them rule_stats included
+@pytest.mark.parametrize("model", [pytest.param("resnext50", marks=pytest.mark.slow),
+                                   pytest.param("nasnet_a", marks=pytest.mark.slow),
                                    pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
 def test_same_egraph_with_and_without_tree_match(model):
     onnx_model = zoo.build(model, small=True)
@@ -154,7 +158,8 @@ def test_same_egraph_with_and_without_tree_match(model):
     assert runs[True]["ran"] < runs[False]["ran"]  # what it is for: fewer rules' joins run
 
 
-@pytest.mark.parametrize("n", [5, 7])
+# n = 7 (~6 s) with -m slow: n = 5 gives the same comparison by default
+@pytest.mark.parametrize("n", [5, pytest.param(7, marks=pytest.mark.slow)])
 def test_ac_add_same_egraph_with_and_without_tree_match(monkeypatch, n):
     """ac-add's two rules are below ``MIN_RULES``: forced on, the tree match gives the same e-graph."""
     from pathlib import Path

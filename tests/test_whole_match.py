@@ -13,6 +13,9 @@ from test_determinism import fingerprint
 from test_prefilter import surveyed_nasrnn
 
 
+# ~12 s. By default the one-join path runs end to end in test_saturation_with_one_join_equals_the_parts[bert] (the
+# same e-graph, ids included, with and without it)
+@pytest.mark.slow
 def test_one_join_gives_the_rows_of_the_parts():
     g, compiled, newest, oldest = surveyed_nasrnn()
     several = found = 0
@@ -34,7 +37,8 @@ def test_one_join_gives_the_rows_of_the_parts():
     g.close()
 
 
-@pytest.mark.parametrize("name", ["nasrnn", "bert"])
+# nasrnn (~7 s) with -m slow: bert shows the same by default
+@pytest.mark.parametrize("name", [pytest.param("nasrnn", marks=pytest.mark.slow), "bert"])
 def test_saturation_with_one_join_equals_the_parts(name, monkeypatch):
     prints = []
     for whole_rows in (0, runner_module.WHOLE_ROWS):  # 0: never one join
