@@ -17,7 +17,8 @@ ends (how relsat times models: see ``session_options``).
 optimizations (ONNX Runtime's defaults otherwise: the load check, the bindings' trial runs, verification's
 reference) are one session (``relsat optimize`` makes a dozen sessions of its input model: serializing GPT-2
 took 1.3 s each time, 11.5 of a 45 s run, and an unoptimized session of it 1.2-2 s); the caller does not change
-the model inside the block.
+the model inside the block.  A model read from a file is not serialized at all: the file's bytes are its
+serialization (``serialize_once(model, blob)``; GPT-2's serialization took 1.5-2.3 s of its import).
 
 ``ReferenceSession(model)``: ONNX's reference evaluator behind the same interface, for a model ONNX
 Runtime cannot run (verification of an upgraded old model against the original).
@@ -106,13 +107,15 @@ _ONCE: dict[int, list] = {}  # id(model) -> [the model, its bytes (or the model:
 
 
 @contextlib.contextmanager
-def serialize_once(model):
+def serialize_once(model, blob: bytes | None = None):
     """Within the block, ``model`` (a ModelProto) is serialized at most once here (module docstring); the
-    caller does not change it meanwhile.  Nested blocks over the same model share the outer one's bytes."""
+    caller does not change it meanwhile.  ``blob``: bytes that are the model already (the file it was parsed
+    from, ``onnx_import.load_model``): used as its serialization, none made.  Nested blocks over the same model
+    share the outer one's bytes."""
     if not isinstance(model, onnx.ModelProto) or id(model) in _ONCE:
         yield
         return
-    _ONCE[id(model)] = [model, None, None]
+    _ONCE[id(model)] = [model, blob, None]
     try:
         yield
     finally:

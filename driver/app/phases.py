@@ -174,8 +174,8 @@ def load(prepared: Prepared, model_or_path, once: ExitStack) -> Loaded:
     model (ONNX Runtime builds a session without Python's lock: GPT-2's took 2.5-3 s of a 13 s import); ``read``
     waits for it before anything runs the model, and ``once`` waits for it when the run stops earlier."""
     path = None if prepared.in_memory else model_or_path
-    model = model_or_path if path is None else load_model(path, check_runtime=False)
-    once.enter_context(runtime.serialize_once(model))
+    model, blob = (model_or_path, None) if path is None else load_model(path, check_runtime=False, with_bytes=True)
+    once.enter_context(runtime.serialize_once(model, blob))  # (a file's bytes are its model's serialization)
     pool = ThreadPoolExecutor(1, thread_name_prefix="relsat-load-check")
     check = pool.submit(check_ort_loadable, model, label=path)  # (None: the graph's name)
     pool.shutdown(wait=False)
@@ -204,7 +204,7 @@ def read(run: Run, loaded: Loaded, g: EGraph) -> Imported:
     run.status(f"importing {len(model.graph.node)} nodes ...")
     try:
         graph = import_model(model, input_shapes=o.input_shapes, fix_shapes=o.fix_shapes, egraph=g)
-    except BaseException:
+    except Exception:  # (an interrupt goes on at once)
         loaded.checked()  # a model ONNX Runtime cannot load fails on that first, as it did before the import
         raise
     loaded.checked()

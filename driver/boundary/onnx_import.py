@@ -109,7 +109,7 @@ def _tensors(model: onnx.ModelProto):
                 yield from a.tensors
 
 
-def load_model(path, *, check_runtime: bool = True) -> onnx.ModelProto:
+def load_model(path, *, check_runtime: bool = True, with_bytes: bool = False):
     """Read, check and return a model file (external data loaded); RelsatError when the file is
     missing, not ONNX, points outside its folder for external data, fails the ONNX checker, or
     cannot be run by ONNX Runtime, as it is or once upgraded (``check_runtime=False``: the caller checks
@@ -121,14 +121,26 @@ def load_model(path, *, check_runtime: bool = True) -> onnx.ModelProto:
     returned as it is (``import_model`` upgrades it, or passes it through when no conversion exists);
     one that ONNX Runtime cannot run is upgraded here (``upgrade_opset``, verified against the
     original under ONNX's reference evaluator) and the upgraded model is returned, its notice kept
-    for ``import_model``."""
+    for ``import_model``.
+
+    ``with_bytes``: returns ``(model, blob)``, ``blob`` the file's bytes where they are the returned model whole
+    (no external data, not upgraded), else None: its serialization, which ``runtime.serialize_once`` then need
+    not make (GPT-2: 1.5-2.3 s)."""
     p = Path(path)
     if not p.exists():
         raise RelsatError(f"{p}: no such file")
     if not p.is_file():
         raise RelsatError(f"{p}: not a file")
+    # a binary file is read once: its bytes are the model (``with_bytes``); a text format (by its extension, as
+    # onnx.load reads it) is parsed as onnx.load parses it
+    binary = onnx.serialization.registry.get_format_from_file_extension(p.suffix) in (None, "protobuf")
+    data = None
     try:
-        model = onnx.load_model(str(p), load_external_data=False)
+        if binary:
+            data = p.read_bytes()
+            model = onnx.load_model_from_string(data)
+        else:
+            model = onnx.load_model(str(p), load_external_data=False)
     except Exception as e:
         raise RelsatError(f"{p}: not an ONNX model (cannot parse it: {str(e) or type(e).__name__})") from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
@@ -150,24 +162,25 @@ def load_model(path, *, check_runtime: bool = True) -> onnx.ModelProto:
             onnx.external_data_helper.load_external_data_for_model(model, str(base))
         except Exception as e:
             raise RelsatError(f"{p}: cannot read external data: {error_line(e)}") from None
+    blob = None if external else data  # (None for a text format)
     normal, _ = normalise_legacy(model)
     try:
-        # the file itself where it is the model (the checker reads it in C++: GPT-2 0.8 s, against 1.6 s for
-        # serializing the loaded model for it)
-        onnx.checker.check_model(normal if normal is not model else str(p))
+        # the file's bytes where they are the model (the checker parses them in C++: GPT-2 0.8 s, against 1.6 s
+        # for serializing the loaded model for it); its path where it has external data
+        onnx.checker.check_model(normal if normal is not model else (blob if blob is not None else str(p)))
     except Exception as e:
         raise RelsatError(f"{p}: fails the ONNX checker: {error_line(e)}") from None
     if _default_opset(model) is not None and _default_opset(model) < MIN_OPSET:
         ort_error = _ort_error(model)
-        if ort_error is None:
-            return model  # ONNX Runtime runs it: import_model upgrades it, or passes it through unchanged
+        if ort_error is None:  # ONNX Runtime runs it: import_model upgrades it, or passes it through unchanged
+            return (model, blob) if with_bytes else model
         up, notice = upgrade_opset(model, ort_error=ort_error, verify_against=True)
         _UPGRADED.clear()  # only the last one is kept: import_model reads it next
         _UPGRADED[id(up)] = (up, notice)
-        return up
+        return (up, None) if with_bytes else up
     if check_runtime:
         check_ort_loadable(p)
-    return model
+    return (model, blob) if with_bytes else model
 
 
 def check_ort_loadable(model_or_path, *, label=None) -> None:
