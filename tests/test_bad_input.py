@@ -140,11 +140,13 @@ def test_a_kept_input_model_is_written_as_the_input_file_byte_for_byte(tmp_path)
     """A model file read whole is never serialized again: its bytes are the run's serialization of it (sessions,
     the comparison's key, the written model when it is kept). A file whose bytes are not protobuf's own
     serialization of what they parse to (a field given twice: the last one counts) is written back as it is."""
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", F, [2, 8])],
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", F, [2, 8])],
                               [helper.make_tensor_value_info("y", F, [2, 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     blob = model.SerializeToString() + b"\x08\x0a"  # ir_version again, 10: the parsed model's, not 9
-    assert onnx.load_model_from_string(blob).ir_version == 10 and onnx.load_model_from_string(blob).SerializeToString() != blob
+    parsed = onnx.load_model_from_string(blob)
+    assert parsed.ir_version == 10 and parsed.SerializeToString() != blob
     path, out = tmp_path / "twice.onnx", tmp_path / "out.onnx"
     path.write_bytes(blob)
     res = optimize(path, output=out, cost_model="analytic", measure=False)

@@ -59,8 +59,8 @@ from relsat.driver.errors import RelsatError, error_line
 MIN_OPSET, MAX_OPSET = DEFAULT_OPSETS
 UPGRADE_OPSET = 13  # a model below MIN_OPSET is upgraded to this opset (ONNX's version converter)
 SYMBOLIC_S = 15.0  # CPU-time limit of ONNX Runtime's symbolic shape inference at import (the importing thread's
-# CPU time, so that a loaded machine or another thread of the run does not change what import sees: ViT-B/16 took 5.3 s of wall time under load, past a
-# wall-clock limit of 5 s, and imported with its whole encoder opaque)
+# CPU time, so that a loaded machine or another thread of the run does not change what import sees: ViT-B/16 took
+# 5.3 s of wall time under load, past a wall-clock limit of 5 s, and imported with its whole encoder opaque)
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Dropout"}  # never folded, even with constant inputs
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
