@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,7 @@ def session_options(*, threads: int | None = None, optimize: bool = True) -> ort
     return opts
 
 
+_ONCE_LOCK = threading.Lock()
 _ONCE: dict[int, list] = {}  # id(model) -> [the model, its bytes (or the model: over one buffer), its session
 # without graph optimizations]: None before their first use
 
@@ -141,8 +143,8 @@ def serialized(model: onnx.ModelProto):
 
 
 def serialized_already(model) -> bytes | None:
-    """The bytes :func:`serialized` made of ``model`` inside ``serialize_once(model)``, or None (none made yet, or
-    not inside such a block): what a writer reuses without sizing the model again (``tensor_bytes`` copies every
+    """The bytes :func:`serialized` made of ``model`` inside ``serialize_once(model)`` (or the file's bytes it was
+    given), or None (none made yet, or not inside such a block): what a writer reuses without sizing the model again (``tensor_bytes`` copies every
     weight's data: 0.7 s for 400 MB)."""
     entry = _registered(model)
     return entry[1] if entry is not None and isinstance(entry[1], bytes) else None
@@ -156,11 +158,12 @@ def session(model, *, providers=CPU_PROVIDERS, threads: int | None = None, optim
     entry = _registered(model)
     if (entry is not None and options is None and threads is None and not optimize
             and tuple(providers) == CPU_PROVIDERS):  # the one plain session of a model in ``serialize_once``
-        if entry[2] is None:  # alive for the whole run, beside the timing sessions: its threads never spin
-            quiet = session_options(optimize=False)
-            quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            entry[2] = session(serialized(model), options=quiet)
-        return entry[2]
+        with _ONCE_LOCK:  # one session, also when the load check's thread and the import ask at once
+            if entry[2] is None:  # alive for the whole run, beside the timing sessions: its threads never spin
+                quiet = session_options(optimize=False)
+                quiet.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                entry[2] = session(serialized(model), options=quiet)
+            return entry[2]
     opts = options or session_options(threads=threads, optimize=optimize)
     prov = list(providers)
     if isinstance(model, (bytes, bytearray)):

@@ -106,10 +106,12 @@ def test_model_with_an_op_without_kernel(tmp_path):
     assert "ONNX Runtime cannot load" in load_error(path)
     # relsat optimize imports it (an opaque node) while ONNX Runtime's check runs beside the import; the
     # check's refusal is the error, the same one line, and no check is left running
+    db = tmp_path / "new" / "dir" / "e.duckdb"
     with pytest.raises(RelsatError, match="ONNX Runtime cannot load") as info:
-        optimize(path, cost_model="analytic", measure=False)
+        optimize(path, cost_model="analytic", measure=False, db=db)
     assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
     assert not [t for t in threading.enumerate() if t.name.startswith("relsat-load-check")]
+    assert not (tmp_path / "new").exists()  # the folders made for the e-graph go with it
 
 
 def test_input_shape_override_naming_no_input():

@@ -237,7 +237,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
     try:
         with timer("import"):
             loaded = phases.load(prepared, model_or_path, once)
-            dbfile = EGraphFile(db) if db is not None else None  # no folder made for a bad model
+            dbfile = EGraphFile(db) if db is not None else None  # (its folders go again if the run fails)
             g = EGraph(dbfile.path if dbfile else None, memory_limit=o.memory_limit, temp_dir=o.temp_dir)
             imported = phases.read(run, loaded, g)
         price = phases.pricer(run, prepared, imported)
@@ -279,8 +279,10 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
                          overhead=overhead, phases_s=timer.seconds, input_cost=input_priced.cost, derived=derived)
         _write(run, g, outcome, output)
     finally:
-        once.close()
-        g = _close(g, dbfile, complete, keep_egraph)
+        try:
+            once.close()  # (it waits for the input model's load check, if that still runs)
+        finally:
+            g = _close(g, dbfile, complete, keep_egraph)
     return OptimizeResult(outcome.model, report, g if keep_egraph else None)
 
 
@@ -483,6 +485,8 @@ def _close(g, dbfile, complete: bool, keep_egraph: bool):
     """Close the e-graph; move a complete one into ``db`` (reopened there with ``keep_egraph``) or
     drop an incomplete one. Returns the e-graph the caller keeps, if any."""
     if g is None:
+        if dbfile is not None:  # (the e-graph file did not open)
+            dbfile.discard()
         return None
     if dbfile is None:
         if not keep_egraph or not complete:

@@ -35,7 +35,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +61,7 @@ from relsat.driver.boundary.bindings import Binding
 from relsat.driver.search.candidates import Candidate, Search
 from relsat.driver.errors import RelsatError, error_line
 from relsat.driver.boundary.onnx_export import export_model
-from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, load_model
+from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
 from relsat.driver.options import Options
 from relsat.driver.boundary.outputs import check_outputs, open_cost_cache, protected_paths
 from relsat.driver.boundary.outputs import _same as same_file
@@ -170,16 +170,22 @@ class Loaded:
 def load(prepared: Prepared, model_or_path, once: ExitStack) -> Loaded:
     """The input model, its ONNX Runtime load check started. From here on the run serializes it once and shares
     its unoptimized session (``relations.runtime.serialize_once``, entered on ``once``): the load check's session is
-    the one the bindings and verification use.  The check runs in a thread of its own while ``read`` imports the
-    model (ONNX Runtime builds a session without Python's lock: GPT-2's took 2.5-3 s of a 13 s import); ``read``
-    waits for it before anything runs the model, and ``once`` waits for it when the run stops earlier."""
+    the one the bindings and verification use.  A model read whole from a file is not serialized (the file's bytes
+    are its serialization) and its check runs in a thread of its own while ``read`` imports the model (ONNX Runtime
+    builds a session without Python's lock: GPT-2's took 2.5-3 s); ``read`` waits for it before anything runs the
+    model, and ``once`` when the run stops earlier.  Any other model (given in memory, with external data, in a
+    text format) is checked here, before the import, as its serialization would hold Python's lock anyway."""
     path = None if prepared.in_memory else model_or_path
-    model, blob = (model_or_path, None) if path is None else load_model(path, check_runtime=False, with_bytes=True)
-    once.enter_context(runtime.serialize_once(model, blob))  # (a file's bytes are its model's serialization)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="relsat-load-check")
-    check = pool.submit(check_ort_loadable, model, label=path)  # (None: the graph's name)
-    pool.shutdown(wait=False)
-    once.callback(wait, [check])  # (before serialize_once's block ends: callbacks run last in, first out)
+    model, blob = (model_or_path, None) if path is None else read_model(path)
+    once.enter_context(runtime.serialize_once(model, blob))
+    check: Future = Future()
+    if blob is None:
+        check_ort_loadable(model, label=path)  # (None: the graph's name)
+        check.set_result(None)
+    else:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="relsat-load-check")
+        check = pool.submit(check_ort_loadable, model, label=path)
+        once.callback(pool.shutdown, wait=True)  # (runs before serialize_once's block ends: last in, first out)
     return Loaded("<model>" if path is None else str(path), model, check)
 
 

@@ -109,30 +109,37 @@ def _tensors(model: onnx.ModelProto):
                 yield from a.tensors
 
 
-def load_model(path, *, check_runtime: bool = True, with_bytes: bool = False):
+def load_model(path, *, check_runtime: bool = True) -> onnx.ModelProto:
     """Read, check and return a model file (external data loaded); RelsatError when the file is
     missing, not ONNX, points outside its folder for external data, fails the ONNX checker, or
     cannot be run by ONNX Runtime, as it is or once upgraded (``check_runtime=False``: the caller checks
     the last with ``check_ort_loadable(model, label=path)``, as ``relsat optimize`` does once the model's
-    sessions are shared: ``relations.runtime.serialize_once``).
+    sessions are shared: ``relations.runtime.serialize_once``; ``read_model``)."""
+    model, _ = read_model(path)
+    old = _default_opset(model) is not None and _default_opset(model) < MIN_OPSET
+    if check_runtime and not old and id(model) not in _UPGRADED:  # (those read_model ran or upgraded and verified)
+        check_ort_loadable(path)
+    return model
+
+
+def read_model(path) -> tuple[onnx.ModelProto, bytes | None]:
+    """``load_model`` without its ONNX Runtime check of a current-opset model, and the file's bytes where they are
+    the returned model whole (no external data, not upgraded, not a text format), else None: its serialization,
+    which ``runtime.serialize_once`` then need not make (GPT-2: 1.5-2.3 s).
 
     Old exports are read as ONNX Runtime reads them: what ONNX's checker and version converter trip
     on is normalised first (``normalise_legacy``).  A model below opset 7 that ONNX Runtime runs is
     returned as it is (``import_model`` upgrades it, or passes it through when no conversion exists);
     one that ONNX Runtime cannot run is upgraded here (``upgrade_opset``, verified against the
     original under ONNX's reference evaluator) and the upgraded model is returned, its notice kept
-    for ``import_model``.
-
-    ``with_bytes``: returns ``(model, blob)``, ``blob`` the file's bytes where they are the returned model whole
-    (no external data, not upgraded), else None: its serialization, which ``runtime.serialize_once`` then need
-    not make (GPT-2: 1.5-2.3 s)."""
+    for ``import_model``."""
     p = Path(path)
     if not p.exists():
         raise RelsatError(f"{p}: no such file")
     if not p.is_file():
         raise RelsatError(f"{p}: not a file")
-    # a binary file is read once: its bytes are the model (``with_bytes``); a text format (by its extension, as
-    # onnx.load reads it) is parsed as onnx.load parses it
+    # a binary file is read once: its bytes are the model; a text format (by its extension, as onnx.load reads
+    # it) is parsed as onnx.load parses it
     binary = onnx.serialization.registry.get_format_from_file_extension(p.suffix) in (None, "protobuf")
     data = None
     try:
@@ -173,14 +180,12 @@ def load_model(path, *, check_runtime: bool = True, with_bytes: bool = False):
     if _default_opset(model) is not None and _default_opset(model) < MIN_OPSET:
         ort_error = _ort_error(model)
         if ort_error is None:  # ONNX Runtime runs it: import_model upgrades it, or passes it through unchanged
-            return (model, blob) if with_bytes else model
+            return model, blob
         up, notice = upgrade_opset(model, ort_error=ort_error, verify_against=True)
         _UPGRADED.clear()  # only the last one is kept: import_model reads it next
         _UPGRADED[id(up)] = (up, notice)
-        return (up, None) if with_bytes else up
-    if check_runtime:
-        check_ort_loadable(p)
-    return (model, blob) if with_bytes else model
+        return up, None
+    return model, blob
 
 
 def check_ort_loadable(model_or_path, *, label=None) -> None:
@@ -522,13 +527,17 @@ def _printed_once():
     memo: dict = {}
 
     def printed(self):
-        text = memo.get(self)
+        try:
+            key = (type(self), self)  # (the type too: an older sympy has Float(2.0) == Integer(2))
+            text = memo.get(key)
+        except TypeError:  # an unhashable one (a mutable matrix)
+            return plain(self)
         if text is None:
-            text = memo[self] = plain(self)
+            text = memo[key] = plain(self)
         return text
 
-    Printable.__str__ = printed
     try:
+        Printable.__str__ = printed
         yield
     finally:
         Printable.__str__ = plain
@@ -547,15 +556,17 @@ class _QuickSympy(ModuleType):
 
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """ONNX Runtime's symbolic shape inference of ``model``, or None when it fails or runs past
-    ``SYMBOLIC_S`` of this process's CPU time (its sympy arithmetic can explode: Faster R-CNN with a dynamic
+    ``SYMBOLIC_S`` of the importing thread's CPU time (its sympy arithmetic can explode: Faster R-CNN with a dynamic
     image size ran for minutes). The limit is a SIGVTALRM timer, so outside the main thread it is not run
     at all."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    start = time.thread_time()
+    start, done = time.thread_time(), False
 
     def stop(signum, frame):
+        if done:  # (a signal still pending as the timer was stopped)
+            return
         # the process's timer counts every thread (the load check's session, ``phases.load``): the limit is this
         # thread's own CPU time, so the timer is set again for what is left of it
         left = SYMBOLIC_S - (time.thread_time() - start)
@@ -567,28 +578,32 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     previous = signal.signal(signal.SIGVTALRM, stop)
     signal.setitimer(signal.ITIMER_VIRTUAL, SYMBOLIC_S)
     try:
-        SymbolicShapeInference = _symbolic_shape_inference()
+        try:
+            SymbolicShapeInference = _symbolic_shape_inference()
 
-        def run(auto_merge: bool):
-            # SymbolicShapeInference.infer_shapes, less its ending: when some shapes stay unknown it saves
-            # the model as sym_shape_infer_temp.onnx in the current folder (a user's) and raises; the
-            # shapes it did infer are what relsat wants
-            sym = SymbolicShapeInference(2 ** 31 - 1, auto_merge, False, 0)
-            sym._preprocess(model)
-            while sym.run_:
-                sym._infer_impl()
-            sym._update_output_from_vi()
-            return sym
+            def run(auto_merge: bool):
+                # SymbolicShapeInference.infer_shapes, less its ending: when some shapes stay unknown it saves
+                # the model as sym_shape_infer_temp.onnx in the current folder (a user's) and raises; the
+                # shapes it did infer are what relsat wants
+                sym = SymbolicShapeInference(2 ** 31 - 1, auto_merge, False, 0)
+                sym._preprocess(model)
+                while sym.run_:
+                    sym._infer_impl()
+                sym._update_output_from_vi()
+                return sym
 
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _printed_once():
-            sym = run(True)
-            if all(_safe_merge(a, b) for a, b in sym.suggested_merge_.items()):
-                return sym.out_mp_
-            return run(False).out_mp_  # a merge it guessed could be wrong: without merging (it stops sooner)
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                    _printed_once():
+                sym = run(True)
+                if all(_safe_merge(a, b) for a, b in sym.suggested_merge_.items()):
+                    return sym.out_mp_
+                return run(False).out_mp_  # a merge it guessed could be wrong: without merging (it stops sooner)
+        finally:
+            done = True  # (before the timer stops: a signal pending then neither re-arms it nor raises)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
     except (Exception, _TooLong):
         return None
     finally:
-        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.signal(signal.SIGVTALRM, previous)
 
 

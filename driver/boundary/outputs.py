@@ -256,13 +256,17 @@ class EGraphFile:
     """The e-graph file of one run: ``path`` is where it is built (beside ``final``), ``commit()``
     renames it into place (with its WAL, if any) and ``discard()`` removes it with its WAL and the
     folder DuckDB spills to beside it (``<path>.tmp``). Until one of them runs, ``discard_uncommitted``
-    (the CLI's last step on any failure or interrupt) removes it too."""
+    (the CLI's last step on any failure or interrupt) removes it too, and the folders made for it that are
+    still empty: a run that fails leaves no folder behind."""
 
     def __init__(self, final):
         self.final = Path(final)
+        missing = [d for d in (self.final.parent, *self.final.parent.parents) if not d.exists()]
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.path = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
+        self.made: list[Path] = []
         self.discard()  # a leftover of a killed run of this pid
+        self.made = missing  # (deepest first)
         sweep_leftovers(self.final)  # and of killed runs of pids no longer alive
         _LIVE[id(self)] = self
 
@@ -284,6 +288,11 @@ class EGraphFile:
         for p in (self.path, self._wal(self.path)):
             p.unlink(missing_ok=True)
         shutil.rmtree(self.path.with_name(self.path.name + ".tmp"), ignore_errors=True)
+        for d in self.made:
+            try:
+                d.rmdir()  # (only while empty)
+            except OSError:
+                break
         _LIVE.pop(id(self), None)
 
 
@@ -297,7 +306,8 @@ def discard_uncommitted() -> None:
 def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | None = None) -> None:
     """Write ``model`` to ``path`` through a temporary file in the same folder and a rename; tensors
     go to ``<name>.data`` next to it when ``external_data`` (default: above 1.8 GB). Inside
-    ``relations.runtime.serialize_once(model)`` the bytes made there are written (ViT-B/16: 1 s less)."""
+    ``relations.runtime.serialize_once(model)`` the bytes it holds are written (made there, or the file's the model
+    was read from: ViT-B/16 1 s less)."""
     path = Path(path)
     if external_data is None:
         external_data = tensor_bytes(model) > EXTERNAL_DATA_BYTES
@@ -311,7 +321,7 @@ def save_model_atomic(model: onnx.ModelProto, path, *, external_data: bool | Non
             data = path.name + ".data"
             onnx.save_model(copy, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data, size_threshold=1024)
-        else:  # the bytes this run serialized the model into already, where it did (the input model kept)
+        else:  # the bytes this run has of the model already (the input model kept: its file's bytes)
             tmp.write_bytes(serialized_already(model) or model.SerializeToString())
         with signals_held():
             if external_data and (tmpdir / data).exists():
