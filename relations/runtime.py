@@ -112,7 +112,7 @@ _ONCE: dict[int, list] = {}  # id(model) -> [the model, its bytes (or the model:
 def serialize_once(model, blob: bytes | None = None):
     """Within the block, ``model`` (a ModelProto) is serialized at most once here (module docstring); the
     caller does not change it meanwhile.  ``blob``: bytes that are the model already (the file it was parsed
-    from, ``onnx_import.load_model``): used as its serialization, none made.  Nested blocks over the same model
+    from, ``onnx_import.read_model``): used as its serialization, none made.  Nested blocks over the same model
     share the outer one's bytes."""
     if not isinstance(model, onnx.ModelProto) or id(model) in _ONCE:
         yield
@@ -144,8 +144,8 @@ def serialized(model: onnx.ModelProto):
 
 def serialized_already(model) -> bytes | None:
     """The bytes :func:`serialized` made of ``model`` inside ``serialize_once(model)`` (or the file's bytes it was
-    given), or None (none made yet, or not inside such a block): what a writer reuses without sizing the model again (``tensor_bytes`` copies every
-    weight's data: 0.7 s for 400 MB)."""
+    given), or None (none made yet, or not inside such a block): what a writer reuses without sizing the model
+    again (``tensor_bytes`` copies every weight's data: 0.7 s for 400 MB)."""
     entry = _registered(model)
     return entry[1] if entry is not None and isinstance(entry[1], bytes) else None
 
