@@ -198,7 +198,14 @@ def test_optimize_reports_every_candidate_and_costs_in_context(tmp_path):
     assert sources.get("context", 0) >= 3
     for c in rep["candidates"][1:]:
         assert c["status"] in ("written", "timed", "slower", "not faster beyond noise") or \
-            c["status"].startswith(("cannot export", "cannot load"))
+            c["status"].startswith(("cannot export", "cannot load", "the same graph as"))
+    keys = [c["graph_key"] for c in rep["candidates"][1:] if c["status"] in ("written", "timed", "slower",
+                                                                              "not faster beyond noise")]
+    assert len(keys) == len(set(keys))  # each graph timed once
+    for c in rep["candidates"][1:]:  # a twin names a candidate of the same graph
+        if c["status"].startswith("the same graph as"):
+            twin = next(t for t in rep["candidates"] if t["label"] == c["status"].removeprefix("the same graph as "))
+            assert twin["graph_key"] == c["graph_key"]
     assert (rep["written"] == "optimized") == any(c["status"] == "written" for c in rep["candidates"])
 
 

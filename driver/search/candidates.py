@@ -327,6 +327,10 @@ class Search:
                 self.profile(cand)
             else:  # filled in and loaded in ONNX Runtime when it is to be timed (``_ready``)
                 self._export(cand)
+            if cand.model is not None:  # two choices that export to one graph (unused classes aside) are timed once
+                twin = next((c for c in self.usable() if self._name(c) == self._name(cand)), None)
+                if twin is not None:
+                    cand.status, cand.model, cand.blob, cand.weights = f"the same graph as {twin.label}", None, None, None
             self.candidates.append(cand)
             self._found()
 
