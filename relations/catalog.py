@@ -188,11 +188,11 @@ CREATE OR REPLACE MACRO valid_shape(l) AS list_transform([l], lambda v: CASE WHE
 CREATE OR REPLACE MACRO sym_add(d, a) AS CASE WHEN NOT is_sym(d) THEN d + a WHEN a = 0 THEN d END;
 CREATE OR REPLACE MACRO reshape_ok(t, x) AS len(list_filter(list_transform(t, lambda d, i: is_sym(d)
     AND NOT (i <= len(x) AND x[i] = d)), lambda f: f)) <= 1 AND NOT (list_contains(t, 0) AND has_sym(t));
-CREATE OR REPLACE MACRO bcast(a, b) AS list_transform([[a, b]], lambda ab: CASE WHEN ab[1] = ab[2] THEN ab[1]
+CREATE OR REPLACE MACRO bcast(a, b) AS CASE WHEN a = b THEN a ELSE list_transform([[a, b]], lambda ab: CASE WHEN ab[1] = ab[2] THEN ab[1]
     WHEN ab[1] IS NOT NULL OR ab[2] IS NOT NULL THEN valid_shape(list_transform(list_zip(
         list_resize([]::BIGINT[], greatest(len(ab[1]), len(ab[2])) - len(coalesce(ab[1], [])), 1) || coalesce(ab[1], []),
         list_resize([]::BIGINT[], greatest(len(ab[1]), len(ab[2])) - len(coalesce(ab[2], [])), 1) || coalesce(ab[2], [])),
-        lambda p: CASE WHEN p[1] = p[2] OR p[2] = 1 THEN p[1] WHEN p[1] = 1 THEN p[2] END)) END)[1];
+        lambda p: CASE WHEN p[1] = p[2] OR p[2] = 1 THEN p[1] WHEN p[1] = 1 THEN p[2] END)) END)[1] END;
 CREATE OR REPLACE MACRO matmul_shape(a, b) AS list_transform([[a, b]], lambda mm: CASE
     WHEN len(mm[1]) = 0 OR len(mm[2]) = 0 THEN NULL
     WHEN len(mm[1]) = 1 AND len(mm[2]) = 1 THEN CASE WHEN mm[1][1] = mm[2][1] THEN []::BIGINT[] END

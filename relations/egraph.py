@@ -26,7 +26,7 @@ named for its call (``_Scratch``: ``_insert12_keys``, ``_rebuild3_map``) and
 dropped when it returns or raises, so a method called while another's tables
 exist (a nested call, a hook, a second user of the connection) neither reads
 nor overwrites them.  What one method hands another is passed by name: the new
-nodes ``insert_from`` checks (``_check_targets(new)``), the displaced-id map a
+nodes ``insert_from`` checks (``_check_targets(fresh, target)``), the displaced-id map a
 rebuild pass reads (``_components``, ``_merge_analyses``, ``_touched``,
 ``_recanonicalize``: ``mapping``); a rebuild hands its scratch to the helpers
 it calls, so their tables are the rebuild's, replaced from pass to pass and
@@ -249,10 +249,13 @@ class EGraph:
                 # every row's node is there already (common in late rounds): no shape rules to run
                 c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM {looked} WHERE true{moved('', '')}")
                 return InsertResult(result)
-            # one row per missing key (hashed, not sorted): any rid, the least target
-            least = f", min({q(target)}) AS {q(target)}" if target else ""
+            # one row per missing key (hashed, not sorted): any rid, the least target, and whether rows of the
+            # key name other targets (``_split``: only those rows can be in another e-class than the key's node)
+            least = f", min({q(target)}) AS {q(target)}, min({q(target)}) <> max({q(target)}) AS _split" \
+                if target else ""
             missing = f"SELECT {keysel}, min(rid) AS rid{least} FROM {looked} WHERE out IS NULL GROUP BY ALL"
-            fresh, fresh_rows = tmp.counted("cand", rule_select(op, missing, given=set(keys), carry=extra,
+            fresh, fresh_rows = tmp.counted("cand", rule_select(op, missing, given=set(keys),
+                                                                carry=extra + (("_split",) if target else ()),
                                                                 valid_only=True))
         else:
             carried = tuple(x for x in src if x not in keys and x != "rid")
@@ -268,46 +271,61 @@ class EGraph:
         tgt = f"{q(target)} IS NOT NULL" if target else "false"
         cls = "min(_cid) OVER () + _k - 1"
         out = f"coalesce({q(target)}, {cls})" if target else cls
+        # with a target, the rows numbered carry no analysis (a rule's nodes go into their targets: the sort that
+        # numbers them then moves keys, not shape lists; the few that make an e-class take theirs from ``fresh``)
+        analysis = "" if target else "o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, "
+        split = "_split, " if target and not op.canon and not op.leaf else ""
+        if target:
+            self._check_targets(fresh, q(target))
         new, added = tmp.counted(
             "new", f"SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
-            f"tgt, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, rid FROM (SELECT nextval('node_seq') AS _nid, "
+            f"tgt, {split}{analysis}rid FROM (SELECT nextval('node_seq') AS _nid, "
             f"CASE WHEN NOT tgt THEN nextval('class_seq') END AS _cid, * FROM (SELECT row_number() OVER "
-            f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, * FROM {fresh}))")
-        if target:
-            self._check_targets(new)
+            f"(ORDER BY {tgt}, {keysel}) AS _k, {tgt} AS tgt, {keysel}, {q(target) + ', ' if target else ''}"
+            f"{split}{analysis}rid FROM {fresh}))")
         c.execute(f"INSERT INTO {op.table} (id, {keysel}, out, ts) SELECT id, {keysel}, out, {int(ts)} FROM {new}")
         if origin is not None and added:
             c.execute(f"INSERT INTO explain_nodes SELECT {literal(op.op_type)}, id, out, NOT tgt, {literal(origin)}, "
                       f"{int(ts)}, rid FROM {new}")
-        classes = c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, {int(ts)} "
-                            f"FROM {new} WHERE NOT tgt").fetchall()[0][0]
+        if not target:
+            classes = c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, "
+                                f"{int(ts)} FROM {new} WHERE NOT tgt").fetchall()[0][0]
+        elif c.execute(f"SELECT count(*) FROM {fresh} WHERE {q(target)} IS NULL").fetchall()[0][0]:
+            same = " AND ".join(f"n.{q(k)} IS NOT DISTINCT FROM f.{q(k)}" for k in keys)
+            classes = c.execute(f"INSERT INTO eclass SELECT n.out, f.o_shape, f.o_dtype, f.o_const, f.o_tshapes, "
+                                f"f.o_tdtypes, {int(ts)} FROM {new} n JOIN {fresh} f ON {same} "
+                                "WHERE NOT n.tgt").fetchall()[0][0]
+        else:
+            classes = 0
         targeted = added - classes  # the new nodes that went into their target e-class (no e-class of their own)
         if added:
             self.live.add(op.table)
         if not op.canon and not op.leaf:
+            # (changed_only: a row whose node is new is in another e-class only where its key was split)
+            only = " AND o._split" if split and changed_only else ""
             c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM {looked} WHERE out IS NOT NULL"
                       f"{moved('', '')} UNION ALL SELECT c.* REPLACE (o.out AS out) FROM {looked} c JOIN {new} o ON {on} "
-                      f"WHERE c.out IS NULL{moved('o.', 'c.')}")
+                      f"WHERE c.out IS NULL{only}{moved('o.', 'c.')}")
         else:
             c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT c.* EXCLUDE (o_shape, o_dtype, o_const, "
                       f"o_tshapes, o_tdtypes), o.out FROM {cand} c JOIN {op.table} o ON {on} WHERE true"
                       f"{moved('o.', 'c.')}")
         return InsertResult(result, added, targeted)  # (the working tables, large in big rounds, go now)
 
-    def _check_targets(self, new: str) -> None:
-        """New nodes placed into existing e-classes (rows of table ``new`` with ``tgt``): their shapes
-        must agree; constness spreads."""
+    def _check_targets(self, fresh: str, target: str) -> None:
+        """New nodes to be placed into existing e-classes (rows of table ``fresh`` with column ``target`` set):
+        their shapes must agree; constness spreads."""
         c = self.con
         bad = c.execute(
-            f"SELECT n.out, n.o_shape, e.shape, n.o_dtype, e.dtype FROM {new} n JOIN eclass e ON e.id = n.out "
-            "WHERE n.tgt AND (n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
-            "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes) LIMIT 1").fetchall()
+            f"SELECT n.{target}, n.o_shape, e.shape, n.o_dtype, e.dtype FROM {fresh} n JOIN eclass e "
+            f"ON e.id = n.{target} WHERE n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
+            "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
         if bad:
             cid, s, es, d, ed = bad[0]
             raise ShapeConflict(f"a node of shape {s} (dtype {d}) was derived equal to e-class {cid} "
                                 f"(shape {es}, dtype {ed}); nodes {self._describe_class(cid)}")
-        made = c.execute(f"UPDATE eclass SET is_const = true FROM (SELECT DISTINCT out FROM {new} WHERE tgt AND o_const) k "
-                         "WHERE eclass.id = k.out AND NOT eclass.is_const").fetchall()[0][0]
+        made = c.execute(f"UPDATE eclass SET is_const = true FROM (SELECT DISTINCT {target} AS out FROM {fresh} "
+                         "WHERE o_const) k WHERE eclass.id = k.out AND NOT eclass.is_const").fetchall()[0][0]
         if made:
             self.const_dirty = True
 
