@@ -69,13 +69,17 @@ class Compiled:
     # node of that table whose child holds a node of the other (``driver.search.prefilter``)
     kinds: frozenset[tuple[str, str]] = frozenset()  # the left side's terms with literal attributes: (op table,
     # the conditions on its columns alone); no match while no row of the table meets them
-    witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms) for the matches whose mid is in
-    # {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of rounds before
-    # {until}; the provenance of ``relsat explain`` (see ``witness``)
+    witness_sql: str = ""  # SELECT (mid, nodes, ops, roots, classes, bindings, terms, class_ids) for the matches
+    # whose mid is in {mids}: the e-nodes (least ids) the left side's terms matched, in term order, from rows of
+    # rounds before {until}; the provenance of ``relsat explain`` (see ``witness``)
     carry: str = ""  # SELECT items a match row can carry so that its explanation needs no second join: each
     # term's e-node and e-class (``_n<k>``, ``_c<k>``); empty where one match row stands for several e-nodes
     # (an attribute left free: ``joiner`` is " UNION ")
     carried_sql: str = ""  # ``witness_sql`` over matches that carry them: a projection of the matches
+    explain_ops: tuple[str, ...] = ()  # the left side's terms' op types (the witness's ``ops``)
+    explain_vars: tuple[str, ...] = ()  # its e-class variables (``?var``), in the order of the witness's
+    # ``class_ids`` (their e-classes as a list: ``classes`` as JSON)
+    explain_values: bool = False  # whether the witness's ``bindings`` names anything (else it is ``{}``)
     split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
     # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
     whole_sql: str = ""  # the semi-naive match as one join (every alias older than {until}, the newest of them at
@@ -420,22 +424,33 @@ def compile_rule(rule: Rule) -> Compiled:
                     joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds),
                     witness_sql=_witness(lhs, conds, roots, lets),
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0],
-                    whole_sql=whole)
+                    whole_sql=whole, explain_ops=tuple(_op_names(lhs)),
+                    explain_vars=tuple("?" + v for v in sorted(lhs.eclass_vars)),
+                    explain_values=bool(_values(lhs, lets)))
 
 
-def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str]:
+def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str, str]:
     """The explanation columns both witness forms take from a match row ``m``, per match: the terms' op types,
-    the roots, the e-class variables' classes (JSON ``{"?var": e-class}``) and the other bindings and ``let``
-    values (JSON)."""
-    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
-    names = [BY_TABLE[table[a]].op_type for a in lhs.aliases]
-
+    the roots, the e-class variables' classes (JSON ``{"?var": e-class}``), the other bindings and ``let``
+    values (JSON), and the e-class variables' classes as a list (``Compiled.explain_vars``' order)."""
     def obj(variables) -> str:
         return "json_object(" + ", ".join(f"{literal('?' + v)}, m.{q('v_' + v)}" for v in variables) + ")"
 
-    values = [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
-    return (f"{literal(names)}::VARCHAR[]", f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]",
-            obj(sorted(lhs.eclass_vars)), obj(values))
+    variables = sorted(lhs.eclass_vars)
+    ids = ", ".join(f"m.{q('v_' + v)}" for v in variables)
+    return (f"{literal(_op_names(lhs))}::VARCHAR[]", f"[{', '.join(f'm.root{i}' for i in range(len(roots)))}]::BIGINT[]",
+            obj(variables), obj(_values(lhs, lets)), f"[{ids}]::BIGINT[]")
+
+
+def _op_names(lhs: _Lhs) -> list[str]:
+    """The op types of the left side's terms, in term order."""
+    table = {f.alias: f.table for f in lhs.froms if not f.analysis}
+    return [BY_TABLE[table[a]].op_type for a in lhs.aliases]
+
+
+def _values(lhs: _Lhs, lets: dict[str, str]) -> list[str]:
+    """The bindings an explanation names besides the e-class variables: the other variables, then the lets."""
+    return [v for v in sorted(lhs.binds) if v not in lhs.eclass_vars] + list(lets)
 
 
 def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]) -> str:
@@ -448,11 +463,11 @@ def _witness(lhs: _Lhs, conds: list[str], roots: list[str], lets: dict[str, str]
     on = [f"{e} IS NOT DISTINCT FROM m.{q('v_' + v)}" for v, e in lhs.binds.items()]
     on += [f"{r} = m.root{i}" for i, r in enumerate(roots)]
     until = [f"{a}.ts < {{until}}" for a in lhs.aliases]
-    ops, rts, classes, bindings = _described(lhs, roots, lets)
+    ops, rts, classes, bindings, ids = _described(lhs, roots, lets)
     cols = ["m.mid", f"min([{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS nodes", f"{ops} AS ops",
             f"any_value({rts}) AS roots", f"any_value({classes}) AS classes", f"any_value({bindings}) AS bindings",
             f"arg_min([{', '.join(f'{a}.out' for a in lhs.aliases)}]::BIGINT[], "
-            f"[{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS terms"]
+            f"[{', '.join(f'{a}.id' for a in lhs.aliases)}]) AS terms", f"any_value({ids}) AS class_ids"]
     froms = ", ".join([f"{MATCHES} m"] + [f.sql() for f in lhs.froms])
     where = lhs.where + conds + on + until + ["m.mid IN ({mids})"]
     return f"SELECT {', '.join(cols)} FROM {froms} WHERE {' AND '.join(where)} GROUP BY m.mid"
@@ -462,10 +477,10 @@ def _carried(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> str:
     """``Compiled.carried_sql``: ``_witness``'s columns projected from matches that carry each term's e-node
     (``_n<k>``) and e-class (``_c<k>``)."""
     k = range(len(lhs.aliases))
-    ops, rts, classes, bindings = _described(lhs, roots, lets)
+    ops, rts, classes, bindings, ids = _described(lhs, roots, lets)
     cols = ["m.mid", f"[{', '.join(f'm._n{i}' for i in k)}]::BIGINT[] AS nodes", f"{ops} AS ops", f"{rts} AS roots",
             f"{classes} AS classes", f"{bindings} AS bindings",
-            f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms"]
+            f"[{', '.join(f'm._c{i}' for i in k)}]::BIGINT[] AS terms", f"{ids} AS class_ids"]
     return f"SELECT {', '.join(cols)} FROM {MATCHES} m WHERE m.mid IN ({{mids}})"
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from .catalog import OPS, BY_TYPE, OpDef
 from .rules import attr_columns, rule_select
-from .schema import all_ddl, key_columns, literal, q
+from .schema import key_columns, literal, q, tables_ddl, views_ddl
 
 
 class InvariantError(AssertionError):
@@ -159,18 +159,40 @@ class EGraph:
         self.con = duckdb.connect(str(self.path) if self.path else ":memory:", read_only=self.read_only,
                                   config=config)
         if not self.read_only:
-            for stmt in all_ddl():
+            for stmt in tables_ddl():
                 self.con.execute(stmt)
-            kind = self.con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = 'explain_matches' "
-                                    "AND column_name = 'classes' AND database_name = current_database()").fetchall()
-            if kind and kind[0][0].startswith("MAP"):  # saved by an older relsat
-                self.con.execute("ALTER TABLE explain_matches ALTER classes SET DATA TYPE JSON USING to_json(classes)")
+            self._migrate()
+            for stmt in views_ddl():
+                self.con.execute(stmt)
         tables = [op.table for op in OPS] + ["op_opaque"]
         counts = self.con.execute(
             " UNION ALL ".join(f"SELECT '{t}', count(*), coalesce(max(touched), 0) FROM {t}" for t in tables)
         ).fetchall()
         self.live = {t for t, n, _ in counts if n}
         self.pass_no = max(p for _, _, p in counts)
+
+    def _migrate(self) -> None:
+        """A database saved by an older relsat, opened for writing: its ``explain_matches`` table (``classes`` a
+        MAP in the oldest, no ``terms`` in older ones) goes into ``explain_match_rows`` as it was (``ops`` and
+        ``classes`` in every row), so the view of that name reads its rows and the new ones alike."""
+        c = self.con
+        cols = dict(c.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'explain_matches' "
+                              "AND database_name = current_database() AND table_name IN (SELECT "
+                              "table_name FROM duckdb_tables() WHERE database_name = current_database())").fetchall())
+        if not cols:
+            return
+        classes = "to_json(classes)" if cols.get("classes", "").startswith("MAP") else "classes"
+        terms = "terms" if "terms" in cols else "NULL"
+        c.execute("BEGIN TRANSACTION")  # (all or nothing: a migration cut short leaves the old table as it was)
+        try:
+            c.execute("INSERT INTO explain_match_rows (rule, round, mid, nodes, roots, bindings, terms, ops, classes) "
+                      f"SELECT rule, round, mid, nodes, roots, bindings, {terms}, ops, {classes} FROM explain_matches")
+            c.execute("DROP VIEW IF EXISTS explanations")
+            c.execute("DROP TABLE explain_matches")
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.con.close()

@@ -77,17 +77,29 @@ CREATE TABLE IF NOT EXISTS rule_stats (round INTEGER, rule VARCHAR, matches BIGI
     new_nodes BIGINT, seconds DOUBLE, banned BOOLEAN);
 CREATE TABLE IF NOT EXISTS explain_nodes (op VARCHAR, id BIGINT, eclass BIGINT, fresh BOOLEAN, rule VARCHAR,
     round INTEGER, mid BIGINT);
-CREATE TABLE IF NOT EXISTS explain_matches (rule VARCHAR, round INTEGER, mid BIGINT, nodes BIGINT[], ops VARCHAR[],
-    roots BIGINT[], classes JSON, bindings JSON, terms BIGINT[]);
-ALTER TABLE explain_matches ADD COLUMN IF NOT EXISTS terms BIGINT[];
+CREATE TABLE IF NOT EXISTS explain_match_rows (rule VARCHAR, round INTEGER, mid BIGINT, nodes BIGINT[],
+    roots BIGINT[], class_ids BIGINT[], bindings JSON, terms BIGINT[], ops VARCHAR[], classes JSON);
+CREATE TABLE IF NOT EXISTS explain_rules (rule VARCHAR PRIMARY KEY, ops VARCHAR[], vars VARCHAR[]);
 CREATE TABLE IF NOT EXISTS explain_unions (rule VARCHAR, round INTEGER, mid BIGINT, a BIGINT, b BIGINT);
 """
 
+# the match each rule application applied at (``explain_matches``: the e-nodes the left side's terms matched, their
+# ops, the roots, the e-class variables' classes as JSON ``{"?var": e-class}``, the other bindings and lets as JSON,
+# and the e-class each term's e-node was in then). A row of ``explain_match_rows`` holds what varies from match to
+# match (the classes as a list, in the order of its rule's ``explain_rules.vars``; bindings NULL where the rule has
+# none); what is the rule's (its terms' ops, its variables' names) is stored once, in ``explain_rules``. Each
+# match's ops list and JSON object cost a third of ac-add's saturation with an e-graph file, written row by row;
+# the view builds them when read. ``ops`` and ``classes`` set in a row: written by an older relsat (as it was)
+EXPLAIN_MATCHES_VIEW = """
+CREATE OR REPLACE VIEW explain_matches AS
+SELECT m.rule, m.round, m.mid, m.nodes, coalesce(m.ops, r.ops) AS ops, m.roots,
+    coalesce(m.classes, to_json(map(r.vars, m.class_ids))) AS classes, coalesce(m.bindings, '{}'::JSON) AS bindings,
+    m.terms
+FROM explain_match_rows m LEFT JOIN explain_rules r USING (rule)
+"""
+
 # why each e-node exists: the rule application that added it (``explain_nodes``: its e-class then, and whether
-# it made that e-class) and the match it applied at (``explain_matches``: the e-nodes the left side's terms
-# matched, their ops, the roots, the e-class variables' classes (``?var`` -> e-class), the other bindings and
-# lets as JSON, and the e-class each term's e-node was in then); e-nodes not listed were imported. ``classes`` is
-# JSON (``{"?var": e-class}``), not a MAP: DuckDB builds a MAP ten times slower, once per recorded match
+# it made that e-class) and the match it applied at (``explain_matches``); e-nodes not listed were imported
 EXPLANATIONS_VIEW = """
 CREATE OR REPLACE VIEW explanations AS
 SELECT n.op, n.id AS node, coalesce(u.root, n.eclass) AS eclass, n.eclass AS added_to, n.fresh, n.rule, n.round,
@@ -138,8 +150,11 @@ SELECT id, bind(shape) AS shape, dtype, is_const, list_transform(tuple_shapes, l
 """
 
 
-def all_ddl() -> list[str]:
-    stmts = [s for s in (SQL_MACROS + CORE_DDL).split(";\n") if s.strip()]
-    stmts += [table_ddl(op) for op in OPS]
-    stmts += [bind_macro(None), enodes_view(), ECLASSES_VIEW, ECLASS_BOUND_VIEW, EXPLANATIONS_VIEW]
-    return stmts
+def tables_ddl() -> list[str]:
+    """The e-graph's tables and macros (each ``CREATE ... IF NOT EXISTS`` or ``OR REPLACE``); its views come after
+    them (``views_ddl``), once a database saved by an older relsat is migrated (``EGraph.__post_init__``)."""
+    return [s for s in (SQL_MACROS + CORE_DDL).split(";\n") if s.strip()] + [table_ddl(op) for op in OPS]
+
+
+def views_ddl() -> list[str]:
+    return [bind_macro(None), enodes_view(), ECLASSES_VIEW, ECLASS_BOUND_VIEW, EXPLAIN_MATCHES_VIEW, EXPLANATIONS_VIEW]

@@ -323,20 +323,39 @@ def test_a_chain_follows_the_union_that_made_its_match(tmp_path):
         _Replay(model, _Saved(db), rules).apply(clip)  # the match needs the union
 
 
-def test_an_older_database_with_map_classes_is_migrated(tmp_path):
-    """``explain_matches.classes`` was a MAP before it was JSON: an e-graph saved then is converted when opened for
-    writing, its rows kept, and the explanation reader takes either form."""
+@pytest.mark.parametrize("layout", ["map", "json", "no-terms"])
+def test_an_older_database_is_migrated(tmp_path, layout):
+    """An e-graph saved by an older relsat kept ``explain_matches`` as a table (``classes`` a MAP in the oldest,
+    JSON later; ``terms`` added later still): opened for writing, its rows go into ``explain_match_rows`` as they
+    were, the view of that name reads them beside rows recorded now, and the explanation reader takes both."""
     from relsat.driver.app.explain import _classes
     from relsat.relations.egraph import EGraph
 
     path = tmp_path / "old.duckdb"
     g = EGraph(path)
-    g.con.execute("ALTER TABLE explain_matches ALTER classes SET DATA TYPE MAP(VARCHAR, BIGINT) USING NULL")
-    g.con.execute("INSERT INTO explain_matches (rule, round, mid, classes) VALUES ('r', 1, 1, MAP {'?x': 7})")
-    assert _classes(g.sql("SELECT classes FROM explain_matches")[0][0]) == {"?x": 7}
+    classes = "MAP(VARCHAR, BIGINT)" if layout == "map" else "JSON"
+    terms = "" if layout == "no-terms" else ", terms BIGINT[]"
+    g.con.execute("DROP VIEW explanations")
+    g.con.execute("DROP VIEW explain_matches")
+    g.con.execute(f"CREATE TABLE explain_matches (rule VARCHAR, round INTEGER, mid BIGINT, nodes BIGINT[], "
+                  f"ops VARCHAR[], roots BIGINT[], classes {classes}, bindings JSON{terms})")
+    value = "MAP {'?x': 7}" if layout == "map" else "'{\"?x\":7}'"
+    g.con.execute(f"INSERT INTO explain_matches (rule, round, mid, nodes, ops, roots, classes, bindings) VALUES "
+                  f"('r', 1, 1, [5], ['Relu'], [6], {value}, '{{\"?k\":2}}')")
     g.close()
     g = EGraph(path)
-    assert g.sql("SELECT data_type FROM duckdb_columns() WHERE table_name = 'explain_matches' "
-                 "AND column_name = 'classes'") == [("JSON",)]
-    assert _classes(g.sql("SELECT classes FROM explain_matches")[0][0]) == {"?x": 7}
+    assert g.sql("SELECT table_type FROM information_schema.tables WHERE table_name = 'explain_matches'") == [("VIEW",)]
+    assert g.sql("SELECT count(*) FROM explain_match_rows") == [(1,)]
+    # a rule recorded now, beside it (its ops and variables in explain_rules)
+    g.con.execute("INSERT INTO explain_rules VALUES ('s', ['Add', 'Add'], ['?a', '?b'])")
+    g.con.execute("INSERT INTO explain_match_rows (rule, round, mid, nodes, roots, class_ids, terms) "
+                  "VALUES ('s', 2, 1, [8, 9], [10], [3, 4], [10, 9])")
+    rows = g.sql("SELECT rule, nodes, ops, roots, classes, bindings, terms FROM explain_matches ORDER BY rule")
+    assert [(r[0], r[1], r[2], r[3], _classes(r[4]), json.loads(r[5]), r[6]) for r in rows] == [
+        ("r", [5], ["Relu"], [6], {"?x": 7}, {"?k": 2}, None), ("s", [8, 9], ["Add", "Add"], [10], {"?a": 3, "?b": 4},
+                                                              {}, [10, 9])]
+    assert g.sql("SELECT count(*) FROM explanations") == [(0,)]  # (the view is there again)
+    g.close()
+    g = EGraph(path)  # opened again: nothing to migrate, the rows as they were
+    assert g.sql("SELECT count(*) FROM explain_matches") == [(2,)]
     g.close()

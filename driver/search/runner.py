@@ -276,6 +276,7 @@ class _Run:
     chunk: int = 0  # the most match rows applied at once (``Runner.chunk_budget``; 0: never in parts)
     report: Report = field(default_factory=Report)
     slow: int = 0  # slow rounds in a row, up to the last (``_check_stop``)
+    lean: dict = field(default_factory=dict)  # rule -> whether its explanations store only what varies (``_lean``)
 
 
 class RuleStat(NamedTuple):
@@ -658,16 +659,31 @@ class Runner:
         """Record the rule's productive applications of this round (two statements; its new e-nodes were
         recorded by ``insert_from``): the ``queued`` unions (``explain_unions``), and for every match that
         added an e-node or queued a union, the e-nodes its left side matched and its bindings
-        (``explain_matches``, from ``Compiled.witness``)."""
+        (``explain_match_rows``, read as ``explain_matches``, from ``Compiled.witness``)."""
         g, rule = self.egraph, literal(c.rule)
         if queued:
             g.con.execute(f"INSERT INTO explain_unions SELECT {rule}, {int(rnd)}, mid, a, b FROM ({c.pairs}) p(mid, a, b) "
                           "WHERE a <> b")
         mids = (f"SELECT mid FROM explain_nodes WHERE round = {int(rnd)} AND rule = {rule} UNION "
                 f"SELECT mid FROM explain_unions WHERE round = {int(rnd)} AND rule = {rule}")
-        g.con.execute("INSERT INTO explain_matches (rule, round, mid, nodes, ops, roots, classes, bindings, terms) "
-                      f"SELECT {rule}, {int(rnd)}, mid, nodes, ops, roots, classes, bindings, terms "
+        if self._lean(c):  # what is the rule's is in ``explain_rules``; the view ``explain_matches`` joins it
+            cols = f"NULL, NULL, class_ids, {'bindings' if c.explain_values else 'NULL'}"
+        else:
+            cols = "ops, classes, NULL, bindings"
+        g.con.execute("INSERT INTO explain_match_rows (rule, round, mid, nodes, roots, terms, ops, classes, class_ids, "
+                      f"bindings) SELECT {rule}, {int(rnd)}, mid, nodes, roots, terms, {cols} "
                       f"FROM ({c.witness(mids, rnd, carried=self._carried(c))})")
+
+    def _lean(self, c: Compiled) -> bool:
+        """Whether the rule's explanation rows leave its ops and variables' names to ``explain_rules`` (stored
+        there once, with the first rule of its name): not where a rule of that name with other ones is there."""
+        lean = self._state.lean
+        if c.rule not in lean:
+            g, mine = self.egraph, [list(c.explain_ops), list(c.explain_vars)]
+            g.con.execute("INSERT INTO explain_rules VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [c.rule, *mine])
+            lean[c.rule] = [list(x) for x in g.con.execute("SELECT ops, vars FROM explain_rules WHERE rule = ?",
+                                                             [c.rule]).fetchall()[0]] == mine
+        return lean[c.rule]
 
     def _rebuild(self, r: _Round) -> None:
         """Merge the queued unions, restore congruence; the e-graph's size after it."""
