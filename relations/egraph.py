@@ -265,8 +265,11 @@ class EGraph:
             repl = f" REPLACE ({', '.join(f'b.{q(a.name)}::{a.sql_type} AS {q(a.name)}' for a in given)})" if given else ""
             defaults = [x for x in attr_columns(op, src) if not x.startswith("b.")]
             cols = ", ".join([f"b.*{repl}"] + defaults)
+            # changed_only: a row whose node is there already in its target e-class is of no use (most rows of a
+            # late round), so it is not kept
+            unused = f" WHERE o.out IS NULL OR o.out <> c.{q(target)}" if target and changed_only else ""
             looked = tmp.create("keys", f"SELECT c.*, o.out FROM (SELECT {cols} FROM ({source}) b) c "
-                                        f"LEFT JOIN {op.table} o ON {on}")
+                                        f"LEFT JOIN {op.table} o ON {on}{unused}")
             if not c.execute(f"SELECT count(*) FROM {looked} WHERE out IS NULL").fetchall()[0][0]:
                 # every row's node is there already (common in late rounds): no shape rules to run
                 c.execute(f"CREATE OR REPLACE TEMP TABLE {result} AS SELECT * FROM {looked} WHERE true{moved('', '')}")
