@@ -315,13 +315,11 @@ class EGraph:
         if not target:
             classes = c.execute(f"INSERT INTO eclass SELECT out, o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, "
                                 f"{int(ts)} FROM {new} WHERE NOT tgt").fetchall()[0][0]
-        elif c.execute(f"SELECT count(*) FROM {fresh} WHERE {q(target)} IS NULL").fetchall()[0][0]:
+        else:  # (the join's build side, the new nodes without a target, is empty in a rule's root build)
             same = " AND ".join(f"n.{q(k)} IS NOT DISTINCT FROM f.{q(k)}" for k in keys)
             classes = c.execute(f"INSERT INTO eclass SELECT n.out, f.o_shape, f.o_dtype, f.o_const, f.o_tshapes, "
                                 f"f.o_tdtypes, {int(ts)} FROM {new} n JOIN {fresh} f ON {same} "
                                 "WHERE NOT n.tgt").fetchall()[0][0]
-        else:
-            classes = 0
         targeted = added - classes  # the new nodes that went into their target e-class (no e-class of their own)
         if added:
             self.live.add(op.table)

@@ -359,3 +359,34 @@ def test_an_older_database_is_migrated(tmp_path, layout):
     g = EGraph(path)  # opened again: nothing to migrate, the rows as they were
     assert g.sql("SELECT count(*) FROM explain_matches") == [(2,)]
     g.close()
+
+
+def test_a_rule_named_like_another_keeps_its_own_ops_and_classes_in_its_rows():
+    """Each match's row leaves the rule's ops and variables' names to ``explain_rules``, stored once with the first
+    rule of that name; a rule of the same name with other ones (another rule file's) stores them in its rows, so
+    ``explain_matches`` reads each match as its own rule matched it, and reads the same rows either way."""
+    from pathlib import Path
+
+    from relsat.driver.search.runner import Limits, Runner
+    from relsat.programs.parser import load_rules
+    from test_runner_phases import add_chain
+
+    rules = list(load_rules(Path(__file__).parent.parent / "programs" / "rules" / "ac-add.rules").rules)
+    cols = "rule, round, mid, nodes, ops, roots, classes::VARCHAR, bindings::VARCHAR, terms"
+    seen = []
+    for other in (False, True):
+        g = add_chain(5)
+        g.con.execute("SET threads = 1")  # (the match ids: the same in both runs)
+        if other:  # the name taken by a rule with other ops and variables
+            g.con.execute("INSERT INTO explain_rules VALUES ('add-assoc', ['Mul', 'Mul'], ['?p', '?q', '?r'])")
+        Runner(g, rules, Limits(iterations=20, enodes=10**6, seconds=600)).run()
+        rows = g.sql("SELECT count(*), count(ops), count(classes), count(class_ids) FROM explain_match_rows "
+                     "WHERE rule = 'add-assoc'")[0]
+        assert rows[0] > 0 and (rows[1:] == (rows[0], rows[0], 0) if other else rows[1:] == (0, 0, rows[0])), rows
+        ops = {tuple(o) for (o,) in g.sql("SELECT DISTINCT ops FROM explain_matches WHERE rule = 'add-assoc'")}
+        assert ops == {("Add", "Add")}
+        assert {tuple(json.loads(c)) for (c,) in g.sql("SELECT DISTINCT classes FROM explain_matches "
+                                                       "WHERE rule = 'add-assoc'")} == {("?a", "?b", "?c")}
+        seen.append(g.sql(f"SELECT {cols} FROM explain_matches ORDER BY ALL"))
+        g.close()
+    assert seen[0] == seen[1] and seen[0]

@@ -678,11 +678,18 @@ class Runner:
         """Whether the rule's explanation rows leave its ops and variables' names to ``explain_rules`` (stored
         there once, with the first rule of its name): not where a rule of that name with other ones is there."""
         lean = self._state.lean
-        if c.rule not in lean:
-            g, mine = self.egraph, [list(c.explain_ops), list(c.explain_vars)]
-            g.con.execute("INSERT INTO explain_rules VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [c.rule, *mine])
-            lean[c.rule] = [list(x) for x in g.con.execute("SELECT ops, vars FROM explain_rules WHERE rule = ?",
-                                                             [c.rule]).fetchall()[0]] == mine
+        if c.rule not in lean:  # (with every compiled rule not yet asked about: two statements, not two a rule)
+            todo = {c.rule: c} | {r.rule: r.compiled for r in self._state.rules
+                                  if r.compiled is not None and r.rule not in lean}
+            mine = {name: ([*x.explain_ops], [*x.explain_vars]) for name, x in todo.items()}
+            con = self.egraph.con
+            con.execute("INSERT INTO explain_rules SELECT * FROM (VALUES "
+                        + ", ".join(f"({literal(name)}, {literal(o)}::VARCHAR[], {literal(v)}::VARCHAR[])"
+                                    for name, (o, v) in mine.items()) + ") ON CONFLICT DO NOTHING")
+            names = ", ".join(literal(name) for name in mine)
+            for name, ops, variables in con.execute(f"SELECT rule, ops, vars FROM explain_rules WHERE rule IN ({names})"
+                                                    ).fetchall():
+                lean[name] = (list(ops), list(variables)) == mine[name]
         return lean[c.rule]
 
     def _rebuild(self, r: _Round) -> None:
