@@ -92,6 +92,16 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
         [(n.op_type, list(n.input), list(n.output)) for n in exported.graph.node]
     s.candidates.append(cand)
     assert s._blobs([cand.model]) == [cand.blob] and cand.blob is not None
+    # a second choice exporting the same graph (choices that differ in unused e-classes do) is its twin, named by
+    # the key its profile would have; a graph with a node less is not
+    same = Candidate("next-best 2", dict(orig), float("nan"))
+    s._export(same)
+    assert s._twin(same) is cand
+    other = Candidate("next-best 3", dict(orig), float("nan"))
+    s._export(other)
+    other.model.graph.node.pop()
+    other.model.graph.output[0].name = other.model.graph.node[-1].output[0]
+    assert s._twin(other) is None
 
 
 def test_no_good_cuts_find_the_next_best_choice():

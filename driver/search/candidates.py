@@ -327,10 +327,9 @@ class Search:
                 self.profile(cand)
             else:  # filled in and loaded in ONNX Runtime when it is to be timed (``_ready``)
                 self._export(cand)
-            if cand.model is not None:  # two choices that export to one graph (unused classes aside) are timed once
-                twin = next((c for c in self.usable() if self._name(c) == self._name(cand)), None)
-                if twin is not None:
-                    cand.status, cand.model, cand.blob, cand.weights = f"the same graph as {twin.label}", None, None, None
+            twin = self._twin(cand)
+            if twin is not None:  # two choices that export to one graph (unused classes aside) are timed once
+                cand.status, cand.model, cand.blob, cand.weights = f"the same graph as {twin.label}", None, None, None
             self.candidates.append(cand)
             self._found()
 
@@ -350,6 +349,12 @@ class Search:
             if choice in seen:
                 break
             add(f"next-best {len(self.candidates) + 1}", choice, False)
+
+    def _twin(self, cand: Candidate) -> Candidate | None:
+        """The usable candidate whose graph ``cand``'s exported graph is (by their keys: ``_name``), or None."""
+        if cand.model is None:
+            return None
+        return next((c for c in self.usable() if c is not cand and self._name(c) == self._name(cand)), None)
 
     def usable(self) -> list[Candidate]:
         return [c for c in self.candidates if c.model is not None]
