@@ -212,3 +212,46 @@ def test_a_comparison_naming_a_graph_that_could_not_load_is_recalled(tmp_path):
     assert picked is None and s.fidelity["comparison_recalled"] and guard["recalled"]
     assert s.candidates[0].model is None and s.candidates[0].status.startswith("cannot load: ")
     assert not s.candidates[0].loaded and "cached" in s.candidates[1].status
+
+
+def test_a_recalled_written_graph_not_faster_now_keeps_the_input_model_and_times_nothing_else(tmp_path):
+    """A stored comparison wrote a candidate; a warm run that recalls it times that candidate against the input
+    model again, finds it slower now, and keeps the input model without timing the other candidates (they were
+    slower than it then); the row stays, so the next run confirms that candidate afresh."""
+    import math
+
+    import numpy as np
+
+    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.extract.extraction import ExtractionProblem
+    from relsat.relations.backend import CPU
+    from test_context import _matmul_model
+
+    original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
+    empty = np.zeros(0, dtype=np.int64)
+    other = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])  # a stored timing no run here measures
+
+    def search() -> Search:
+        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
+                   {}, CPU, 1, cache, 10.0, 1e-4)
+        s.original = Candidate("original", {}, math.nan, model=original)
+        # the graph the comparison wrote now does three blocks of the input model's two (the key names it as
+        # before: a machine on which it is slower now)
+        s.candidates = [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="was-faster"),
+                        Candidate("next-best 2", {}, 2.0, model=_matmul_model(3), graph_key="lost")]
+        return s
+
+    s = search()
+    key = s._comparison_key(original, s.usable(), [None], 0.03)
+    comparisons.remember(cache, key, "cpu", 1, other, [("next-best 1", other, "written"),
+                                                       ("next-best 2", other, "not faster beyond noise")], None)
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    assert picked is None and check is None and guard["recalled"] and guard["kept"] == "original"
+    wrote, lost = s.candidates
+    assert wrote.status.startswith("not faster when timed again") and wrote.confirm is not None
+    assert wrote.timing is not other and s.original.timing is not other  # the two timed now
+    assert lost.timing == other and "cached" in lost.status  # the other one not timed again
+    found = s.fidelity["comparison_found"]
+    assert s.fidelity["comparison_recalled"] and found["written"] == "next-best 1" and not found["held"]
+    row = comparisons.recall(cache, key)  # the row stays as it was
+    assert [c["status"] for c in row["candidates"]] == ["written", "not faster beyond noise"]

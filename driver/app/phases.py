@@ -608,6 +608,12 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
             f"same input model and graphs); the {picked.label} graph it wrote was timed again against the input model "
             f"now and verified, the other candidates were not timed again")
+    elif fid.get("comparison_recalled") and (found := fid.get("comparison_found") or {}).get("written"):
+        notices.append(
+            f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
+            f"same input model and graphs); the {found['written']} graph it wrote was timed again against the input "
+            f"model now and was not faster beyond the noise, so the input model is kept; the other candidates, slower "
+            f"than it then, were not timed again")
     elif fid.get("comparison_recalled"):
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} found no faster "

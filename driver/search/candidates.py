@@ -42,7 +42,8 @@ here):
    run; it is measured again, and where that contradicts it too its cached latency is restated as measured
    now (``_restate``), so that the next run does not find it stale and search twice. A measured choice is
    stored and recalled by a later run that reaches the same graphs (``relsat.driver.search.comparisons``):
-   the candidates that lost are not timed again; one it wrote is timed again and verified (``_recall``).
+   the candidates that lost are not timed again; one it wrote is timed again and verified, and written only
+   when it is faster now, else the input model is kept (``_recall``).
    ``Search.fidelity`` reports the prediction of the original against its measured latency, what was
    stale and what was re-taken.
 5. **Choice**: the candidates are verified fastest first; the fastest that verifies is written when it
@@ -598,9 +599,12 @@ class Search:
         candidate: that candidate and the input model are timed again by themselves (``_confirmed``, the
         confirmation every written model gets), the original's profile and the candidate's checked against those
         timings, and the candidate verified; it is written only if all of that holds now, so a model is still
-        written on a fresh timing (the other candidates', which lost, come from the row), and any miss recalls
-        nothing. Recalled, the candidates carry the stored timings and statuses, the report the guard's
-        (``recalled``: when the comparison was measured)."""
+        written on a fresh timing (the other candidates', which lost, come from the row). When that candidate is
+        not faster beyond the noise now, the input model is kept and nothing else is timed: the others were slower
+        than it in the stored comparison, and timing them all again cost ViT-B/16's warm runs 57-102 s for a choice
+        that the noise of one timing decided; the row stays, so the next run confirms that candidate afresh. A
+        stale profile or a failed verification recalls nothing. Recalled, the candidates carry the stored timings
+        and statuses, the report the guard's (``recalled``: when the comparison was measured)."""
         cands = self.usable()
         self._found_comparison = None
         if self.cache is None:
@@ -627,14 +631,13 @@ class Search:
                 c.measured_ms, c.wall_ms = judged_ms(c.timing, self.threads, self.backend), c.timing.median_ms
         checks = self.check()
         stale = [r for r in checks if r["stale"] and r["profile"] == "cache"]
-        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale and held,
+        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale,
                                   **({"written": written.label, "held": held} if written is not None else {})}
-        if stale or not held:
-            # the prices may be poisoned, or the written graph is not faster now: time everything (``_choose``)
+        if stale:  # the prices may be poisoned: time everything (``_choose``)
             self._missed(written)
             return None
         check = None
-        if written is not None:
+        if written is not None and held:
             status(f"verifying the {written.label} graph ...")
             check = verify(input_model, written.model, bindings=bindings, input_sets=input_sets)
             if not check.ok:
@@ -648,7 +651,8 @@ class Search:
             orig.measured_ms, orig.wall_ms = judged_ms(orig.timing, self.threads, self.backend), orig.timing.median_ms
         for c, r in zip(cands, record["candidates"]):
             if c is written:
-                c.status = "written"  # (the report's notice says how: timed again now, the others cached)
+                if held:
+                    c.status = "written"  # (the report's notice says how: timed again now, the others cached)
                 continue
             if r["status"].startswith("cannot load"):  # dropped by the choice that made the comparison
                 c.model = None
@@ -659,6 +663,9 @@ class Search:
         if written is None:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
+        if not held:  # (its status says so: ``_confirmed``)
+            guard.keep_optimized = False
+            return None, None, {**guard.as_dict(), "recalled": when}
         return written, check, {**guard.as_dict(), "recalled": when}
 
     @staticmethod
