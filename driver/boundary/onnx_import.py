@@ -45,6 +45,7 @@ import onnx
 import onnx.version_converter
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from relsat.driver.boundary.decided_ifs import inline_decided
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, infer_dim, is_batch_like, is_sym, window_dim
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
@@ -1378,8 +1379,12 @@ def _overridable(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.Ten
 
 
 def _names(tensors, most: int = 3) -> str:
-    names = [f"'{t.name}'" for t in tensors[:most]]
-    return ", ".join(names) + (f" and {len(tensors) - most} more" if len(tensors) > most else "")
+    return _names_quoted([t.name for t in tensors], most)
+
+
+def _names_quoted(names: list[str], most: int = 3) -> str:
+    quoted = [f"'{n}'" for n in names[:most]]
+    return ", ".join(quoted) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] | None = None,
@@ -1406,8 +1411,20 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     if defaults:
         notices.append(f"{len(defaults)} initializer(s) also listed as graph inputs ({_names(defaults)}) kept as "
                        "inputs with their defaults, not folded: callers may override them (ONNX IR >= 4)")
+    node_count = len(graph.node)
     try:
         types, folded = _infer_types(model, shapes, symbols)
+        inlined = []
+        while not passthrough:  # an If the computed values decide: its branch in its place, then compute again
+            model, names = inline_decided(model, folded)
+            if not names:
+                break
+            inlined += names
+            graph = model.graph
+            types, folded = _infer_types(model, shapes, symbols)
+        if inlined:
+            notices.append(f"If x{len(inlined)} decided at import (the condition computed from constants and static "
+                           f"dims): the branch taken in its place ({_names_quoted(inlined)})")
     except Exception as e:
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
@@ -1444,7 +1461,7 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         egraph=g, outputs=outputs, inputs=inputs, notices=notices + imp.notices, opset_imports=opsets,
         ir_version=model.ir_version, metadata={p.key: p.value for p in model.metadata_props},
         producer=(model.producer_name, model.producer_version), graph_name=graph.name, doc_string=model.doc_string,
-        node_count=len(graph.node), values=imp.cls,
+        node_count=node_count, values=imp.cls,
         specialized=specialized,
         output_info={o.name: o for o in graph.output},
         functions=list(model.functions), domain=model.domain, model_version=model.model_version,
