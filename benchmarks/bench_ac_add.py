@@ -2,7 +2,7 @@
 relsat beside egglog saturating the same two rules.
 
     python -m relsat.benchmarks.bench_ac_add [--n 8 9 10 11] [--no-egglog] [--timeout S]
-    python -m relsat.benchmarks.bench_ac_add --cli --n 10 11 12 13 [--pin 0]
+    python -m relsat.benchmarks.bench_ac_add --cli --n 10 11 12 13 [--pin 0] [--db]
 
 Saturating Add(...Add(Add(x0, x1), x2)..., x{n-1}) with exactly commutativity and
 associativity gives 2^n - n - 1 Add e-classes and 3^n - 2^(n+1) + 1 Add e-nodes.  Each
@@ -14,7 +14,8 @@ benchmarks (``benchmarks/compare.py``); ``main`` prints them as a Markdown table
 ``--cli`` checks the user's path instead: the chain is written as an ONNX model and optimized by
 ``relsat optimize --rules ac-add`` with the default scheduler and iteration limit (node and time
 limits raised, greedy extraction over analytic costs so that extracting from millions of e-nodes
-is not what is timed), and the counts are read from the ``enodes`` view of its ``--db`` file; egglog runs
+is not what is timed), and the counts are read from its report (with ``--db``: from the ``enodes`` view of
+that file, whose e-graph records explanations as a user's ``--db`` does); egglog runs
 beside it for each n unless ``--no-egglog``.  ``--pin CPUS`` runs every process under ``taskset -c CPUS``
 (one core, as egglog runs, with ``--pin 0``).
 """
@@ -177,9 +178,11 @@ def chain_model(n: int):
     return model
 
 
-def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
-    """``relsat optimize chain{n}.onnx --rules ac-add`` with the default scheduler and iteration limit;
-    the counts from the ``enodes`` view of ``--db``, the peak RSS from ``/usr/bin/time``."""
+def run_cli(n: int, timeout: float, memory_limit: str | None = None, db: bool = False) -> dict:
+    """``relsat optimize chain{n}.onnx --rules ac-add`` with the default scheduler and iteration limit; the
+    counts from the report's last round less the n inputs (the chain's e-graph holds Add e-nodes and n Input
+    leaves only), or with ``db`` (which records explanations, as ``--db`` does) from the ``enodes`` view of that
+    file; the peak RSS from ``/usr/bin/time``."""
     import duckdb
     import onnx
 
@@ -188,7 +191,8 @@ def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
         onnx.save(chain_model(n), d / "chain.onnx")
         cmd = ["/usr/bin/time", "-f", "%M", "-o", str(d / "rss")] + PIN + [sys.executable, "-c", "from relsat.driver.app.cli import main; main()", "optimize", str(d / "chain.onnx"), "-o", str(d / "out.onnx"), "--rules", "ac-add",
                "--node-limit", str(NO_NODE_LIMIT), "--time-limit", str(10**6), "--extractor", "greedy",
-               "--cost-model", "analytic", "--db", str(d / "chain.duckdb"), "--report", str(d / "report.json")]
+               "--cost-model", "analytic", "--report", str(d / "report.json")] + (
+                   ["--db", str(d / "chain.duckdb")] if db else [])
         if memory_limit:
             cmd += ["--memory-limit", memory_limit, "--temp-dir", str(d / "spill")]
         t = time.perf_counter()
@@ -201,9 +205,14 @@ def run_cli(n: int, timeout: float, memory_limit: str | None = None) -> dict:
             return {"n": n, "exact": False, "note": (res.stderr.strip().splitlines() or ["no output"])[-1][:200]}
         rep = json.loads((d / "report.json").read_text())
         peak = round(int((d / "rss").read_text().split()[-1]) / 1024, 1)  # the process's max RSS (KiB)
-        con = duckdb.connect(str(d / "chain.duckdb"), read_only=True)
-        nodes, classes = con.execute("SELECT count(*), count(DISTINCT eclass) FROM enodes WHERE op = 'Add'").fetchall()[0]
-        con.close()
+        if db:
+            con = duckdb.connect(str(d / "chain.duckdb"), read_only=True)
+            nodes, classes = con.execute("SELECT count(*), count(DISTINCT eclass) FROM enodes WHERE op = 'Add'"
+                                         ).fetchall()[0]
+            con.close()
+        else:
+            last = rep["iterations"][-1]
+            nodes, classes = last["enodes"] - n, last["eclasses"] - n
     return {"n": n, "rounds": len(rep["iterations"]), "stop": rep["stop_reason"], "eclasses": classes,
             "enodes": nodes, "exact": (classes, nodes) == exact_counts(n),
             "saturation_s": round(rep["phases_s"].get("saturate", 0.0), 2), "wall_s": round(wall, 2), "peak_mib": peak,
@@ -223,6 +232,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     p.add_argument("--cli", action="store_true", help="through `relsat optimize` with default scheduler and rounds")
     p.add_argument("--pin", metavar="CPUS", help="run every process under `taskset -c CPUS`")
+    p.add_argument("--db", action="store_true", help="with --cli: keep the e-graph in a --db file (explanations "
+                   "recorded, as for a user who keeps it) and count from its enodes view")
     p.add_argument("--chunk-rows", type=int, default=None, help="relsat's most match rows applied at once (0: "
                    "never in parts; default: from --memory-limit)")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
@@ -234,8 +245,8 @@ def main() -> None:
               "| peak temp MiB | note |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for n in args.n:
-            row = run_cli(n, args.timeout, args.memory_limit)
-            print(" | ".join(["", str(n), "relsat optimize"] + [_cell(row.get(k)) for k in (
+            row = run_cli(n, args.timeout, args.memory_limit, args.db)
+            print(" | ".join(["", str(n), "relsat optimize" + (" --db" if args.db else "")] + [_cell(row.get(k)) for k in (
                 "rounds", "stop", "eclasses", "enodes", "exact", "saturation_s", "wall_s", "peak_mib",
                 "temp_mib", "note")]).strip() + " |", flush=True)
             if not args.no_egglog:

@@ -251,7 +251,9 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
         with timer("derive"):
             derived = phases.derive(run, imported)
         with timer("saturate"):
-            saturated = phases.saturate(run, prepared, imported, price)
+            # explanations only where the e-graph outlives the run (``--db``, ``keep_egraph``): nothing else reads
+            # them, and recording them was a sixth of ac-add's saturation (its match rows carry their e-nodes too)
+            saturated = phases.saturate(run, prepared, imported, price, explain=db is not None or keep_egraph)
         with timer("profile"):
             priced = phases.profile(run, prepared, imported, price, input_priced.report)
         with timer("extract"):

@@ -441,8 +441,9 @@ def _derive_search(run: Run, imported: Imported):
                       run.opts.threads)
 
 
-def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) -> Saturated:
-    """Build the e-graph: equality saturation, or one of the searches (``--search``)."""
+def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable, *, explain: bool = True) -> Saturated:
+    """Build the e-graph: equality saturation, or one of the searches (``--search``). ``explain``: record why
+    each e-node exists (the explanation tables), which only an e-graph kept after the run can show."""
     o, g = run.opts, imported.g
     if not prepared.rules:
         return Saturated(None)
@@ -459,8 +460,8 @@ def saturate(run: Run, prepared: Prepared, imported: Imported, price: Callable) 
             if run.on_round is not None:
                 run.on_round(it)
 
-        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=on_round).run(),
-                         node_limit=node_limit)
+        return Saturated(Runner(g, prepared.rules, limits, scheduler=o.scheduler, on_round=on_round,
+                                explain=explain).run(), node_limit=node_limit)
 
     def step(i, best) -> None:
         run.tick(i, o.budget or (ITERATIONS if o.search == "mcts" else BUDGET))
