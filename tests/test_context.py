@@ -309,3 +309,48 @@ def test_a_profile_this_run_took_that_a_second_measurement_contradicts_is_restat
         else:
             assert ms == h["cached_ms"] and "restated_from" not in sig["conditions"]
     assert any("restated" in n for n in report["notices"]) == any(h["restated"] for h in fid["restated"])
+
+
+def _noisy(orig_ms: float, cand_ms: float, blocks: list[tuple[float, float]]):
+    """A first timing of the input model and a candidate: medians ``orig_ms``, ``cand_ms``; block medians as given
+    (what a machine whose speed moved within the timing gives)."""
+    from relsat.driver.boundary.latency import Latency
+
+    def one(ms, bl):
+        return Latency(ms, ms * 0.95, ms * 1.05, 20, ms, list(bl), list(bl))
+
+    return one(orig_ms, [a for a, _ in blocks]), one(cand_ms, [b for _, b in blocks])
+
+
+@pytest.mark.parametrize("work, written", [(1, True), (3, False)])
+def test_a_candidate_faster_by_the_medians_but_not_in_every_block_is_timed_again_alone(work, written):
+    """The first timing puts the candidate 1.2x ahead by the medians, with one block of four the other way (a
+    machine whose speed moved); it is not kept by that timing, but as the fastest it gets a second timing of its
+    own, which decides by the every-block rule: a graph doing half the input model's work is written (the guard
+    reported is that second timing's), one doing 1.5x its work is not."""
+    from relsat.driver.boundary.latency import judge
+
+    original = _matmul_model(2)
+    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
+    s.original = Candidate("original", {}, float("nan"), model=original)
+    cand = Candidate("round 1", {}, 1.0, model=_matmul_model(work))
+    other = Candidate("next-best 1", {}, 2.0, model=_matmul_model(1))
+    s.candidates = [cand, other]
+    s.original.timing, cand.timing = _noisy(12.0, 10.0, [(12, 10), (12, 10), (12, 10), (9, 10.5)])
+    _, other.timing = _noisy(12.0, 11.5, [(12, 11.5)] * 4)  # slower than the first: no second chance
+    for c in (s.original, cand, other):
+        c.measured_ms = c.wall_ms = c.timing.median_ms
+    first = judge(s.original.timing, cand.timing, threads=1, backend=CPU, threshold=0.03)
+    assert not first.keep_optimized  # the first timing alone keeps the input model
+    s._serialized = {}
+    picked, check, guard = s._pick(original, s.usable(), [None], 0.03, (), lambda text: None)
+    assert cand.confirm is not None and other.status == "not faster beyond noise"  # only the fastest timed again
+    if written:
+        assert picked is cand and check.ok and cand.status == "written" and cand.confirm["second_chance"]
+        assert guard.keep_optimized and guard.original is not s.original.timing  # the second timing's guard
+        assert all(r > 1.03 for r in guard.spread["ratios"])
+    else:
+        assert picked is None and not guard.keep_optimized
+        assert cand.status.startswith("not faster when timed again")

@@ -286,6 +286,13 @@ def promising(held: GuardResult) -> bool:
     return faster and not sp["apart"] and all(r > 1.0 for r in sp["ratios"] or [0.0])
 
 
+def second_chance(held: GuardResult) -> bool:
+    """Whether a timing that ``judge`` did not keep (``held``) leaves the optimized model worth a second timing of
+    its own (``Search._pick``): faster beyond the threshold by the compared medians, some block not."""
+    faster = metric_ms(held.optimized, held.metric) < metric_ms(held.original, held.metric) * (1.0 - held.threshold)
+    return faster and not held.spread["apart"]
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else float("inf")
 

@@ -77,7 +77,7 @@ from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
-                                            time_models, undecided)
+                                            second_chance, time_models, undecided)
 from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.verify import VerifyResult, verify
 
@@ -531,25 +531,8 @@ class Search:
             remeasured=remeasured, first_pass=first if retaken else None, restated=restated)
         if not cands:
             return None, None, None
+        picked, check, guard = self._pick(input_model, cands, bindings, threshold, input_sets, status)
         orig = self.original
-        picked, check = None, None
-        for c in sorted(cands, key=lambda c: c.measured_ms):
-            if not judge(orig.timing, c.timing, threads=self.threads, backend=self.backend,
-                         threshold=threshold).keep_optimized:
-                c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
-            elif picked is None:
-                status(f"verifying the {c.label} graph ...")
-                result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
-                if not result.ok:
-                    c.status = f"not verified: {result.message}"
-                elif self._confirmed(input_model, c, bindings, threshold, status)[0]:
-                    picked, check, c.status = c, result, "written"
-                else:
-                    picked = False  # the fastest verified candidate did not hold: none is written
-        picked = picked or None
-        best = picked or self.fastest()
-        guard = judge(orig.timing, best.timing, threads=self.threads, backend=self.backend, threshold=threshold)
-        guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
         if self.cache is not None:  # (a written one is confirmed again when recalled: ``_recall``)
             # under the key a later run computes before loading its graphs: with those the choice could not load
             named = [c for c in self.candidates if c.model is not None or c.status.startswith("cannot load")]
@@ -557,6 +540,44 @@ class Search:
                                  timing_kind(self.backend), self.threads, orig.timing,
                                  [(c.label, c.timing, c.status) for c in named], guard.as_dict())
         return picked, check, guard.as_dict()
+
+    def _pick(self, input_model, cands: list[Candidate], bindings, threshold: float, input_sets, status):
+        """Step 5 on the timed candidates: verify fastest first, write the first that verifies and is faster
+        beyond the noise, here and again in its second timing (``_confirmed``). Returns the candidate (None: the
+        input model), its verification and the guard (the input model against it, or the fastest).
+
+        The fastest candidate is also given its second timing when it is faster beyond the threshold by the
+        medians but not in every block (``second_chance``): on a machine whose speed moves 10-50 % within a
+        timing, Swin-T's 1.14x faster graph (onnxsim's output is as fast: 1.11x) lost one block of four at 0.89x and
+        was not written. The second timing alone then decides, by the same every-block rule, and the guard
+        reported is its own."""
+        orig = self.original
+        picked, check, confirmed = None, None, None
+        for i, c in enumerate(sorted(cands, key=lambda c: c.measured_ms)):
+            held = judge(orig.timing, c.timing, threads=self.threads, backend=self.backend, threshold=threshold)
+            chance = i == 0 and not held.keep_optimized and second_chance(held)
+            if not held.keep_optimized and not chance:
+                c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
+            elif picked is None:
+                status(f"verifying the {c.label} graph ...")
+                result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
+                if not result.ok:
+                    c.status = f"not verified: {result.message}"
+                    continue
+                ok, o_t, c_t = self._confirmed(input_model, c, bindings, threshold, status)
+                if ok:
+                    picked, check, c.status = c, result, "written"
+                    confirmed = (o_t, c_t) if chance else None
+                    if chance:
+                        c.confirm = dict(c.confirm or {}, second_chance=True)
+                else:
+                    picked = False  # the fastest verified candidate did not hold: none is written
+        picked = picked or None
+        best = picked or self.fastest()
+        first, second = confirmed or (orig.timing, best.timing)
+        guard = judge(first, second, threads=self.threads, backend=self.backend, threshold=threshold)
+        guard.keep_optimized = picked is not None  # a faster candidate that failed verification is not kept
+        return picked, check, guard
 
     def _fidelity(self, checks: list[dict], *, timings_of_input_ms: list, stale=(), searches: int = 1,
                   retaken: int = 0, stale_rows_removed: int = 0, stale_rows_replaced: int = 0, retake_s: float = 0.0,
