@@ -255,3 +255,56 @@ def test_a_recalled_written_graph_not_faster_now_keeps_the_input_model_and_times
     assert s.fidelity["comparison_recalled"] and found["written"] == "next-best 1" and not found["held"]
     row = comparisons.recall(cache, key)  # the row stays as it was
     assert [c["status"] for c in row["candidates"]] == ["written", "not faster beyond noise"]
+
+
+@pytest.mark.parametrize("work, written", [(1, True), (3, False)])
+def test_a_recalled_comparison_gives_its_fastest_candidate_the_second_timing_it_missed(tmp_path, work, written):
+    """A comparison stored before a candidate faster by the medians but not in every block got a second timing
+    (it kept the input model) gives that candidate its second timing when recalled: a graph doing half the input
+    model's work is written, one doing 1.5x is not; the row is stored again with the outcome, so the next recall
+    confirms a written one as written, and does not time a slower one again."""
+    import math
+
+    import numpy as np
+
+    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.extract.extraction import ExtractionProblem
+    from relsat.relations.backend import CPU
+    from test_context import _matmul_model, _noisy
+
+    original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
+    empty = np.zeros(0, dtype=np.int64)
+
+    def search() -> Search:
+        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
+                   {}, CPU, 1, cache, 10.0, 1e-4)
+        s.original = Candidate("original", {}, math.nan, model=original)
+        s.candidates = [Candidate("one-node", {}, 1.0, model=_matmul_model(work), graph_key="near-miss"),
+                        Candidate("round 1", {}, 2.0, model=_matmul_model(3), graph_key="slower")]
+        return s
+
+    s = search()
+    key = s._comparison_key(original, s.usable(), [None], 0.03)
+    orig_t, near = _noisy(12.0, 10.0, [(12, 10), (12, 10), (12, 10), (9, 10.5)])
+    _, slow = _noisy(12.0, 15.0, [(12, 15)] * 4)
+    comparisons.remember(cache, key, "cpu", 1, orig_t, [("one-node", near, "not faster beyond noise"),
+                                                        ("round 1", slow, "slower")], {"kept": "original"})
+    picked, _, guard = s.choose(original, bindings=[None], threshold=0.03)
+    found = s.fidelity["comparison_found"]
+    assert s.fidelity["comparison_recalled"] and found["second_chance"] and found["written"] == "one-node"
+    assert "cached" in s.candidates[1].status and s.candidates[1].timing == slow  # not timed again
+    row = comparisons.recall(cache, key)
+    if written:
+        assert picked is s.candidates[0] and guard["kept"] == "optimized" and found["held"]
+        assert [c["status"] for c in row["candidates"]] == ["written", "slower"]
+    else:
+        assert picked is None and guard["kept"] == "original" and not found["held"]
+        assert row["candidates"][0]["status"].startswith("not faster when timed again")
+    again = search()
+    picked2, _, _ = again.choose(original, bindings=[None], threshold=0.03)
+    found2 = again.fidelity["comparison_found"]
+    assert again.fidelity["comparison_recalled"] and "second_chance" not in found2
+    if written:  # recalled as a written comparison: timed again, written
+        assert found2["written"] == "one-node" and (picked2 is again.candidates[0]) == found2["held"]
+    else:  # recalled as one that kept the input model: nothing but the input model timed
+        assert picked2 is None and "written" not in found2 and again.candidates[0].confirm is None

@@ -604,15 +604,19 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"{len(fid['stale'])} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise "
             f"(the original's prediction was {first.get('original_prediction_ratio') or float('nan'):.2f}x its "
             f"measured latency): re-taken, {fid['retaken']} cost row(s) replaced, and the candidates searched again")
+    found = fid.get("comparison_found") or {}
     if fid.get("comparison_recalled") and picked is not None:
+        how = ("it found faster by the medians but not in every block was given its second timing now: faster, "
+               "and verified" if found.get("second_chance") else
+               "it wrote was timed again against the input model now and verified")
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
-            f"same input model and graphs); the {picked.label} graph it wrote was timed again against the input model "
-            f"now and verified, the other candidates were not timed again")
-    elif fid.get("comparison_recalled") and (found := fid.get("comparison_found") or {}).get("written"):
+            f"same input model and graphs); the {picked.label} graph {how}, the other candidates were not timed again")
+    elif fid.get("comparison_recalled") and found.get("written"):
+        what = "it found fastest" if found.get("second_chance") else "it wrote"
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
-            f"same input model and graphs); the {found['written']} graph it wrote was timed again against the input "
+            f"same input model and graphs); the {found['written']} graph {what} was timed again against the input "
             f"model now and was not faster beyond the noise, so the input model is kept; the other candidates, slower "
             f"than it then, were not timed again")
     elif fid.get("comparison_recalled"):

@@ -623,8 +623,11 @@ class Search:
         written on a fresh timing (the other candidates', which lost, come from the row). When that candidate is
         not faster beyond the noise now, the input model is kept and nothing else is timed: the others were slower
         than it in the stored comparison, and timing them all again cost ViT-B/16's warm runs 57-102 s for a choice
-        that the noise of one timing decided; the row stays, so the next run confirms that candidate afresh. A
-        stale profile or a failed verification recalls nothing. Recalled, the candidates carry the stored timings
+        that the noise of one timing decided; the row stays, so the next run confirms that candidate afresh. One
+        that kept the input model while its fastest candidate was faster by the medians but not in every block
+        (stored before ``_pick`` gave such a candidate its second timing) gives it that timing now, as if the
+        comparison had written it, and the row is stored again with what that timing gave, so that it is not given
+        again. A stale profile or a failed verification recalls nothing. Recalled, the candidates carry the stored timings
         and statuses, the report the guard's (``recalled``: when the comparison was measured)."""
         cands = self.usable()
         self._found_comparison = None
@@ -636,6 +639,9 @@ class Search:
         when = record["conditions"].get("measured_at")
         orig = self.original
         written = next((c for c, r in zip(cands, record["candidates"]) if r["status"] == "written"), None)
+        chance = written is None and self._chance_in(record, cands, threshold)
+        if chance:  # its fastest candidate was not given its second timing (``_pick``): given now, as a written one
+            written = chance
         if written is None:
             status("timing the input model (the candidates' comparison is cached) ...")
             self._time(input_model, [], bindings, threshold)
@@ -653,7 +659,8 @@ class Search:
         checks = self.check()
         stale = [r for r in checks if r["stale"] and r["profile"] == "cache"]
         self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale,
-                                  **({"written": written.label, "held": held} if written is not None else {})}
+                                  **({"written": written.label, "held": held} if written is not None else {}),
+                                  **({"second_chance": True} if chance else {})}
         if stale:  # the prices may be poisoned: time everything (``_choose``)
             self._missed(written)
             return None
@@ -684,10 +691,27 @@ class Search:
         if written is None:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
-        if not held:  # (its status says so: ``_confirmed``)
-            guard.keep_optimized = False
+        guard.keep_optimized = held  # (not held: its status says so, ``_confirmed``)
+        if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
+            comparisons.remember(
+                self.cache, self._comparison_key(input_model, cands, bindings, threshold), timing_kind(self.backend),
+                self.threads, record["original"],
+                [(r["label"], r["timing"], ("written" if held else written.status) if c is written else r["status"])
+                 for c, r in zip(cands, record["candidates"])], guard.as_dict())
+        if not held:
             return None, None, {**guard.as_dict(), "recalled": when}
         return written, check, {**guard.as_dict(), "recalled": when}
+
+    def _chance_in(self, record: dict, cands: list[Candidate], threshold: float) -> Candidate | None:
+        """The candidate of a recalled comparison that kept the input model which ``_pick`` now gives a second
+        timing: the fastest of its timings, faster beyond the threshold by the medians but not in every block, and
+        never timed a second time (its status is the first timing's). None otherwise."""
+        timed = [(c, r) for c, r in zip(cands, record["candidates"]) if r["timing"] is not None and c.model is not None]
+        if not timed:
+            return None
+        c, r = min(timed, key=lambda x: judged_ms(x[1]["timing"], self.threads, self.backend))
+        held = judge(record["original"], r["timing"], threads=self.threads, backend=self.backend, threshold=threshold)
+        return c if r["status"] == "not faster beyond noise" and second_chance(held) else None
 
     @staticmethod
     def _missed(written: Candidate | None) -> None:
