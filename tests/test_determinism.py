@@ -128,7 +128,7 @@ def test_a_round_matches_the_egraph_as_it_stood_at_its_start():
             alone.close()
 
 
-@pytest.mark.parametrize("which", ["ac-add", "resnext50"])
+@pytest.mark.parametrize("which", ["ac-add", pytest.param("resnext50", marks=pytest.mark.slow)])
 def test_saturation_without_explanations_builds_the_same_egraph(which):
     """``relsat optimize`` records explanations only for an e-graph kept after the run (``--db``,
     ``keep_egraph``); without them (and without the e-nodes its match rows carry for them) saturation builds the
