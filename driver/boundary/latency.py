@@ -281,9 +281,7 @@ def promising(held: GuardResult) -> bool:
     """Whether a timing that ``judge`` did not keep (``held``) is worth one more: the optimized model is faster
     beyond the threshold by the compared medians and faster in every block, only not by the threshold in all of
     them (the machine's speed moved within a block). One slower block, or medians within the threshold, is not."""
-    faster = metric_ms(held.optimized, held.metric) < metric_ms(held.original, held.metric) * (1.0 - held.threshold)
-    sp = held.spread
-    return faster and not sp["apart"] and all(r > 1.0 for r in sp["ratios"] or [0.0])
+    return second_chance(held) and all(r > 1.0 for r in held.spread["ratios"] or [0.0])
 
 
 def second_chance(held: GuardResult) -> bool:

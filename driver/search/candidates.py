@@ -633,7 +633,8 @@ class Search:
         self._found_comparison = None
         if self.cache is None:
             return None
-        record = comparisons.recall(self.cache, self._comparison_key(input_model, cands, bindings, threshold))
+        key = self._comparison_key(input_model, cands, bindings, threshold)
+        record = comparisons.recall(self.cache, key)
         if record is None or [r["label"] for r in record["candidates"]] != [c.label for c in cands]:
             return None
         when = record["conditions"].get("measured_at")
@@ -691,11 +692,10 @@ class Search:
         if written is None:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
-        guard.keep_optimized = held  # (not held: its status says so, ``_confirmed``)
+        # (the last timing ``_confirmed`` judged: ``guard.keep_optimized`` is ``held``; not held, its status says so)
         if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
             comparisons.remember(
-                self.cache, self._comparison_key(input_model, cands, bindings, threshold), timing_kind(self.backend),
-                self.threads, record["original"],
+                self.cache, key, timing_kind(self.backend), self.threads, record["original"],
                 [(r["label"], r["timing"], ("written" if held else written.status) if c is written else r["status"])
                  for c, r in zip(cands, record["candidates"])], guard.as_dict())
         if not held:
