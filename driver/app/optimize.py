@@ -252,7 +252,7 @@ def _pipeline(run: phases.Run, model_or_path, *, db, output, keep_egraph, cost_c
             derived = phases.derive(run, imported)
         with timer("saturate"):
             # explanations only where the e-graph outlives the run (``--db``, ``keep_egraph``): nothing else reads
-            # them, and recording them was a sixth of ac-add's saturation (its match rows carry their e-nodes too)
+            # them, and recording them was 10-33 % of ac-add's saturation (its match rows carry their e-nodes too)
             saturated = phases.saturate(run, prepared, imported, price, explain=db is not None or keep_egraph)
         with timer("profile"):
             priced = phases.profile(run, prepared, imported, price, input_priced.report)
