@@ -308,3 +308,54 @@ def test_a_recalled_comparison_gives_its_fastest_candidate_the_second_timing_it_
         assert found2["written"] == "one-node" and (picked2 is again.candidates[0]) == found2["held"]
     else:  # recalled as one that kept the input model: nothing but the input model timed
         assert picked2 is None and "written" not in found2 and again.candidates[0].confirm is None
+
+
+def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slow_timing(tmp_path, monkeypatch):
+    """A warm run recalls a comparison that kept the input model; the input model's fresh timing comes out twice
+    its cached profile (the machine slow in that timing: ViT-B/16's confirmation 1.33x, which cost 87 s of timing
+    every candidate again). The profile is measured again as it was taken (``_remeasure``): it holds, so the
+    comparison is recalled. A profile that its own measurement contradicts still recalls nothing (the poisoned
+    cache above)."""
+    import dataclasses
+    import math
+
+    import numpy as np
+
+    from relsat.driver.search import candidates as search_mod
+    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.extract.context import graph_latency
+    from relsat.extract.extraction import ExtractionProblem
+    from relsat.relations.backend import CPU
+    from test_context import _matmul_model
+
+    original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal((384, 384)).astype(np.float32) for k in ("x", "w", "w2", "w3")}
+    profiled = graph_latency(original, feeds)[0]  # the original's profile, as a quiet machine took it
+    empty = np.zeros(0, dtype=np.int64)
+    stored = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])
+    s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
+               feeds, CPU, 1, cache, 10.0, 1e-4)
+    s.original = Candidate("original", {}, math.nan, model=original, profiled_ms=profiled, profile_key="orig",
+                           profile_source="cache")
+    s.candidates = [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="lost")]
+    key = s._comparison_key(original, s.usable(), [None], 0.03)
+    comparisons.remember(cache, key, "cpu", 1, stored, [("next-best 1", stored, "not faster beyond noise")], None)
+
+    real = search_mod.time_models
+
+    def slow(models, **kw):  # the input model's timing, taken while the machine ran at half its speed
+        t = real(models, **kw)
+        x2 = lambda v: [2 * y for y in v] if isinstance(v, list) else 2 * v  # noqa: E731
+        return [dataclasses.replace(t[0], **{f: x2(getattr(t[0], f)) for f in
+                                             ("median_ms", "q1_ms", "q3_ms", "cpu_ms", "blocks_ms", "blocks_cpu_ms")}),
+                *t[1:]]
+
+    monkeypatch.setattr(search_mod, "time_models", slow)
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    found = s.fidelity["comparison_found"]
+    assert [r["stale"] for r in found["checked"]] == [True]  # the slow timing alone calls the profile stale
+    assert found["remeasured"][0]["held"] and found["recalled"]  # its own measurement holds it
+    assert s.fidelity["comparison_recalled"] and guard["recalled"] and picked is None
+    lost = s.candidates[0]
+    assert lost.timing == stored and "cached" in lost.status  # the candidate was not timed again
