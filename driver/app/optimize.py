@@ -392,8 +392,10 @@ def _measured(outcome: phases.Outcome) -> dict | None:
     if not lat or "metric" not in lat:
         return None
     cpu = lat["metric"] == "cpu"
-    a = lat["original_cpu_ms"] if cpu else lat["original_ms"]
-    b = lat["optimized_cpu_ms"] if cpu else lat["optimized_ms"]
+    # the medians of the runs both made in the same minutes (``latency.paired_ms``; a guard stored by an older
+    # relsat has the overall medians only)
+    a, b = lat.get("paired_ms", {}).get(lat["metric"]) or (
+        (lat["original_cpu_ms"], lat["optimized_cpu_ms"]) if cpu else (lat["original_ms"], lat["optimized_ms"]))
     sp = lat.get("spread") or {}
     return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,
             "speedup": a / b if b else None, "input_blocks_ms": sp.get("original_ms"),
