@@ -354,3 +354,34 @@ def test_a_candidate_faster_by_the_medians_but_not_in_every_block_is_timed_again
     else:
         assert picked is None and not guard.keep_optimized
         assert cand.status.startswith("not faster when timed again")
+
+
+def test_a_promising_second_timing_is_followed_by_one_with_twice_the_runs(monkeypatch):
+    """The candidate's second timing is promising (faster by the medians and in every block, by the threshold in
+    all but one): the next timing makes twice the runs and spends twice the budget, and it alone decides (a graph
+    doing half the input model's work: written)."""
+    from relsat.driver.boundary.latency import BUDGET_S
+    from relsat.driver.search import candidates as search_mod
+
+    original = _matmul_model(2)
+    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
+    s.original = Candidate("original", {}, float("nan"), model=original)
+    cand = Candidate("round 1", {}, 1.0, model=_matmul_model(1))
+    s.candidates = [cand]
+    calls, real = [], search_mod.time_models
+
+    def timing(models, **kw):
+        calls.append(kw)
+        if len(calls) == 1:  # the first of its own timings: 1.1x, one block only 1.02x (the machine moved)
+            return list(_noisy(11.0, 10.0, [(11, 10), (11, 10), (10.2, 10), (11, 10)]))
+        return real(models, **kw)
+
+    monkeypatch.setattr(search_mod, "time_models", timing)
+    s._serialized = {}
+    held, orig_t, cand_t = s._confirmed(original, cand, [None], 0.03, lambda text: None)
+    assert len(calls) == 2 and cand.confirm["timings"] == 2
+    assert calls[1]["min_runs"] == 2 * calls[0]["min_runs"] == 2 * search_mod.CONFIRM_MIN_RUNS
+    assert calls[1]["budget_s"] == 2 * calls[0]["budget_s"] == 2 * BUDGET_S
+    assert held and orig_t.runs >= 2 * search_mod.CONFIRM_MIN_RUNS  # half the work: the second timing keeps it

@@ -76,7 +76,7 @@ from relsat.relations.backend import Backend
 from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import (MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
+from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
                                             second_chance, time_models, undecided)
 from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.verify import VerifyResult, verify
@@ -96,7 +96,8 @@ REMEASURE_BURSTS = 3  # a disagreeing cached profile is measured again this many
 
 
 CONFIRM_MIN_RUNS = 2 * MIN_RUNS  # runs per model in the second timing of the candidate to write, at least
-CONFIRM_TIMINGS = 2  # second timings at most, the next only after a promising one (``Search._confirmed``)
+CONFIRM_TIMINGS = 2  # second timings at most, the next only after a promising one (``Search._confirmed``), with
+# twice the runs and budget of the one before: a close call gets its block medians from more runs
 
 
 @dataclass
@@ -819,8 +820,12 @@ class Search:
         but is *promising* (faster beyond the threshold by the medians and faster in every block, only not by
         the threshold in all of them) is taken once more, up to ``CONFIRM_TIMINGS`` in all, each judged alone by
         the same rule: ViT-B/16's 1.10x faster graph was timed again at block ratios 1.12, 1.10, 1.03, 1.14
-        while the machine's speed moved 30 % between the blocks. A timing where the candidate is slower in
-        any block ends it. Returns whether it held, and the last timing of the input model and of ``c``."""
+        while the machine's speed moved 30 % between the blocks. That next timing makes twice the runs (and
+        spends twice the budget) of the one before: a block median of more runs moves less with the machine,
+        so the same every-block rule tells a real gain of a few percent from the noise more often either way
+        (Whisper-tiny's graph, 1.065x by the medians, was kept out by both of its timings at 2 threads). A timing
+        where the candidate is slower in any block ends it. Returns whether it held, and the last timing of the
+        input model and of ``c``."""
         shapes = bindings[0]
         tries = []
         for k in range(CONFIRM_TIMINGS):
@@ -828,7 +833,7 @@ class Search:
             orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads,
                                       backend=self.backend, input_shapes=shapes,
                                       roles=feeds.input_roles(input_model, shapes), seed=1 + k,
-                                      min_runs=CONFIRM_MIN_RUNS,
+                                      min_runs=CONFIRM_MIN_RUNS * 2**k, budget_s=BUDGET_S * 2**k,
                                       race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
             held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
             tries.append(held.as_dict())
