@@ -76,8 +76,8 @@ from relsat.relations.backend import Backend
 from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, Latency, judge, judged_ms, promising, relative_range,
-                                            second_chance, time_models, undecided)
+from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, Latency, judge, judged_ms, paired_ms, promising,
+                                            relative_range, second_chance, time_models, undecided)
 from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.verify import VerifyResult, verify
 
@@ -554,11 +554,11 @@ class Search:
         reported is its own."""
         orig = self.original
         picked, check, confirmed = None, None, None
-        for i, c in enumerate(sorted(cands, key=lambda c: c.measured_ms)):
+        for i, c in enumerate(sorted(cands, key=self._gain, reverse=True)):
             held = judge(orig.timing, c.timing, threads=self.threads, backend=self.backend, threshold=threshold)
             chance = i == 0 and not held.keep_optimized and second_chance(held)
             if not held.keep_optimized and not chance:
-                c.status = "slower" if c.measured_ms >= orig.measured_ms else "not faster beyond noise"
+                c.status = "slower" if self._gain(c) <= 1.0 else "not faster beyond noise"
             elif picked is None:
                 status(f"verifying the {c.label} graph ...")
                 result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
@@ -718,7 +718,13 @@ class Search:
         timed = [(c, r) for c, r in zip(cands, record["candidates"]) if r["timing"] is not None and c.model is not None]
         if not timed:
             return None
-        c, r = min(timed, key=lambda x: judged_ms(x[1]["timing"], self.threads, self.backend))
+        metric = self.backend.metric(self.threads)
+
+        def gain(x) -> float:  # (as ``_gain``, on the stored timings)
+            a, b = paired_ms(record["original"], x[1]["timing"], metric)
+            return a / b if b > 0 else 0.0
+
+        c, r = max(timed, key=gain)
         held = judge(record["original"], r["timing"], threads=self.threads, backend=self.backend, threshold=threshold)
         return c if r["status"] == "not faster beyond noise" and second_chance(held) else None
 
@@ -865,9 +871,22 @@ class Search:
                 "original_within_tolerance": agreement.get("agrees")}
 
     def fastest(self) -> Candidate | None:
-        """The usable candidate measured fastest (None before :meth:`choose`, or without candidates)."""
+        """The usable candidate measured fastest against the input model (``_gain``; None before :meth:`choose`,
+        or without candidates)."""
         timed = [c for c in self.usable() if c.measured_ms is not None]
-        return min(timed, key=lambda c: c.measured_ms, default=None)
+        return max(timed, key=self._gain, default=None)
+
+    def _gain(self, c: Candidate) -> float:
+        """The input model's median over ``c``'s, by the figure the guard compares, over the runs the two made in
+        the same minutes (``paired_ms``: a candidate the race left out of the second session is ranked on the
+        first, not against the input model's runs of other minutes); from the medians alone where a timing is
+        missing."""
+        o = self.original
+        if o is not None and o.timing is not None and c.timing is not None:
+            a, b = paired_ms(o.timing, c.timing, self.backend.metric(self.threads))
+        else:
+            a, b = (o.measured_ms if o is not None else None), c.measured_ms
+        return a / b if a and b else 0.0
 
     def report(self) -> list[dict]:
         """The original and every candidate, with predicted and measured latencies."""
