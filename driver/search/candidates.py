@@ -829,7 +829,8 @@ class Search:
         while the machine's speed moved 30 % between the blocks. That next timing makes twice the runs (and
         spends twice the budget) of the one before: a block median of more runs moves less with the machine,
         so the same every-block rule tells a real gain of a few percent from the noise more often either way
-        (Whisper-tiny's graph, 1.065x by the medians, was kept out by both of its timings at 2 threads). A timing
+        (Whisper-tiny's graph at 2 threads was kept out by its second timing: 130.2 vs 140.6 ms by the medians,
+        not in every block). A timing
         where the candidate is slower in any block ends it. Returns whether it held, and the last timing of the
         input model and of ``c``."""
         shapes = bindings[0]
