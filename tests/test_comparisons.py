@@ -359,3 +359,37 @@ def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slo
     assert s.fidelity["comparison_recalled"] and guard["recalled"] and picked is None
     lost = s.candidates[0]
     assert lost.timing == stored and "cached" in lost.status  # the candidate was not timed again
+
+
+def test_a_recalled_near_miss_that_todays_guard_keeps_is_timed_again_and_written(tmp_path):
+    """A comparison stored when the guard compared overall medians: its candidate was faster in every block, but
+    the runs fell in two clusters and its overall median was above the input model's (BERT-base: "0.766x"), so
+    it kept the input model. Recalled, today's guard (the blocks' medians) keeps that candidate: it gets the
+    timing a written one gets, and doing half the input model's work it is written."""
+    import math
+
+    import numpy as np
+
+    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.extract.extraction import ExtractionProblem
+    from relsat.relations.backend import CPU
+    from test_context import _matmul_model
+
+    original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
+    empty = np.zeros(0, dtype=np.int64)
+    s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
+               {}, CPU, 1, cache, 10.0, 1e-4)
+    s.original = Candidate("original", {}, math.nan, model=original)
+    s.candidates = [Candidate("one-node", {}, 1.0, model=_matmul_model(1), graph_key="clustered")]
+    key = s._comparison_key(original, s.usable(), [None], 0.03)
+    blocks_o, blocks_c = [13.5, 13.3, 7.4, 7.5], [12.8, 12.9, 7.0, 7.2]  # every block 3.7-6.3 % faster
+    orig_t = Latency(7.7, 7.4, 13.4, 16, 7.7, blocks_o, blocks_o)
+    clustered = Latency(10.0, 7.1, 12.8, 16, 10.0, blocks_c, blocks_c)  # its overall median in the slow cluster
+    comparisons.remember(cache, key, "cpu", 1, orig_t, [("one-node", clustered, "not faster beyond noise")],
+                         {"kept": "original"})
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    found = s.fidelity["comparison_found"]
+    assert s.fidelity["comparison_recalled"] and found["second_chance"] and found["written"] == "one-node"
+    assert picked is s.candidates[0] and check.ok and guard["kept"] == "optimized"
+    assert [c["status"] for c in comparisons.recall(cache, key)["candidates"]] == ["written"]
+
