@@ -70,6 +70,7 @@ from relsat.relations.egraph import EGraph
 from relsat.driver.app import phases
 from relsat.driver.errors import RelsatError
 from relsat.driver.options import DEFAULTS, SLOW_GROWTH, Options
+from relsat.driver.boundary.latency import Latency, paired_ms
 from relsat.driver.boundary.outputs import EGraphFile, save_model_atomic
 from relsat.driver.version import __version__
 
@@ -392,9 +393,10 @@ def _measured(outcome: phases.Outcome) -> dict | None:
     if not lat or "metric" not in lat:
         return None
     cpu = lat["metric"] == "cpu"
-    # the medians of the runs both made in the same minutes (``latency.paired_ms``; a guard stored by an older
-    # relsat has the overall medians only)
+    # the medians of the blocks both ran (``latency.paired_ms``; for a guard an older relsat stored, from its timings)
     a, b = lat.get("paired_ms", {}).get(lat["metric"]) or (
+        paired_ms(Latency(**lat["original"]), Latency(**lat["optimized"]), lat["metric"])
+        if isinstance(lat.get("original"), dict) and isinstance(lat.get("optimized"), dict) else
         (lat["original_cpu_ms"], lat["optimized_cpu_ms"]) if cpu else (lat["original_ms"], lat["optimized_ms"]))
     sp = lat.get("spread") or {}
     return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,

@@ -715,8 +715,8 @@ class Search:
         """The candidate of a recalled comparison that kept the input model which ``_pick`` now gives a second
         timing: the fastest of its timings, faster beyond the threshold by the medians but not in every block, or
         one that ``judge`` keeps now (stored before the medians were the blocks': BERT-base's candidate, faster in
-        every block by 3.7-6.3 %, was kept out at "0.766x" by overall medians), and never timed a second time
-        (its status is the first timing's). None otherwise."""
+        every block by 3.7-6.3 %, was kept out at "0.766x" by overall medians and called slower), and never timed
+        a second time (its status is the first timing's). None otherwise."""
         timed = [(c, r) for c, r in zip(cands, record["candidates"]) if r["timing"] is not None and c.model is not None]
         if not timed:
             return None
@@ -728,7 +728,8 @@ class Search:
 
         c, r = max(timed, key=gain)
         held = judge(record["original"], r["timing"], threads=self.threads, backend=self.backend, threshold=threshold)
-        return c if r["status"] == "not faster beyond noise" and (held.keep_optimized or second_chance(held)) else None
+        judged = r["status"] in ("not faster beyond noise", "slower")  # (not timed again, not failed to load)
+        return c if judged and (held.keep_optimized or second_chance(held)) else None
 
     @staticmethod
     def _missed(written: Candidate | None) -> None:
