@@ -178,29 +178,20 @@ def test_a_comparison_naming_a_graph_that_could_not_load_is_recalled(tmp_path):
     """A next-best graph ONNX Runtime cannot load is dropped when the choice loads it, after the cached comparison
     was looked up; the comparison stored names it (with its status), so a later run recalls it and drops it
     again without loading it."""
-    import math
-
-    import numpy as np
     from onnx import helper
 
-    from relsat.driver.search.candidates import Candidate, Search
-    from relsat.extract.extraction import ExtractionProblem
-    from relsat.relations.backend import CPU
-    from test_context import _matmul_model
+    from relsat.driver.search.candidates import Candidate
+    from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
     bad = _matmul_model(1)
     bad.graph.node[0].domain = "no.such.domain"
     bad.opset_import.append(helper.make_opsetid("no.such.domain", 1))
-    empty = np.zeros(0, dtype=np.int64)
 
-    def search() -> Search:
-        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
-                   {}, CPU, 1, cache, 10.0, 1e-4)
-        s.original = Candidate("original", {}, math.nan, model=original)
-        s.candidates = [Candidate("next-best 1", {}, 1.0, model=bad),
-                        Candidate("next-best 2", {}, 50.0, model=_matmul_model(3))]  # three times the work
-        return s
+    def search():
+        return _search(original, [Candidate("next-best 1", {}, 1.0, model=bad),
+                                  Candidate("next-best 2", {}, 50.0, model=_matmul_model(3))],  # three times the work
+                       cache=cache)
 
     s = search()
     picked, _, _ = s.choose(original, bindings=[None], threshold=0.03)
@@ -218,28 +209,18 @@ def test_a_recalled_written_graph_not_faster_now_keeps_the_input_model_and_times
     """A stored comparison wrote a candidate; a warm run that recalls it times that candidate against the input
     model again, finds it slower now, and keeps the input model without timing the other candidates (they were
     slower than it then); the row stays, so the next run confirms that candidate afresh."""
-    import math
-
-    import numpy as np
-
-    from relsat.driver.search.candidates import Candidate, Search
-    from relsat.extract.extraction import ExtractionProblem
-    from relsat.relations.backend import CPU
-    from test_context import _matmul_model
+    from relsat.driver.search.candidates import Candidate
+    from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
-    empty = np.zeros(0, dtype=np.int64)
     other = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])  # a stored timing no run here measures
 
-    def search() -> Search:
-        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
-                   {}, CPU, 1, cache, 10.0, 1e-4)
-        s.original = Candidate("original", {}, math.nan, model=original)
+    def search():
         # the graph the comparison wrote now does three blocks of the input model's two (the key names it as
         # before: a machine on which it is slower now)
-        s.candidates = [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="was-faster"),
-                        Candidate("next-best 2", {}, 2.0, model=_matmul_model(3), graph_key="lost")]
-        return s
+        return _search(original, [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="was-faster"),
+                                  Candidate("next-best 2", {}, 2.0, model=_matmul_model(3), graph_key="lost")],
+                       cache=cache)
 
     s = search()
     key = s._comparison_key(original, s.usable(), [None], 0.03)
@@ -263,25 +244,15 @@ def test_a_recalled_comparison_gives_its_fastest_candidate_the_second_timing_it_
     (it kept the input model) gives that candidate its second timing when recalled: a graph doing half the input
     model's work is written, one doing 1.5x is not; the row is stored again with the outcome, so the next recall
     confirms a written one as written, and does not time a slower one again."""
-    import math
-
-    import numpy as np
-
-    from relsat.driver.search.candidates import Candidate, Search
-    from relsat.extract.extraction import ExtractionProblem
-    from relsat.relations.backend import CPU
-    from test_context import _matmul_model, _noisy
+    from relsat.driver.search.candidates import Candidate
+    from test_context import _matmul_model, _noisy, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
-    empty = np.zeros(0, dtype=np.int64)
 
-    def search() -> Search:
-        s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
-                   {}, CPU, 1, cache, 10.0, 1e-4)
-        s.original = Candidate("original", {}, math.nan, model=original)
-        s.candidates = [Candidate("one-node", {}, 1.0, model=_matmul_model(work), graph_key="near-miss"),
-                        Candidate("round 1", {}, 2.0, model=_matmul_model(3), graph_key="slower")]
-        return s
+    def search():
+        return _search(original, [Candidate("one-node", {}, 1.0, model=_matmul_model(work), graph_key="near-miss"),
+                                  Candidate("round 1", {}, 2.0, model=_matmul_model(3), graph_key="slower")],
+                       cache=cache)
 
     s = search()
     key = s._comparison_key(original, s.usable(), [None], 0.03)
@@ -317,28 +288,21 @@ def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slo
     comparison is recalled. A profile that its own measurement contradicts still recalls nothing (the poisoned
     cache above)."""
     import dataclasses
-    import math
 
     import numpy as np
 
     from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import Candidate, Search
+    from relsat.driver.search.candidates import Candidate
     from relsat.extract.context import graph_latency
-    from relsat.extract.extraction import ExtractionProblem
-    from relsat.relations.backend import CPU
-    from test_context import _matmul_model
+    from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
     rng = np.random.default_rng(0)
     feeds = {k: rng.standard_normal((384, 384)).astype(np.float32) for k in ("x", "w", "w2", "w3")}
     profiled = graph_latency(original, feeds)[0]  # the original's profile, as a quiet machine took it
-    empty = np.zeros(0, dtype=np.int64)
     stored = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])
-    s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
-               feeds, CPU, 1, cache, 10.0, 1e-4)
-    s.original = Candidate("original", {}, math.nan, model=original, profiled_ms=profiled, profile_key="orig",
-                           profile_source="cache")
-    s.candidates = [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="lost")]
+    s = _search(original, [Candidate("next-best 1", {}, 1.0, model=_matmul_model(3), graph_key="lost")],
+                cache=cache, feeds=feeds, profiled_ms=profiled, profile_key="orig", profile_source="cache")
     key = s._comparison_key(original, s.usable(), [None], 0.03)
     comparisons.remember(cache, key, "cpu", 1, stored, [("next-best 1", stored, "not faster beyond noise")], None)
 
@@ -366,21 +330,11 @@ def test_a_recalled_near_miss_that_todays_guard_keeps_is_timed_again_and_written
     the runs fell in two clusters and its overall median was above the input model's (BERT-base: "0.766x"), so
     it kept the input model. Recalled, today's guard (the blocks' medians) keeps that candidate: it gets the
     timing a written one gets, and doing half the input model's work it is written."""
-    import math
-
-    import numpy as np
-
-    from relsat.driver.search.candidates import Candidate, Search
-    from relsat.extract.extraction import ExtractionProblem
-    from relsat.relations.backend import CPU
-    from test_context import _matmul_model
+    from relsat.driver.search.candidates import Candidate
+    from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
-    empty = np.zeros(0, dtype=np.int64)
-    s = Search(None, ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty), empty,
-               {}, CPU, 1, cache, 10.0, 1e-4)
-    s.original = Candidate("original", {}, math.nan, model=original)
-    s.candidates = [Candidate("one-node", {}, 1.0, model=_matmul_model(1), graph_key="clustered")]
+    s = _search(original, [Candidate("one-node", {}, 1.0, model=_matmul_model(1), graph_key="clustered")], cache=cache)
     key = s._comparison_key(original, s.usable(), [None], 0.03)
     blocks_o, blocks_c = [13.5, 13.3, 7.4, 7.5], [12.8, 12.9, 7.0, 7.2]  # every block 3.7-6.3 % faster
     orig_t = Latency(7.7, 7.4, 13.4, 16, 7.7, blocks_o, blocks_o)

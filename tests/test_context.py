@@ -136,16 +136,24 @@ def _matmul_model(widths: int, n: int = 384) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
+def _search(original: onnx.ModelProto, candidates=(), *, cache=None, feeds=None, **of_original) -> Search:
+    """The measured choice alone: a Search over no e-graph (an empty extraction problem) with the input model
+    ``original`` (``of_original``: more of its Candidate fields) and the given candidate graphs."""
+    empty = np.zeros(0, dtype=np.int64)
+    p = ExtractionProblem(empty, np.zeros(0), np.zeros(1, dtype=np.int64), empty, empty)
+    s = Search(None, p, empty, feeds or {}, CPU, 1, cache, 10.0, 1e-4)
+    s.original = Candidate("original", {}, float("nan"), model=original, **of_original)
+    s.candidates = list(candidates)
+    return s
+
+
 def test_the_measured_fastest_candidate_is_written_not_the_predicted_cheapest():
     """Two candidates: the one predicted cheapest does three times the input model's matrix work
     instead of half of it. Timing them finds it out: the other one is written, verified."""
     original = _matmul_model(2)
     cheap_looking = Candidate("predicted cheapest", {}, predicted_ms=0.1, model=_matmul_model(3))
     fast = Candidate("fast", {}, predicted_ms=50.0, model=_matmul_model(1))
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     s.candidates = [cheap_looking, fast]
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     assert picked is fast and check.ok
@@ -163,10 +171,7 @@ def test_an_unprofiled_graph_that_cannot_load_is_dropped_before_the_timing():
     bad = _matmul_model(1)
     bad.graph.node[0].domain = "no.such.domain"
     bad.opset_import.append(helper.make_opsetid("no.such.domain", 1))
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     s.candidates = [Candidate("cannot load", {}, 1.0, model=bad), Candidate("fast", {}, 50.0, model=_matmul_model(1))]
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     assert s.candidates[0].model is None and s.candidates[0].status.startswith("cannot load: ")
@@ -179,10 +184,7 @@ def test_the_written_candidate_is_faster_in_a_second_timing_too():
     which a copy of the input model is not (the threshold here is below the noise, so the first timing
     passes now and then)."""
     original = _matmul_model(2)
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     s.candidates = [Candidate(f"copy {k}", {}, predicted_ms=1.0, model=_matmul_model(2)) for k in range(3)]
     picked, check, guard = s.choose(original, bindings=[None], threshold=-0.5)  # first timing: any copy passes
     assert picked is not None and picked.confirm["kept"] == "optimized"
@@ -331,10 +333,7 @@ def test_a_candidate_faster_by_the_medians_but_not_in_every_block_is_timed_again
     from relsat.driver.boundary.latency import judge
 
     original = _matmul_model(2)
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     cand = Candidate("round 1", {}, 1.0, model=_matmul_model(work))
     other = Candidate("next-best 1", {}, 2.0, model=_matmul_model(1))
     s.candidates = [cand, other]
@@ -364,10 +363,7 @@ def test_a_promising_second_timing_is_followed_by_one_with_twice_the_runs(monkey
     from relsat.driver.search import candidates as search_mod
 
     original = _matmul_model(2)
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     cand = Candidate("round 1", {}, 1.0, model=_matmul_model(1))
     s.candidates = [cand]
     calls, real = [], search_mod.time_models
@@ -393,10 +389,7 @@ def test_the_candidate_ranked_fastest_is_the_one_fastest_against_the_input_model
     against the input model it is 1.01x. The other ran every block, 1.13x by the medians, one block the other
     way: it is the fastest, gets the second timing, and (doing half the work) is written."""
     original = _matmul_model(2)
-    p = ExtractionProblem(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(1, dtype=np.int64),
-                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    s = Search(None, p, np.zeros(0, dtype=np.int64), {}, CPU, 1, None, 10.0, 1e-4)
-    s.original = Candidate("original", {}, float("nan"), model=original)
+    s = _search(original)
     level = Candidate("round 1", {}, 1.0, model=_matmul_model(2))
     half = Candidate("next-best 1", {}, 2.0, model=_matmul_model(1))
     s.candidates = [level, half]
