@@ -393,17 +393,27 @@ def _measured(outcome: phases.Outcome) -> dict | None:
     if not lat or "metric" not in lat:
         return None
     cpu = lat["metric"] == "cpu"
-    # the medians of the blocks both ran (``latency.paired_ms``; for a guard an older relsat stored, from its timings)
-    a, b = lat.get("paired_ms", {}).get(lat["metric"]) or (
-        paired_ms(Latency(**lat["original"]), Latency(**lat["optimized"]), lat["metric"])
-        if isinstance(lat.get("original"), dict) and isinstance(lat.get("optimized"), dict) else
-        (lat["original_cpu_ms"], lat["optimized_cpu_ms"]) if cpu else (lat["original_ms"], lat["optimized_ms"]))
+    a, b = _paired(lat)
     sp = lat.get("spread") or {}
     return {"metric": "CPU time" if cpu else "wall clock", "input_ms": a, "candidate_ms": b,
             "speedup": a / b if b else None, "input_blocks_ms": sp.get("original_ms"),
             "candidate_blocks_ms": sp.get("optimized_ms"), "noise": sp.get("noise"),
             "block_ratios": sp.get("ratios"), "threshold": lat["threshold"],
             "beyond_noise": lat["kept"] == "optimized", "runs": lat["runs"], "apart": sp.get("apart", True)}
+
+
+def _paired(lat: dict) -> tuple[float, float]:
+    """The input model's and the candidate's medians by the compared figure over the blocks both ran
+    (``latency.paired_ms``): as the guard recorded them, or for a guard an older relsat stored, from its timings
+    (or its overall medians, where it kept no timings)."""
+    metric = lat["metric"]
+    if "paired_ms" in lat:
+        return tuple(lat["paired_ms"][metric])
+    if isinstance(lat.get("original"), dict) and isinstance(lat.get("optimized"), dict):
+        return paired_ms(Latency(**lat["original"]), Latency(**lat["optimized"]), metric)
+    if metric == "cpu":
+        return lat["original_cpu_ms"], lat["optimized_cpu_ms"]
+    return lat["original_ms"], lat["optimized_ms"]
 
 
 def _verdict(outcome: phases.Outcome, measured: dict | None) -> str:

@@ -283,6 +283,11 @@ def paired_ms(orig: Latency, opt: Latency, metric: str) -> tuple[float, float]:
     return metric_ms(orig, metric), metric_ms(opt, metric)
 
 
+def gain(orig: Latency, opt: Latency, metric: str) -> float:
+    """How many times faster ``opt`` ran than ``orig`` by ``metric``, over the blocks both ran (``paired_ms``)."""
+    return _ratio(*paired_ms(orig, opt, metric))
+
+
 def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
           threshold: float = GUARD_THRESHOLD) -> GuardResult:
     """The guard's decision on two timings: keep ``opt`` only if it is faster than ``orig`` beyond
@@ -294,8 +299,8 @@ def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
     sp = spread(orig, opt, metric, threshold)
     a, b = paired_ms(orig, opt, metric)
     keep = b < a * (1.0 - threshold) and sp["apart"]
-    return GuardResult(orig, opt, _ratio(*paired_ms(orig, opt, "wall")), _ratio(*paired_ms(orig, opt, "cpu")),
-                       metric, keep, threshold, threads, backend.name, sp)
+    return GuardResult(orig, opt, gain(orig, opt, "wall"), gain(orig, opt, "cpu"), metric, keep, threshold, threads,
+                       backend.name, sp)
 
 
 def promising(held: GuardResult) -> bool:

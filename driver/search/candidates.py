@@ -76,7 +76,7 @@ from relsat.relations.backend import Backend
 from relsat.driver.boundary import feeds
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
-from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, Latency, judge, judged_ms, paired_ms, promising,
+from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, Latency, gain, judge, judged_ms, promising,
                                             relative_range, second_chance, time_models, undecided)
 from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.verify import VerifyResult, verify
@@ -721,12 +721,7 @@ class Search:
         if not timed:
             return None
         metric = self.backend.metric(self.threads)
-
-        def gain(x) -> float:  # (as ``_gain``, on the stored timings)
-            a, b = paired_ms(record["original"], x[1]["timing"], metric)
-            return a / b if b > 0 else 0.0
-
-        c, r = max(timed, key=gain)
+        c, r = max(timed, key=lambda x: gain(record["original"], x[1]["timing"], metric))  # (as ``_gain``, stored)
         held = judge(record["original"], r["timing"], threads=self.threads, backend=self.backend, threshold=threshold)
         judged = r["status"] in ("not faster beyond noise", "slower")  # (not timed again, not failed to load)
         return c if judged and (held.keep_optimized or second_chance(held)) else None
@@ -833,9 +828,8 @@ class Search:
         spends twice the budget) of the one before: a block median of more runs moves less with the machine,
         so the same every-block rule tells a real gain of a few percent from the noise more often either way
         (Whisper-tiny's graph at 2 threads was kept out by its second timing: 130.2 vs 140.6 ms by the medians,
-        not in every block). A timing
-        where the candidate is slower in any block ends it. Returns whether it held, and the last timing of the
-        input model and of ``c``."""
+        not in every block). A timing where the candidate is slower in any block ends it. Returns whether it held,
+        and the last timing of the input model and of ``c``."""
         shapes = bindings[0]
         tries = []
         for k in range(CONFIRM_TIMINGS):
@@ -887,9 +881,8 @@ class Search:
         missing."""
         o = self.original
         if o is not None and o.timing is not None and c.timing is not None:
-            a, b = paired_ms(o.timing, c.timing, self.backend.metric(self.threads))
-        else:
-            a, b = (o.measured_ms if o is not None else None), c.measured_ms
+            return gain(o.timing, c.timing, self.backend.metric(self.threads))
+        a, b = (o.measured_ms if o is not None else None), c.measured_ms
         return a / b if a and b else 0.0
 
     def report(self) -> list[dict]:
