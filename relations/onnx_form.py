@@ -17,7 +17,8 @@ one-node models).  Export (driver/boundary/onnx_export.py), rule verification (p
 and measured costs (extract/measured.py) all write nodes through this module.
 
 Also here, as they are needed on both sides of it: walking the subgraphs of a node and the
-outer-scope values they read (``subgraphs``, ``walk_graphs``, ``outer_names``, ``rename_outer``).
+outer-scope values they read (``subgraphs``, ``walk_graphs``, ``graph_outer_names``, ``outer_names``,
+``rename_outer``).
 """
 
 from __future__ import annotations
@@ -57,19 +58,20 @@ def walk_graphs(graph: onnx.GraphProto):
             yield from walk_graphs(sub)
 
 
+def graph_outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names of outer-scope values that a subgraph (or the graphs nested in it) reads."""
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
+        o for n in graph.node for o in n.output}
+    used = {v.name for v in graph.output}
+    for n in graph.node:
+        used.update(i for i in n.input if i)
+        used.update(*(graph_outer_names(sub) for sub in subgraphs(n)))
+    return used - local
+
+
 def outer_names(node: onnx.NodeProto) -> list[str]:
     """Names of outer-scope values that the node's subgraphs read (sorted): implicit inputs."""
-
-    def refs(graph) -> set[str]:
-        local = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
-            o for n in graph.node for o in n.output}
-        used = {v.name for v in graph.output}
-        for n in graph.node:
-            used.update(i for i in n.input if i)
-            used.update(*(refs(sub) for sub in subgraphs(n)))
-        return used - local
-
-    return sorted(set().union(*(refs(sub) for sub in subgraphs(node))))
+    return sorted(set().union(*(graph_outer_names(sub) for sub in subgraphs(node))))
 
 
 def rename_outer(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:

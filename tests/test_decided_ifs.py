@@ -7,7 +7,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from relsat.driver.boundary.decided_ifs import inline_decided
+from relsat.driver.boundary.decided_ifs import inline_decided, inline_within
+from relsat.relations.onnx_form import walk_graphs
+from relsat.relations.runtime import session
 from test_onnx_roundtrip import F, make, roundtrip, w
 
 B = TensorProto.BOOL
@@ -95,3 +97,79 @@ def test_a_condition_a_caller_may_override_decides_nothing():
                  {"x": [3]}, ["y"], {"flag": np.array(False)})
     out, names = inline_decided(fixed, {})
     assert len(names) == 1 and [n.op_type for n in out.graph.node] == ["Neg"]
+
+
+def _kept_if_model():
+    """x: [2, n, 4], sr: an int64 scalar. The main ``If`` S on sr == 16000 (an input's value: it stays). Its
+    then-branch computes its own condition bool(Shape(x)[0]) for ``If`` E (2: true), whose then-branch
+    holds ``If`` F on Shape(x)[2] == 4 (true); its else-branch holds ``If`` G on ``ca``, a value the main
+    graph computes (Cast(Shape(x)[0])), and ``If`` H on Shape(x)[1] == 1 (n: dynamic: it stays)."""
+    f_then = helper.make_graph([helper.make_node("Tanh", ["x"], ["ft"])], "f_then", [], [_out("ft", [2, "n", 4])])
+    f_else = helper.make_graph([helper.make_node("Exp", ["x"], ["fe"])], "f_else", [], [_out("fe", [2, "n", 4])])
+    cond_f, consts_f = _dim_is("x", 2, 4, "cf", "f")
+    e_then = helper.make_graph(
+        [*cond_f, helper.make_node("If", ["cf"], ["et"], then_branch=f_then, else_branch=f_else, name="F")],
+        "e_then", [], [_out("et", [2, "n", 4])],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in consts_f.items()])
+    e_else = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["ee"])], "e_else", [], [_out("ee", [2, "n", 4])])
+    s_then = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["ts"]), helper.make_node("Gather", ["ts", "zero"], ["t0"], axis=0),
+         helper.make_node("Cast", ["t0"], ["tc"], to=B),
+         helper.make_node("If", ["tc"], ["st"], then_branch=e_then, else_branch=e_else, name="E")],
+        "s_then", [], [_out("st", [2, "n", 4])])
+    g_then = helper.make_graph([helper.make_node("Relu", ["x"], ["gt"])], "g_then", [], [_out("gt", [2, "n", 4])])
+    g_else = helper.make_graph([helper.make_node("Neg", ["x"], ["ge"])], "g_else", [], [_out("ge", [2, "n", 4])])
+    h_then = helper.make_graph([helper.make_node("Abs", ["gx"], ["ht"])], "h_then", [], [_out("ht", [2, "n", 4])])
+    h_else = helper.make_graph([helper.make_node("Sin", ["gx"], ["he"])], "h_else", [], [_out("he", [2, "n", 4])])
+    cond_h, consts_h = _dim_is("x", 1, 1, "ch", "h")
+    s_else = helper.make_graph(
+        [helper.make_node("If", ["ca"], ["gx"], then_branch=g_then, else_branch=g_else, name="G"), *cond_h,
+         helper.make_node("If", ["ch"], ["se"], then_branch=h_then, else_branch=h_else, name="H")],
+        "s_else", [], [_out("se", [2, "n", 4])],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in consts_h.items()])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["d0"], axis=0),
+             helper.make_node("Cast", ["d0"], ["ca"], to=B),
+             helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], then_branch=s_then, else_branch=s_else, name="S")]
+    return make(nodes, {"x": [2, "n", 4], "sr": (TensorProto.INT64, [])}, [_out("y", [2, "n", 4])],
+                {"zero": np.int64(0), "rate": np.int64(16000)}, opset=17)
+
+
+def _branch_ops(node) -> dict[str, list[str]]:
+    """Each branch of ``node``: the op types of its nodes, and the names of the ``If`` nodes in it (any depth)."""
+    out = {}
+    for a in node.attribute:
+        out[a.name] = [n.op_type for n in a.g.node] + [
+            f"If:{n.name}" for g in walk_graphs(a.g) for n in g.node if n.op_type == "If"]
+    return out
+
+
+def test_ifs_inside_the_branches_of_a_kept_if_are_decided_at_any_depth():
+    model = _kept_if_model()
+    before = model.SerializeToString()
+    imported, out = roundtrip(model, input_shapes={"x": [2, 5, 4]})  # verified at several sizes of n
+    assert model.SerializeToString() == before
+    (s,) = [n for n in out.graph.node if n.op_type == "If"]  # S stays: an input's value decides it
+    ops = _branch_ops(s)
+    assert ops["then_branch"] == ["Tanh"]  # E and F decided, the condition computed for E gone with it
+    assert ops["else_branch"] == ["Relu", "Shape", "Gather", "Equal", "If", "If:H"]  # G decided by the main graph's value
+    notice = next(n for n in imported.notices if "inside the branches" in n)
+    assert "If x3" in notice and "'E'" in notice and "'G'" in notice
+    # both branches of S, each at two sizes of the dynamic dim, against the input model
+    x = {n: np.random.default_rng(n).standard_normal((2, n, 4)).astype(np.float32) for n in (1, 3)}
+    for sr in (16000, 8000):
+        for n in (1, 3):
+            feeds = {"x": x[n], "sr": np.array(sr, np.int64)}
+            want = session(model, optimize=False).run(None, feeds)[0]
+            got = session(out, optimize=False).run(None, feeds)[0]
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_branch_whose_types_cannot_be_computed_is_kept():
+    model = _kept_if_model()
+
+    def infer(sub, shapes):
+        raise ValueError("no types")
+
+    out, names = inline_within(model, {"x": (F, [2, 5, 4]), "sr": (TensorProto.INT64, [])}, {}, infer)
+    assert out is model and names == []

@@ -13,6 +13,13 @@ the graph (their reads inside nested subgraphs too); its outputs take the ``If``
 ``Identity`` where the branch passes through an outer value or names one value twice); its initializers
 move to the graph. ``If`` nodes inside a taken branch are decided by the caller's next pass, once the
 import has computed again over the new nodes.
+
+An ``If`` the main graph keeps (its condition depends on an input's value) may hold decided ``If`` nodes
+in its branches: :func:`inline_within` decides them there, at any depth, each branch computed as a graph
+of its own whose inputs are the outer values it reads, typed as the enclosing graph computed them (the
+static dims of the model's inputs hold in every branch) and constant where the enclosing graph computed
+them. Silero VAD (the export with the sample rate an input): the whole model sits in an ``If`` on
+``sr == 16000``, and the same LSTM decoder ``If`` as above sits in each of its branches.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from relsat.relations.onnx_form import rename_outer, subgraphs, walk_graphs
+from relsat.relations.onnx_form import graph_outer_names, outer_names, rename_outer, subgraphs, walk_graphs
 
 
 def _names_in(graph: onnx.GraphProto) -> set[str]:
@@ -46,7 +53,7 @@ def _condition(name: str, folded: dict, consts: dict) -> bool | None:
     return bool(arr.reshape(-1)[0]) if arr.size == 1 else None
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def scalar_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """Values of the main graph's Constant nodes and initializers that are not also graph inputs."""
     listed = {v.name for v in graph.input}
     out = {t.name: t for t in graph.initializer if t.name not in listed and np.prod(t.dims) == 1}
@@ -111,12 +118,14 @@ def _branch_nodes(node: onnx.NodeProto, branch: onnx.GraphProto, taken: set[str]
     return nodes, inits
 
 
-def inline_decided(model: onnx.ModelProto, folded: dict) -> tuple[onnx.ModelProto, list[str]]:
+def inline_decided(model: onnx.ModelProto, folded: dict,
+                   taken: set[str] | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """``model`` with every main-graph ``If`` whose condition ``folded`` (the import's computed values), a
     Constant or a (not overridable) initializer decides replaced by its taken branch; the names of the ``If``
-    nodes replaced (``model`` itself, untouched, when there are none)."""
+    nodes replaced (``model`` itself, untouched, when there are none). ``taken``: names in use besides the
+    model's own (an enclosing graph's, where ``model`` stands for a branch); it grows by the names added."""
     graph = model.graph
-    consts = _constants(graph)
+    consts = scalar_constants(graph)
     decided = []
     for n in graph.node:
         if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.input:
@@ -127,7 +136,8 @@ def inline_decided(model: onnx.ModelProto, folded: dict) -> tuple[onnx.ModelProt
         return model, []
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    taken = _names_in(out.graph)
+    taken = (set() if taken is None else taken)
+    taken |= _names_in(out.graph)
     which = {id(n): cond for n, cond in decided}
     nodes, inits, names = [], [], []
     for n, orig in zip(out.graph.node, graph.node):
@@ -143,3 +153,80 @@ def inline_decided(model: onnx.ModelProto, folded: dict) -> tuple[onnx.ModelProt
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(inits)
     return out, names
+
+
+def _live(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The graph's nodes that its outputs need (a taken branch leaves the condition it was taken on
+    computed and unread; ONNX Runtime does not remove such nodes inside a subgraph)."""
+    needed, kept = {v.name for v in graph.output}, []
+    for n in reversed(graph.node):
+        if any(o in needed for o in n.output if o):
+            kept.append(n)
+            needed.update(i for i in [*n.input, *outer_names(n)] if i)
+    return kept[::-1]
+
+
+def _branch_model(branch: onnx.GraphProto, model: onnx.ModelProto, types: dict, known: dict):
+    """A branch as a model of its own: the outer values it reads as inputs typed by ``types`` (``name ->
+    (dtype, dims)``), or as initializers where ``known`` holds their value; returns it, the shapes to give
+    its inputs, and the names of the initializers that stand for outer values."""
+    inputs, inits, shapes = [], [], {}
+    for name in sorted(graph_outer_names(branch)):
+        if name in known:
+            inits.append(numpy_helper.from_array(np.asarray(known[name]), name))
+            continue
+        dtype, dims = types.get(name, (None, None))
+        if not dtype:
+            return None
+        inputs.append(helper.make_tensor_value_info(name, dtype, None))
+        if dims is not None:
+            shapes[name] = list(dims)
+    graph = helper.make_graph(list(branch.node), branch.name or "branch", inputs, list(branch.output),
+                              [*branch.initializer, *inits])
+    return (helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version,
+                              functions=model.functions), shapes, {t.name for t in inits})
+
+
+def inline_within(model: onnx.ModelProto, types: dict, known: dict, infer,
+                  taken: set[str] | None = None) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with the decided ``If`` nodes inside the branches of its main graph's ``If`` nodes (at
+    any depth) replaced by their taken branches; the names of those replaced (``model`` itself when none).
+    ``types``/``known``: the main graph's computed types and constant values; ``infer(model, shapes)``
+    computes a branch's (the import's ``_infer_types``). A branch whose types cannot be computed is kept."""
+    taken = _names_in(model.graph) if taken is None else taken
+    out, names = None, []
+    for i, n in enumerate(model.graph.node):
+        if not (n.op_type == "If" and n.domain in ("", "ai.onnx")):
+            continue
+        for k, a in enumerate(n.attribute):
+            if a.type != onnx.AttributeProto.GRAPH:
+                continue
+            made = _branch_model(a.g, model, types, known)
+            if made is None:
+                continue
+            sub, shapes, outer = made
+            decided = []
+            try:
+                while True:
+                    sub_types, sub_known = infer(sub, shapes)
+                    sub, more = inline_decided(sub, sub_known, taken)
+                    if not more:
+                        break
+                    decided += more
+                sub, more = inline_within(sub, {**types, **sub_types}, {**known, **sub_known}, infer, taken)
+            except Exception:  # types not computable: the branch kept as it is
+                continue
+            if not decided and not more:
+                continue
+            if out is None:
+                out = onnx.ModelProto()
+                out.CopyFrom(model)
+            g = out.graph.node[i].attribute[k].g
+            nodes = _live(sub.graph)
+            read = {v.name for v in g.output} | {i for n in nodes for i in [*n.input, *outer_names(n)]}
+            del g.node[:]
+            g.node.extend(nodes)
+            del g.initializer[:]
+            g.initializer.extend(t for t in sub.graph.initializer if t.name not in outer and t.name in read)
+            names += decided + more
+    return (model if out is None else out), names

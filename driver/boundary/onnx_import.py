@@ -45,7 +45,7 @@ import onnx
 import onnx.version_converter
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from relsat.driver.boundary.decided_ifs import inline_decided
+from relsat.driver.boundary.decided_ifs import scalar_constants, inline_decided, inline_within
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, infer_dim, is_batch_like, is_sym, window_dim
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
@@ -1425,6 +1425,14 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
         if inlined:
             notices.append(f"If x{len(inlined)} decided at import (the condition computed from constants and static "
                            f"dims): the branch taken in its place ({_names_quoted(inlined)})")
+        if not passthrough:  # and those inside the branches of the Ifs kept
+            model, nested = inline_within(model, types, {**scalar_constants(model.graph), **folded},
+                                          lambda m, s: _infer_types(m, s, symbols))
+            graph = model.graph
+            if nested:
+                notices.append(f"If x{len(nested)} inside the branches of an If decided at import (the condition "
+                               f"computed from constants and static dims): the branch taken in its place "
+                               f"({_names_quoted(nested)})")
     except Exception as e:
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
