@@ -150,10 +150,17 @@ def _optimize_task(task: ModelTask, outdir: Path, options: dict, keep_db: bool, 
     folder, the cost rows it added as Parquet bytes or None)."""
     yield ("started", socket.gethostname())
     stage = stage_dir(outdir, task.name, tag)
+    if options["cost_model"] != "measured":  # no cost cache, no folder for one
+        yield ("done", model_fields(task, outdir, options, keep_db, stage), str(stage), None)
+        return
+    # (a task killed at its timeout leaves this folder behind: the kill is a SIGKILL)
     with tempfile.TemporaryDirectory(prefix="relsat-ray-costs-") as tmp:
-        cache = _seeded_cache(Path(tmp), seed) if options["cost_model"] == "measured" else None
-        fields = model_fields(task, outdir, options, keep_db, stage, cost_cache=cache)
-        added = _added_rows(cache, Path(tmp), seed) if cache is not None else None
+        cache = _seeded_cache(Path(tmp), seed)
+        try:
+            fields = model_fields(task, outdir, options, keep_db, stage, cost_cache=cache)
+            added = _added_rows(cache, Path(tmp), seed)
+        finally:  # closed before its folder is removed
+            cache.close()
     yield ("done", fields, str(stage), added)
 
 
