@@ -87,8 +87,9 @@ class GraphProfile:
     replaced: bool = False  # re-taken (``refresh``): the cache's row for this graph was replaced
     q1_ms: float | None = None  # quartiles of the whole-graph runs (None: not recorded)
     q3_ms: float | None = None
-    blob: bytes | None = None  # the graph as profiled, serialized when this call ran it (its nodes renamed; None:
-    # from the cache, or over 2 GiB), which runs as the model does: a caller timing it need not serialize it again
+    blob: object = None  # the graph as profiled, made runnable when this call ran it (``runtime.runnable``: bytes
+    # or a Runnable; its nodes renamed; None: from the cache, or over 2 GiB), which runs as the model does: a
+    # caller timing it need not serialize it again
 
 
 @contextlib.contextmanager
@@ -325,7 +326,8 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
             fetch = [o.name for o in model.graph.output]
             if before_run is not None:
                 before_run()
-            blob = renamed.SerializeToString() if runtime.fits_one_buffer(renamed) else None
+            blob = runtime.runnable(renamed)  # bytes, or a Runnable (big weights as arrays)
+            blob = None if isinstance(blob, onnx.ModelProto) else blob  # (over one buffer: run as the model)
             cond = conditions(threads)  # taken as the timing starts
             latency, q1, q3, runs = graph_latency(renamed if blob is None else blob, feeds, backend=backend,
                                                   threads=threads, budget_s=budget_s)

@@ -136,7 +136,7 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     block's timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
     of the guard's decision: a model whose blocks already overlap the reference's cannot pass it."""
     # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
-    models = [runtime.serialized(m) if isinstance(m, onnx.ModelProto) else m for m in models]
+    models = [runtime.runnable(m) for m in models]
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]
     feeds = None

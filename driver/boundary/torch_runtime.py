@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 
 from relsat.driver.errors import RelsatError
 from relsat.extract.profile import NODE_TIMERS
+from relsat.relations import runtime
 from relsat.relations.onnx_form import subgraphs
 
 _TYPES = {onnx.TensorProto.FLOAT: "tensor(float)", onnx.TensorProto.DOUBLE: "tensor(double)",
@@ -210,8 +211,10 @@ def _constant(node) -> np.ndarray:
 
 
 def session(model_or_path, device: str = "cuda") -> TorchSession:
-    """A ``TorchSession`` for a ModelProto, its serialized bytes or a path (weights of external data loaded)."""
-    if isinstance(model_or_path, bytes):
+    """A ``TorchSession`` for a ModelProto, its serialized bytes, a ``Runnable`` or a path (weights of external data loaded)."""
+    if isinstance(model_or_path, runtime.Runnable):
+        model = model_or_path.model()
+    elif isinstance(model_or_path, bytes):
         model = onnx.load_model_from_string(model_or_path)
     else:
         model = model_or_path if isinstance(model_or_path, onnx.ModelProto) else onnx.load_model(str(model_or_path))

@@ -402,7 +402,7 @@ class Search:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
                 blob = done.get(id(m))
                 if blob is None:
-                    blob = runtime.serialized(m)
+                    blob = runtime.runnable(m)
                 self._serialized[id(m)] = (m, blob)
         return [self._serialized[id(m)][1] for m in models]
 
