@@ -347,3 +347,60 @@ def test_a_recalled_near_miss_that_todays_guard_keeps_is_timed_again_and_written
     assert picked is s.candidates[0] and check.ok and guard["kept"] == "optimized"
     assert [c["status"] for c in comparisons.recall(cache, key)["candidates"]] == ["written"]
 
+
+
+def test_the_profile_measured_again_on_recall_runs_its_graph_with_its_weights(tmp_path, monkeypatch):
+    """As above, with the original's graph as a run exports it: its weights as shells, filled only before something
+    runs it. A recall that kept the input model fills none, so the measurement of the profile ran nothing and the
+    profile stood as stale (BERT-base's warm run: the recall dropped, every candidate timed again, 80 s where the
+    recall took 18 s). The measurement fills the graph it runs: it holds the profile, and the comparison is
+    recalled."""
+    import dataclasses
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from relsat.driver.search import candidates as search_mod
+    from relsat.driver.search.candidates import Candidate
+    from relsat.extract.context import graph_latency
+    from test_context import _search
+
+    n = 384
+    w = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+
+    def model(blocks: int, shell: bool = False):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"])] + [
+            helper.make_node("MatMul", [f"y{k}", "w"], [f"y{k + 1}"]) for k in range(blocks - 1)]
+        nodes.append(helper.make_node("Identity", [f"y{blocks - 1}"], ["y"]))
+        init = numpy_helper.from_array(w, "w")
+        if shell:
+            init.ClearField("raw_data")
+        graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [init])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+    original, cache = model(2), CostCache(tmp_path / "c.duckdb")
+    feeds = {"x": np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)}
+    profiled = graph_latency(original, feeds)[0]
+    stored = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])
+    s = _search(original, [Candidate("next-best 1", {}, 1.0, model=model(3), graph_key="lost")], cache=cache,
+                feeds=feeds, profiled_ms=profiled, profile_key="orig", profile_source="cache")
+    s.original.model, s.original.weights = model(2, shell=True), {"w": w}  # as the export leaves it
+    key = s._comparison_key(original, s.usable(), [None], 0.03)
+    comparisons.remember(cache, key, "cpu", 1, stored, [("next-best 1", stored, "not faster beyond noise")], None)
+    real = search_mod.time_models
+
+    def slow(models, **kw):  # the input model's timing, taken while the machine ran at a third of its speed
+        t = real(models, **kw)
+        x3 = lambda v: [3 * y for y in v] if isinstance(v, list) else 3 * v  # noqa: E731
+        return [dataclasses.replace(t[0], **{f: x3(getattr(t[0], f)) for f in
+                                             ("median_ms", "q1_ms", "q3_ms", "cpu_ms", "blocks_ms", "blocks_cpu_ms")}),
+                *t[1:]]
+
+    monkeypatch.setattr(search_mod, "time_models", slow)
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    found = s.fidelity["comparison_found"]
+    assert [r["stale"] for r in found["checked"]] == [True]
+    assert found["remeasured"] and found["remeasured"][0]["held"] and found["recalled"]
+    assert s.fidelity["comparison_recalled"] and picked is None
+    assert "cached" in s.candidates[0].status

@@ -747,6 +747,7 @@ class Search:
             c = next((x for x in [self.original, *self.usable()] if x is not None and x.profile_key == r["key"]
                       and x.model is not None), None)
             if c is not None:
+                self._fill(c)  # (a recall that kept the input model filled none: shells ran nothing)
                 graphs.append((r, c, []))
         if graphs:
             status(f"measuring {len(graphs)} graph(s) again to check their cached profiles ...")
