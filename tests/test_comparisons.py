@@ -281,14 +281,25 @@ def test_a_recalled_comparison_gives_its_fastest_candidate_the_second_timing_it_
         assert picked2 is None and "written" not in found2 and again.candidates[0].confirm is None
 
 
+def _input_slowed(time_models, factor: float):
+    """``time_models`` whose first model's (the input model's) figures come out ``factor`` times slower."""
+    import dataclasses
+
+    def slow(models, **kw):
+        t = time_models(models, **kw)
+        scale = lambda v: [factor * y for y in v] if isinstance(v, list) else factor * v  # noqa: E731
+        return [dataclasses.replace(t[0], **{f: scale(getattr(t[0], f)) for f in
+                                             ("median_ms", "q1_ms", "q3_ms", "cpu_ms", "blocks_ms", "blocks_cpu_ms")}),
+                *t[1:]]
+    return slow
+
+
 def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slow_timing(tmp_path, monkeypatch):
     """A warm run recalls a comparison that kept the input model; the input model's fresh timing comes out twice
     its cached profile (the machine slow in that timing: ViT-B/16's confirmation 1.33x, which cost 87 s of timing
     every candidate again). The profile is measured again as it was taken (``_remeasure``): it holds, so the
     comparison is recalled. A profile that its own measurement contradicts still recalls nothing (the poisoned
     cache above)."""
-    import dataclasses
-
     import numpy as np
 
     from relsat.driver.search import candidates as search_mod
@@ -306,16 +317,8 @@ def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slo
     key = s._comparison_key(original, s.usable(), [None], 0.03)
     comparisons.remember(cache, key, "cpu", 1, stored, [("next-best 1", stored, "not faster beyond noise")], None)
 
-    real = search_mod.time_models
-
-    def slow(models, **kw):  # the input model's timing, taken while the machine ran at half its speed
-        t = real(models, **kw)
-        x2 = lambda v: [2 * y for y in v] if isinstance(v, list) else 2 * v  # noqa: E731
-        return [dataclasses.replace(t[0], **{f: x2(getattr(t[0], f)) for f in
-                                             ("median_ms", "q1_ms", "q3_ms", "cpu_ms", "blocks_ms", "blocks_cpu_ms")}),
-                *t[1:]]
-
-    monkeypatch.setattr(search_mod, "time_models", slow)
+    # the input model's timing, taken while the machine ran at half its speed
+    monkeypatch.setattr(search_mod, "time_models", _input_slowed(search_mod.time_models, 2))
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     found = s.fidelity["comparison_found"]
     assert [r["stale"] for r in found["checked"]] == [True]  # the slow timing alone calls the profile stale
@@ -355,8 +358,6 @@ def test_the_profile_measured_again_on_recall_runs_its_graph_with_its_weights(tm
     profile stood as stale (BERT-base's warm run: the recall dropped, every candidate timed again, 80 s where the
     recall took 18 s). The measurement fills the graph it runs: it holds the profile, and the comparison is
     recalled."""
-    import dataclasses
-
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -388,16 +389,8 @@ def test_the_profile_measured_again_on_recall_runs_its_graph_with_its_weights(tm
     s.original.model, s.original.weights = model(2, shell=True), {"w": w}  # as the export leaves it
     key = s._comparison_key(original, s.usable(), [None], 0.03)
     comparisons.remember(cache, key, "cpu", 1, stored, [("next-best 1", stored, "not faster beyond noise")], None)
-    real = search_mod.time_models
-
-    def slow(models, **kw):  # the input model's timing, taken while the machine ran at a third of its speed
-        t = real(models, **kw)
-        x3 = lambda v: [3 * y for y in v] if isinstance(v, list) else 3 * v  # noqa: E731
-        return [dataclasses.replace(t[0], **{f: x3(getattr(t[0], f)) for f in
-                                             ("median_ms", "q1_ms", "q3_ms", "cpu_ms", "blocks_ms", "blocks_cpu_ms")}),
-                *t[1:]]
-
-    monkeypatch.setattr(search_mod, "time_models", slow)
+    # the input model's timing, taken while the machine ran at a third of its speed
+    monkeypatch.setattr(search_mod, "time_models", _input_slowed(search_mod.time_models, 3))
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     found = s.fidelity["comparison_found"]
     assert [r["stale"] for r in found["checked"]] == [True]
