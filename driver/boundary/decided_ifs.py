@@ -223,7 +223,7 @@ def inline_within(model: onnx.ModelProto, types: dict, known: dict, infer,
                 out.CopyFrom(model)
             g = out.graph.node[i].attribute[k].g
             nodes = _live(sub.graph)
-            read = {v.name for v in g.output} | {i for n in nodes for i in [*n.input, *outer_names(n)]}
+            read = {v.name for v in g.output} | {x for node in nodes for x in [*node.input, *outer_names(node)]}
             del g.node[:]
             g.node.extend(nodes)
             del g.initializer[:]
