@@ -8,10 +8,10 @@ are declared here and nowhere else.
 
 ``session(model, providers=, threads=, optimize=)``: a model given as a ModelProto, bytes, a
 ``Runnable`` or a path; a ModelProto with big weights is made a ``Runnable`` first (``runnable``: its graph
-serialized without them, the weights given to ONNX Runtime as arrays); one too big for one protobuf buffer
-(2 GiB) that is not goes through a temporary file with external data.  ``threads=None`` leaves ONNX Runtime's own thread defaults; a number fixes the intra-op
-threads, one inter-op thread and sequential execution, and stops the threads' spinning when a run
-ends (how relsat times models: see ``session_options``).
+serialized without them, the weights given to ONNX Runtime as arrays); any other ModelProto too big for one
+protobuf buffer (2 GiB) goes through a temporary file with external data.  ``threads=None`` leaves ONNX
+Runtime's own thread defaults; a number fixes the intra-op threads, one inter-op thread and sequential
+execution, and stops the threads' spinning when a run ends (how relsat times models: see ``session_options``).
 
 ``serialize_once(model)``: while the block runs, every session made here for that ModelProto and every
 ``serialized(model)`` use one serialization of it, made at the first use, and its sessions without graph

@@ -155,6 +155,19 @@ def inline_decided(model: onnx.ModelProto, folded: dict,
     return out, names
 
 
+def inline_all(model: onnx.ModelProto, infer, taken: set[str] | None = None) -> tuple:
+    """``model`` with its main graph's decided ``If`` nodes replaced (:func:`inline_decided`), its values computed
+    again (``infer(model) -> (types, values)``) after each pass until a pass decides none (an ``If`` inside a taken
+    branch is decided by the next); returns it, its last computed types and values, and the names replaced."""
+    names = []
+    while True:
+        types, known = infer(model)
+        model, more = inline_decided(model, known, taken)
+        if not more:
+            return model, types, known, names
+        names += more
+
+
 def _live(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The graph's nodes that its outputs need (a taken branch leaves the condition it was taken on
     computed and unread; ONNX Runtime does not remove such nodes inside a subgraph)."""
@@ -205,14 +218,8 @@ def inline_within(model: onnx.ModelProto, types: dict, known: dict, infer,
             if made is None:
                 continue
             sub, shapes, outer = made
-            decided = []
             try:
-                while True:
-                    sub_types, sub_known = infer(sub, shapes)
-                    sub, more = inline_decided(sub, sub_known, taken)
-                    if not more:
-                        break
-                    decided += more
+                sub, sub_types, sub_known, decided = inline_all(sub, lambda m: infer(m, shapes), taken)
                 sub, more = inline_within(sub, {**types, **sub_types}, {**known, **sub_known}, infer, taken)
             except Exception:  # types not computable: the branch kept as it is
                 continue

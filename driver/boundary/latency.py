@@ -135,7 +135,8 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     model, the reference, runs in it when it needs it or any other does); a model left out keeps its first
     block's timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
     of the guard's decision: a model whose blocks already overlap the reference's cannot pass it."""
-    # each model serialized once for both blocks' sessions (a ModelProto is serialized at every session made)
+    # each model made runnable once for both blocks' sessions (``runtime.runnable``; a ModelProto would be made so at
+    # every session made)
     models = [runtime.runnable(m) for m in models]
     times: list[list[float]] = [[] for _ in models]
     cpu: list[list[float]] = [[] for _ in models]

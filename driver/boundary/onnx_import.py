@@ -45,7 +45,7 @@ import onnx
 import onnx.version_converter
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from relsat.driver.boundary.decided_ifs import scalar_constants, inline_decided, inline_within
+from relsat.driver.boundary.decided_ifs import inline_all, inline_within, scalar_constants
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, infer_dim, is_batch_like, is_sym, window_dim
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
@@ -1413,15 +1413,12 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
                        "inputs with their defaults, not folded: callers may override them (ONNX IR >= 4)")
     node_count = len(graph.node)
     try:
-        types, folded = _infer_types(model, shapes, symbols)
-        inlined = []
-        while not passthrough:  # an If the computed values decide: its branch in its place, then compute again
-            model, names = inline_decided(model, folded)
-            if not names:
-                break
-            inlined += names
+        infer = functools.partial(_infer_types, shapes=shapes, symbols=symbols)
+        if passthrough:
+            (types, folded), inlined = infer(model), []
+        else:  # an If the computed values decide: its branch in its place, then compute again
+            model, types, folded, inlined = inline_all(model, infer)
             graph = model.graph
-            types, folded = _infer_types(model, shapes, symbols)
         if inlined:
             notices.append(f"If x{len(inlined)} decided at import (the condition computed from constants and static "
                            f"dims): the branch taken in its place ({_names_quoted(inlined)})")

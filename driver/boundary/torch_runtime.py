@@ -211,7 +211,8 @@ def _constant(node) -> np.ndarray:
 
 
 def session(model_or_path, device: str = "cuda") -> TorchSession:
-    """A ``TorchSession`` for a ModelProto, its serialized bytes, a ``Runnable`` or a path (weights of external data loaded)."""
+    """A ``TorchSession`` for a ModelProto, its serialized bytes, a ``Runnable`` or a path (weights of external
+    data loaded)."""
     if isinstance(model_or_path, runtime.Runnable):
         model = model_or_path.model()
     elif isinstance(model_or_path, bytes):

@@ -394,9 +394,9 @@ class Search:
                 "timed"
 
     def _blobs(self, models: list[onnx.ModelProto]) -> list:
-        """Each model serialized once per :meth:`choose` (every timing makes two sessions of each model, and
-        serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); a candidate's profile has
-        serialized its graph already (:attr:`Candidate.blob`); one over 2 GiB stays a model."""
+        """Each model made runnable once per :meth:`choose` (``runtime.runnable``: every timing makes two sessions of
+        each model, and serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); a candidate's
+        profile has made its graph runnable already (:attr:`Candidate.blob`); one over 2 GiB stays a model."""
         done = {id(c.model): c.blob for c in self.usable() if c.blob is not None}
         for m in models:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
