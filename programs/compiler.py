@@ -31,7 +31,8 @@ from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Num
 
 
 SNAPSHOT_ALL = 1 << 62  # ``until`` that lets a match see every row
-MATCHES = "_m"  # the temp table a rule's matches are materialised in (one row per match, ``mid`` its id)
+MATCHES = "_m"  # a rule's matches, one row per match, ``mid`` its id: a view that numbers the rows of MATCH_ROWS
+MATCH_ROWS = "_m_rows"  # the temp table the matches are materialised in (``driver.search.runner.fill_matches``)
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class Compiled:
     results: tuple[str, ...] = ()  # the build results the unions read (rows carry the match's mid)
     tables: tuple[str, ...] = ()  # the op tables the left side joins: no match while one is empty, and no
     # new match (semi-naive) while none has a row newer than the rule's last run
-    matches: str = MATCHES  # the temp table ``match()``'s rows go into (with a ``mid`` column): what the
-    # builds, unions and pairs read
+    matches: str = MATCHES  # the view of the rows ``match()`` gives (with a ``mid`` column): what the builds,
+    # unions and pairs read
     parts: tuple[tuple[str, str], ...] = ()  # the semi-naive parts of ``match_sql``: (the op table whose rows
     # are new in it, its SELECT); part k reads new rows of its alias k, old rows of aliases before k
     joiner: str = " UNION ALL "  # how the parts are joined (" UNION " where two pattern rows can give one match row)

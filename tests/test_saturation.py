@@ -112,3 +112,29 @@ def test_rule_with_attributes_and_conditions():
     assert g.find([r2])[0] == g.find([r1])[0]
     assert g.find([f])[0] == g.find([x])[0]
     g.check_invariants()
+
+
+def test_the_matches_view_numbers_the_rows_of_a_parallel_write_one_to_n():
+    """``fill_matches``: the view numbers a table's rows by row id; written by two threads in any order, the ids are
+    still offset + 1 ... offset + n, each once, and a row deleted (the cycle filter) leaves the others' ids."""
+    import duckdb
+
+    from relsat.driver.search.runner import fill_matches
+    from relsat.programs.compiler import MATCH_ROWS, MATCHES
+
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("CREATE TABLE t AS SELECT i AS id, hash(i) % 5000 AS a, hash(i * 7) % 5000 AS b FROM range(100000) r(i)")
+    rows = "SELECT x.id AS p, y.id AS q FROM t x JOIN t y ON x.a = y.b WHERE x.id % 3 = 0"
+    for offset in (0, 12345):
+        n = fill_matches(con, rows, offset)
+        assert n > 250_000  # (past two row groups of 122,880: the threads write several)
+        assert con.execute(f"SELECT count(*), count(DISTINCT mid), min(mid), max(mid) FROM {MATCHES}").fetchall() == [
+            (n, n, offset + 1, offset + n)]
+    pairs = dict(con.execute(f"SELECT mid, p * 1000000 + q FROM {MATCHES}").fetchall())
+    con.execute(f"DELETE FROM {MATCH_ROWS} WHERE rowid IN (SELECT mid - {offset + 1} FROM {MATCHES} WHERE mid % 7 = 0)")
+    after = dict(con.execute(f"SELECT mid, p * 1000000 + q FROM {MATCHES}").fetchall())
+    assert after == {m: v for m, v in pairs.items() if m % 7}
+    fill_matches(con, "SELECT 7 AS mid, 1 AS p UNION ALL SELECT 9, 2", offset=None)  # rows that carry their ids
+    assert sorted(con.execute(f"SELECT mid, p FROM {MATCHES}").fetchall()) == [(7, 1), (9, 2)]

@@ -47,7 +47,7 @@ from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
 from relsat.relations.states import State, States
 
-from relsat.driver.search.runner import Report, StopReason
+from relsat.driver.search.runner import Report, StopReason, fill_matches
 from relsat.driver.search.result import Price, SearchResult, store_search_nodes
 
 BUDGET = 100  # graphs expanded
@@ -207,7 +207,7 @@ class _Graphs:
                     con.execute(f"DROP TABLE _bt_m{i}")
         for i in matched:
             c = self.compiled[i]
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT * FROM _bt_m{i}")
+            fill_matches(con, f"SELECT * FROM _bt_m{i}", offset=None)
             for b in c.builds:
                 g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
             con.execute(f"INSERT INTO _bt_pairs SELECT {i}, * FROM ({c.pairs})")
@@ -227,8 +227,7 @@ class _Graphs:
         g, con, c = self.g, self.g.con, self.compiled[rule]
         self.states.checkout(parent.state)
         self.ts += 1
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {c.matches} AS SELECT * FROM ({self._match_sql(c)}) "
-                    f"WHERE mid = {int(mid)}")
+        fill_matches(con, f"SELECT * FROM ({self._match_sql(c)}) WHERE mid = {int(mid)}", offset=None)
         for b in c.builds:
             g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
         # the matched classes' nodes from before the rewrite: the reduction keeps what replaced them
