@@ -34,6 +34,7 @@ from typing import Any
 import duckdb
 
 from relsat.relations.backend import PROVIDERS, Backend, resolve
+from relsat.relations.egraph import usable_cpus
 
 from relsat.driver.errors import RelsatError
 
@@ -49,8 +50,8 @@ GUARD_THRESHOLD = 0.03  # the latency guard keeps the optimized graph only when 
 
 def all_cores() -> int:
     """The cores this process may run on (its CPU affinity where the system has one, else the
-    machine's): the default of ``Options.threads``."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    machine's): the default of ``Options.threads``, as for the e-graph's DuckDB threads."""
+    return usable_cpus()
 
 
 _FIELD = object()  # Flag.default: the command line's default is DEFAULTS' value of the field

@@ -1,5 +1,9 @@
 """E-graph tables: hash-consing, union-find against a reference, congruence closure, invariants."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -191,3 +195,15 @@ def test_random_adds_and_unions_match_reference(data):
     for op in ("Add", "Mul"):
         rows = g.sql(f"SELECT a, b, count(*) FROM op_{op.lower()} GROUP BY a, b HAVING count(*) > 1")
         assert rows == []
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs CPU affinity and 2 cores")
+def test_a_process_pinned_to_one_core_runs_duckdb_on_one_thread():
+    """DuckDB's default thread count is the machine's cores; the e-graph's connection takes the process's (its CPU
+    affinity), so a run pinned with taskset does not run more threads than it has cores."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from relsat.relations.egraph import EGraph; g = EGraph(); "
+            "print(g.sql(\"SELECT current_setting('threads')\")[0][0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1"]
+    assert EGraph().sql("SELECT current_setting('threads')")[0][0] == len(os.sched_getaffinity(0))
