@@ -207,3 +207,30 @@ def test_a_process_pinned_to_one_core_runs_duckdb_on_one_thread():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1"]
     assert EGraph().sql("SELECT current_setting('threads')")[0][0] == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("existing", [45, 4])  # most keys there (filled in place) / most keys new (copied)
+def test_an_insert_result_holds_every_row_with_a_node_and_only_those(existing):
+    """``insert_from``'s result: every source row whose node exists or was added (the limit cuts new keys, least
+    first), with that node's e-class; whether it fills the few new rows in place or copies, the rows are the same."""
+    from relsat.relations.catalog import BY_TYPE
+
+    g = EGraph()
+    x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(12)], dtype=object), "shape": [4], "dtype": 1})
+    pairs = [(int(x[i % 12]), int(x[i // 12 + 3])) for i in range(48)]  # 48 distinct keys
+    keys = sorted(set(pairs))
+    assert len(keys) == 48
+    there = g.add("Add", {"a": [a for a, _ in keys[:existing]], "b": [b for _, b in keys[:existing]]})
+    node = dict(zip(keys[:existing], there.tolist()))
+    rows = [(rid, a, b) for rid, (a, b) in enumerate(pairs * 3)]  # every key wanted by three rows
+    g.con.execute("CREATE TABLE src AS SELECT * FROM (VALUES " + ", ".join(f"({r}, {a}, {b})" for r, a, b in rows)
+                  + ") v(rid, a, b)")
+    limit = 2
+    res = g.insert_from(BY_TYPE["Add"], "SELECT * FROM src", limit=limit, result="res")
+    got = dict(g.sql("SELECT rid, out FROM res"))
+    added = [k for k in keys[existing:]][:limit]  # the least new keys
+    for k in added:
+        node[k] = g.sql(f"SELECT out FROM op_add WHERE a = {k[0]} AND b = {k[1]}")[0][0]
+    assert res.new_nodes == len(added)
+    assert got == {rid: node[(a, b)] for rid, a, b in rows if (a, b) in node}
+    assert len(got) < len(rows)  # (rows of keys the limit cut are left out)
