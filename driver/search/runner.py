@@ -78,7 +78,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from relsat.programs.compiler import MATCH_ROWS, MATCHES, SNAPSHOT_ALL, Compiled, Needs, compile_rule, lhs_needs, lhs_tables
+from relsat.programs.compiler import (MATCH_ROWS, MATCHES, SNAPSHOT_ALL, Compiled, Needs, compile_rule, lhs_needs,
+                                     lhs_tables)
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
