@@ -34,7 +34,7 @@ CONFIGS = {"default": ("default",), "default+generated": ("default", "generated"
 
 
 def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float = 120.0,
-            config: str = "default") -> dict:
+            config: str = "default", explain: bool = False) -> dict:
     from relsat.driver.boundary import zoo
     from relsat.driver.boundary.onnx_import import import_model
     from relsat.programs.rulesets import load_rule_list
@@ -44,7 +44,7 @@ def run_one(name: str, node_limit: int, iter_limit: int = 10, time_limit: float 
     before = g.counts()["enodes"]
     rules = load_rule_list(list(CONFIGS[config]))
     t = time.perf_counter()
-    rep = Runner(g, rules, Limits(iter_limit, node_limit, time_limit)).run()
+    rep = Runner(g, rules, Limits(iter_limit, node_limit, time_limit), explain=explain).run()
     seconds = time.perf_counter() - t
     its = rep.iterations
     return {

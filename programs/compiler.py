@@ -35,6 +35,9 @@ MATCHES = "_m"  # a rule's matches, one row per match, ``mid`` its id: a view th
 MATCH_ROWS = "_m_rows"  # the temp table the matches are materialised in (``driver.search.runner.fill_matches``)
 
 
+BUILD_ROW_ID = "mid"  # a build's source rows are named by their match: ``insert_from(..., rid=BUILD_ROW_ID)``
+
+
 @dataclass(frozen=True)
 class Build:
     """Insert one right-side term for every match: ``op`` rows from ``source`` into result ``name``."""
@@ -645,7 +648,7 @@ def _sources(plan: list[_Step], needs: dict[str, set[str]]) -> tuple[Build, ...]
     out = []
     for step in plan:
         carry = [f"m.{c}" for c in sorted(needs[step.name])]
-        cols = ["m.mid AS rid", "m.mid"] + carry + list(step.cols)
+        cols = ["m.mid"] + carry + list(step.cols)  # (``mid`` is the row id: ``insert_from(rid=BUILD_ROW_ID)``)
         source = f"SELECT {', '.join(cols)} FROM {step.base} m {' '.join(j.sql() for j in step.joins)}".rstrip()
         out.append(Build(step.name, step.op, source, step.target,
                          step.target is not None and step.name not in read,

@@ -234,3 +234,26 @@ def test_an_insert_result_holds_every_row_with_a_node_and_only_those(existing):
     assert res.new_nodes == len(added)
     assert got == {rid: node[(a, b)] for rid, a, b in rows if (a, b) in node}
     assert len(got) < len(rows)  # (rows of keys the limit cut are left out)
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Concat"])  # a keyed op, and one whose keys need the shape rule first
+def test_an_insert_numbers_its_rows_by_the_named_column(op_type):
+    """``insert_from(rid=...)``: a source whose row id is another column (a rule's builds: ``mid``) gives the same
+    nodes, ids and result rows as one with ``rid``, and its result carries that column."""
+    from relsat.relations.catalog import BY_TYPE
+
+    results = []
+    for rid in ("rid", "mid"):
+        g = EGraph()
+        x = g.add("Input", attrs={"name": np.array([f"x{i}" for i in range(6)], dtype=object), "shape": [4],
+                                  "dtype": 1})
+        pairs = [(int(x[i % 6]), int(x[(i * 5) % 6])) for i in range(20)]
+        cols = ("[a, b] AS inputs, 0 AS axis" if op_type == "Concat" else "a, b")
+        g.con.execute("CREATE TABLE src AS SELECT * FROM (VALUES " + ", ".join(
+            f"({r}, {a}, {b})" for r, (a, b) in enumerate(pairs)) + f") v({rid}, a, b)")
+        g.insert_from(BY_TYPE[op_type], f"SELECT {rid}, {cols} FROM src", result="res", rid=rid, origin="r")
+        results.append((g.fingerprint(), g.sql(f"SELECT {rid}, out FROM res ORDER BY ALL"),
+                        g.sql("SELECT id, mid FROM explain_nodes ORDER BY ALL")))
+        g.close()
+    assert results[0] == results[1]
+    assert len(results[0][1]) == 20 and len(results[0][2]) > 0

@@ -21,7 +21,7 @@ from relsat.driver.app.optimize import optimize
 from relsat.driver.boundary import zoo
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.errors import RelsatError
-from relsat.programs.compiler import MATCHES, SNAPSHOT_ALL, compile_rule
+from relsat.programs.compiler import BUILD_ROW_ID, MATCHES, SNAPSHOT_ALL, compile_rule
 from relsat.programs.rulesets import load_rule_list
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
@@ -122,7 +122,7 @@ class _Replay:
         back = self.back()  # (no rebuild inside an application: canonical ids stay)
         for b in c.builds:
             op = BY_TYPE[b.op]
-            self.g.insert_from(op, b.source, ts=app.round, result=b.name, target=b.target)
+            self.g.insert_from(op, b.source, ts=app.round, result=b.name, target=b.target, rid=BUILD_ROW_ID)
             rows = con.execute(f"SELECT * FROM {b.name}").fetchall()
             names = [d[0] for d in con.description]
             assert len(rows) == 1, f"{app.rule}: build {b.name} ({b.op}) made no node in the replay"

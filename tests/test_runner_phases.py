@@ -132,6 +132,32 @@ def test_backoff_bans_a_rule_with_many_matches():
     assert stats(named) == stats(g) and named.counts() == g.counts()
 
 
+class MatchThenBan(BackoffScheduler):
+    """The backoff scheduler without ``limit``: every rule's matches are stored before a ban drops them."""
+
+    def limit(self, round, rule):
+        return None
+
+
+def test_a_ban_counted_past_the_limit_leaves_the_egraph_of_a_ban_after_matching():
+    """A rule likely to pass the backoff threshold is counted only to one past it, and a ban stores none of its
+    matches; the e-graph (ids included), the bans and every applied run's counts are those of matching first."""
+    runs = {}
+    for name, sched in (("counted", BackoffScheduler(match_limit=50, ban_length=2)),
+                        ("matched", MatchThenBan(match_limit=50, ban_length=2))):
+        g = add_chain(9)
+        Runner(g, AC_ADD, Limits(iterations=14, enodes=10**6, seconds=60), scheduler=sched).run()
+        runs[name] = (g.fingerprint(), stats(g))
+        g.close()
+    (fp, counted), (fp_matched, matched) = runs["counted"], runs["matched"]
+    assert fp == fp_matched
+    assert [r[:2] + r[3:] for r in counted if not r[5]] == [r[:2] + r[3:] for r in matched if not r[5]]
+    assert [(r[0], r[1]) for r in counted if r[5]] == [(r[0], r[1]) for r in matched if r[5]]
+    # some bans were decided on the count alone: one past the threshold (50 << bans), fewer than all the matches
+    cut = [(c[2], m[2]) for c, m in zip(counted, matched) if c[5] and c[2] != m[2]]
+    assert cut and all(c < m and c - 1 in {50 << k for k in range(8)} for c, m in cut)
+
+
 def test_a_quiet_round_fast_forwards_the_bans():
     """egg's fast-forward: when a round changes nothing while rules are banned, the earliest ban ends
     at once, so no round waits a ban out doing nothing, and the run still saturates exactly."""

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from relsat.programs.compiler import Compiled, compile_rule
+from relsat.programs.compiler import BUILD_ROW_ID, Compiled, compile_rule
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
@@ -209,7 +209,7 @@ class _Graphs:
             c = self.compiled[i]
             fill_matches(con, f"SELECT * FROM _bt_m{i}", offset=None)
             for b in c.builds:
-                g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
+                g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None, rid=BUILD_ROW_ID)
             con.execute(f"INSERT INTO _bt_pairs SELECT {i}, * FROM ({c.pairs})")
             for t in {b.name for b in c.builds} | {f"_bt_m{i}"}:
                 con.execute(f"DROP TABLE IF EXISTS {t}")
@@ -229,7 +229,7 @@ class _Graphs:
         self.ts += 1
         fill_matches(con, f"SELECT * FROM ({self._match_sql(c)}) WHERE mid = {int(mid)}", offset=None)
         for b in c.builds:
-            g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None)
+            g.insert_from(BY_TYPE[b.op], b.source, ts=self.ts, result=b.name, target=None, rid=BUILD_ROW_ID)
         # the matched classes' nodes from before the rewrite: the reduction keeps what replaced them
         con.execute(f"CREATE OR REPLACE TEMP TABLE _bt_old AS SELECT e.id AS node FROM enodes e "
                     f"WHERE e.eclass IN (SELECT a FROM ({c.pairs}) p(mid, a, b)) AND e.ts < {self.ts}")
