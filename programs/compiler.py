@@ -86,6 +86,8 @@ class Compiled:
     explain_values: bool = False  # whether the witness's ``bindings`` names anything (else it is ``{}``)
     split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
     # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
+    last_read: int = 0  # the last step that reads the matches: build i, or len(builds) where a union reads them
+    # (a right side that is a variable); after it the matches table can go (``Runner._apply_matches``)
     whole_sql: str = ""  # the semi-naive match as one join (every alias older than {until}, the newest of them at
     # least {since}): the rows of the parts together, in one statement (``match_live(whole=True)``)
 
@@ -422,13 +424,15 @@ def compile_rule(rule: Rule) -> Compiled:
             pairs.append(f"SELECT r.mid, r.root{i}, r.out FROM {res} r")
             results.append(res)
     builds = _sources(plan, needs)
+    last_read = len(builds) if any(isinstance(r, Var) for r in rule.rhs) else max(
+        (i for i, b in enumerate(builds) if MATCHES in b.reads), default=-1)
     tables = tuple(dict.fromkeys(f.table for f in lhs.froms if not f.analysis))
     return Compiled(rule.name, match_sql, builds, tuple(unions), len(rule.patterns) > 1,
                     " UNION ALL ".join(pairs), tuple(dict.fromkeys(results)), tables, parts=tuple(parts),
                     joiner=joiner, edges=frozenset(lhs.edges), kinds=frozenset(lhs.kinds),
                     witness_sql=_witness(lhs, conds, roots, lets),
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0],
-                    whole_sql=whole, explain_ops=tuple(_op_names(lhs)),
+                    whole_sql=whole, last_read=last_read, explain_ops=tuple(_op_names(lhs)),
                     explain_vars=tuple("?" + v for v in sorted(lhs.eclass_vars)),
                     explain_values=bool(_values(lhs, lets)))
 

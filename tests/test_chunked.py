@@ -114,7 +114,7 @@ def saturate(g: EGraph, rules, limits: Limits, chunk_rows: int):
     runner = Runner(g, rules, limits, chunk_rows=chunk_rows)
     calls = []
     real = runner._apply_matches
-    runner._apply_matches = lambda r, c: calls.append(c.rule) or real(r, c)
+    runner._apply_matches = lambda r, c, n: calls.append(c.rule) or real(r, c, n)
     report = runner.run()
     g.check_invariants()
     return anchor, report, len(calls)
@@ -228,7 +228,7 @@ def capped(threads: int | None, chunk_rows: int, n: int = 7, limit: int = 400) -
         runs.append((*key, totals.get(key), m.count, m.cut, len(m.parts), len(applied) - before))
 
     runner._parts, runner._apply = counted, applying
-    runner._apply_matches = lambda r, c: applied.append(c.rule) or apply_matches(r, c)
+    runner._apply_matches = lambda r, c, n: applied.append(c.rule) or apply_matches(r, c, n)
     report = runner.run()
     g.check_invariants()
     out = {"report": report, "runs": runs, "tables": fingerprint(g), "enodes": g.counts()["enodes"],

@@ -138,3 +138,33 @@ def test_the_matches_view_numbers_the_rows_of_a_parallel_write_one_to_n():
     assert after == {m: v for m, v in pairs.items() if m % 7}
     fill_matches(con, "SELECT 7 AS mid, 1 AS p UNION ALL SELECT 9, 2", offset=None)  # rows that carry their ids
     assert sorted(con.execute(f"SELECT mid, p FROM {MATCHES}").fetchall()) == [(7, 1), (9, 2)]
+
+
+def test_the_last_step_that_reads_the_matches():
+    """``Compiled.last_read``: a right side built over its built children reads the matches only in its first
+    build; a right side that is a variable is unioned from the matches themselves."""
+    from relsat.programs.compiler import MATCHES, compile_rule
+
+    rules = {r.name: r for r in parse_rules(
+        "assoc: (Add ?a (Add ?b ?c)) => (Add (Add ?a ?b) ?c)\n"
+        "dist: (Mul ?a (Add ?b ?c)) => (Add (Mul ?a ?b) (Mul ?a ?c))\n"
+        "back: (Add ?a (Sub ?b ?a)) => ?b\n").rules}
+    assoc, dist, back = (compile_rule(rules[k]) for k in ("assoc", "dist", "back"))
+    assert assoc.last_read == 0 and len(assoc.builds) == 2 and MATCHES not in assoc.builds[1].reads
+    assert dist.last_read == 1 and MATCHES in dist.builds[1].reads and MATCHES not in dist.builds[2].reads
+    assert back.last_read == len(back.builds) == 0
+
+
+def test_matches_dropped_after_their_last_reader_leave_the_same_egraph():
+    """A large application drops its matches once no build, union, cycle filter or explanation reads them again
+    (``Runner._apply_matches``); the e-graph, ids included, is the one a run that keeps them (explanations on)
+    builds, and no temp table of the run is left behind."""
+    prints = []
+    for explain in (False, True):
+        g = add_chain(10)
+        saturate(g, explain=explain)
+        assert g.sql("SELECT max(matches) FROM rule_stats WHERE NOT banned")[0][0] >= 10_000  # (drops happened)
+        prints.append(g.fingerprint())
+        assert not g.sql("SELECT table_name FROM duckdb_tables() WHERE temporary")
+        g.close()
+    assert prints[0] == prints[1]

@@ -659,12 +659,12 @@ class Runner:
                 t1 += spent  # (matching, not application)
                 offset += count
                 if count:
-                    n, a = self._apply_matches(r, c)
+                    n, a = self._apply_matches(r, c, count)
                     new_nodes, applied = new_nodes + n, applied + a
             if offset != m.count:
                 raise AssertionError(f"rule {c.rule}: its {len(m.parts)} parts applied {offset} rows, not {m.count}")
         elif m.count:
-            new_nodes, applied = self._apply_matches(r, c)
+            new_nodes, applied = self._apply_matches(r, c, m.count)
         t2 = time.perf_counter()
         r.it.apply_s += t2 - t1
         r.it.applied += applied
@@ -675,15 +675,20 @@ class Runner:
         by_rule[c.rule] = by_rule.get(c.rule, 0) + applied
         r.stats.append(RuleStat(rnd, c.rule, m.count, applied, new_nodes, m.seconds + t2 - t1, False))
 
-    def _apply_matches(self, r: _Round, c: Compiled) -> tuple[int, int]:
-        """The right sides of the matches in ``c.matches`` inserted, their unions queued, their explanations
-        recorded, the build results dropped: (new e-nodes, applications)."""
+    def _apply_matches(self, r: _Round, c: Compiled, count: int) -> tuple[int, int]:
+        """The right sides of the ``count`` matches in ``c.matches`` inserted, their unions queued, their
+        explanations recorded, the build results dropped: (new e-nodes, applications)."""
         g, rnd = self.egraph, r.it.round
         new_nodes = applied = 0
         # with cycle filtering, right sides get e-classes of their own first, so the check
         # sees what each union would join
         filtering = self.cycle_filter and c.multi
-        for b in c.builds:
+        # many matches that nothing reads again (not the unions, the cycle filter or the explanations) go before the
+        # next build, which then has their memory
+        free = -1 if filtering or self.explain or count < SAMPLE_ROWS else c.last_read + 1
+        for i, b in enumerate(c.builds):
+            if i == free:
+                g.con.execute(f"DROP TABLE IF EXISTS {MATCH_ROWS}")
             res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
                                 result=b.name, target=None if filtering else b.target,
                                 changed_only=b.changed_only, origin=c.rule if self.explain else None,
