@@ -178,6 +178,36 @@ def test_budget_from_memory_limit():
     g.close()
 
 
+def test_budget_follows_the_egraph_size_below_the_memory_limit(monkeypatch):
+    """Without ``chunk_rows``, a round applies at most max(CHUNK_FLOOR, CHUNK_PER_ENODE x its e-nodes) match rows at
+    once where the memory limit would allow more (``Runner._chunk``; the floor made small here so that a small
+    chain shows it), and the run is the whole one up to the ids of what it added."""
+    from relsat.driver.search import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "CHUNK_FLOOR", 40)
+    monkeypatch.setattr(runner_module, "CHUNK_PER_ENODE", 1)
+    ga, gb = add_chain(6), add_chain(6)
+    anchor, whole, _ = saturate(ga, AC_ADD, Limits(iterations=50, enodes=10**6, seconds=600), 0)
+    runner = Runner(gb, AC_ADD, Limits(iterations=50, enodes=10**6, seconds=600))
+    assert runner.chunk_budget() > 10**5  # (the memory limit's budget allows every match at once)
+    seen, parts = [], runner._parts
+
+    def spy(r, st, rows):
+        out = parts(r, st, rows)
+        seen.append((r.enodes, out))
+        return out
+
+    runner._parts = spy
+    report = runner.run()
+    split = [(enodes, p.count, len(p.selects)) for enodes, p in seen if p is not None]
+    assert split and report.in_parts == len(split)
+    assert all(k == -(-count // max(40, enodes)) and k > 1 for enodes, count, k in split)
+    assert any(enodes > 40 for enodes, _, _ in split)  # (the e-graph's size, not the floor, set some budgets)
+    nodes, _ = isomorphic(ga, gb, anchor)
+    assert nodes - 6 == 3**6 - 2**7 + 1 and report.stop_reason == whole.stop_reason
+    ga.close(), gb.close()
+
+
 # resnext50 (~6 s) with -m slow: nasrnn shows chunked rounds equal to whole ones on a zoo model by default
 @pytest.mark.parametrize("model, chunk_rows", [("nasrnn", 2), pytest.param("resnext50", 5, marks=pytest.mark.slow)])
 def test_zoo_chunked_equals_whole(model, chunk_rows):
