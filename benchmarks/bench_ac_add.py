@@ -238,6 +238,8 @@ def main() -> None:
                    "never in parts; default: from --memory-limit)")
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.cli and args.chunk_rows is not None:
+        p.error("--chunk-rows sets the Runner's budget; `relsat optimize` (--cli) has no such option")
     if args.pin:
         PIN[:] = ["taskset", "-c", args.pin]
     if args.cli:
