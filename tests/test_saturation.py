@@ -161,7 +161,7 @@ def test_matches_dropped_after_their_last_reader_leave_the_same_egraph():
     builds, and no temp table of the run is left behind."""
     prints = []
     for explain in (False, True):
-        g = add_chain(10)
+        g = add_chain(9)
         saturate(g, explain=explain)
         assert g.sql("SELECT max(matches) FROM rule_stats WHERE NOT banned")[0][0] >= 10_000  # (drops happened)
         prints.append(g.fingerprint())
