@@ -9,8 +9,9 @@ Each (model, node limit) runs in a fresh process: the full-size zoo model is bui
 timed) and saturated by a ``Runner`` with the rules of ``load_rule_list(["default"])`` (``--configs``:
 each rule configuration in turn, model by model; ``default+generated`` is ``--rules default --rules
 generated``) and the CLI's defaults otherwise (backoff scheduler, multi-pattern rules in the first round, cycle
-filtering on, no explanations: ``relsat optimize`` records them only for ``--db``).  Reported: seconds, rounds, e-nodes before and after, stop reason, the time split
-into match / apply / rebuild, SQL statements (in all and per round), and the process's peak RSS.  ``rows()`` returns the
+filtering on, no explanations: ``relsat optimize`` records them only for ``--db``).  Reported: seconds, rounds,
+e-nodes before and after, stop reason, the time split into match / apply / rebuild, SQL statements (in all and per
+round), and the process's peak RSS.  ``rows()`` returns the
 results as dicts for other benchmarks.
 
 ``--tree-ab PAIRS``: instead, per model, limit and configuration, one process saturates the same imported model
