@@ -30,7 +30,11 @@ For each model:
 - **ONNX Runtime's ops** for every written model (relsat's, and relsat-on-onnxsim's against
   onnxsim's model): the op histogram of the graph ONNX Runtime actually runs, before and after
   (``relsat.benchmarks.ort_ops``, level ALL at the first timed thread count), so that the table shows
-  which fusion the rewrite enabled.
+  which fusion the rewrite enabled;
+- **the same kernels**: the peers whose graph, as ONNX Runtime runs it (the same histogram), has the
+  op counts of relsat's written model's (``same_kernels``); where the best peer is one of them, the
+  latency table says so beside relsat / best peer: the two run the same kernels, and their difference is
+  the spread of timing one graph twice.
 
 ``--reexport`` instead writes the extracted graph whatever its speed (analytic costs, no timing), so
 that a model with relsat's rewrites in it goes through verification at two bindings and the dims
@@ -51,7 +55,7 @@ from pathlib import Path
 
 import onnx
 
-from relsat.benchmarks import compare, corpus
+from relsat.benchmarks import compare, corpus, ort_ops
 from relsat.benchmarks.compare import declared_dims, dims_kept
 from relsat.driver.boundary import feeds
 from relsat.driver.boundary.latency import time_models
@@ -171,6 +175,7 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS)
             row.setdefault("ort_ops", {})[who] = compare.ort_ops_diff(before, after, threads=n_ops)
         if pairs:
             row["ort_ops_threads"] = n_ops
+        row["same_kernels"] = same_kernels(systems, n_ops)
         roles = feeds.input_roles(original, rep.binding["costed"])
         for t in threads:
             n = t or all_cores()
@@ -180,6 +185,25 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS)
             if n == 1:  # the calling thread's CPU time: what the guard compares at 1 thread, steady under load
                 row["cpu_1t"] = {k: round(v.cpu_ms, 3) for k, v in zip(systems, lat)}
     return row
+
+
+def same_kernels(systems: dict[str, Path], threads: int) -> list[str] | None:
+    """The peers of ``systems`` (name -> model path; ``relsat`` its written model) whose graph as ONNX Runtime
+    runs it at ``threads`` has the same op histogram as relsat's (``ort_ops.ort_histogram``), or None where
+    relsat's could not be read."""
+    try:
+        mine = ort_ops.ort_histogram(systems["relsat"], threads)
+    except Exception:
+        return None
+    same = []
+    for who, path in systems.items():
+        if compare.is_peer(who):
+            try:
+                if ort_ops.ort_histogram(path, threads) == mine:
+                    same.append(who)
+            except Exception:
+                pass
+    return same
 
 
 def run_reexport(name: str) -> dict:
@@ -247,6 +271,7 @@ def latency_table(rows: list[dict], n: int) -> str:
                                                                 for r in rows)]
     lines = ["| model | " + " | ".join(systems) + " | relsat / best peer |", "|---|" + "---:|" * (len(systems) + 1)]
     speed: dict = {}  # group -> system -> [speedups]; "relsat / best peer" -> ratios
+    over: list = []  # (model, the best peer runs relsat's kernels) where relsat / best peer > 1.01
     for r in rows:
         m = r[f"ms_{n}t"]
         cells = [_fmt(m["original"])]
@@ -257,7 +282,10 @@ def latency_table(rows: list[dict], n: int) -> str:
                 cells.append("x" if _failed(r, s) else "-")
         best = _best_peer(m)
         ratio = m["relsat"] / best[1] if best else None
-        cells.append(f"{ratio:.3f} ({best[0]})" if best else "-")
+        same = best is not None and best[0] in (r.get("same_kernels") or ())
+        cells.append(f"{ratio:.3f} ({best[0]}{', same kernels' if same else ''})" if best else "-")
+        if ratio and ratio > 1.01:
+            over.append((r["model"], same))
         lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
         for g in (_group(r["model"]), "all"):
             at = speed.setdefault(g, {"models": 0})
@@ -274,6 +302,12 @@ def latency_table(rows: list[dict], n: int) -> str:
         lines.append(f"| **geomean {g}** ({at['models']}) | | " + " | ".join(cells) + " |")
     why = [f"- x {r['model']} {s}: {r[f'{s}_status'].removeprefix('failed: ')}" for r in rows for s in systems
            if _failed(r, s)]
+    if over:
+        same = [m for m, s in over if s]
+        other = [m for m, s in over if not s]
+        why.append(f"- relsat / best peer > 1.01 on {len(over)} of {len(rows)}: "
+                   + (f"{len(same)} where that peer's graph runs relsat's kernels ({', '.join(same)}); " if same else "")
+                   + (f"{len(other)} where it runs others ({', '.join(other)})" if other else "none where it runs others"))
     return "\n".join(lines + ([""] + why if why else []))
 
 

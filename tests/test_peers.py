@@ -149,3 +149,34 @@ def test_latency_table_geomeans_and_failures():
     assert timm.endswith(f"| {(9 / 9.5 * 20 / 16) ** 0.5:.3f} |")
     assert "1.000x (1)" in timm  # onnxslim timed on one of the two
     assert "- x efficientnet_b0 onnxoptimizer: error: boom" in lines
+
+
+def test_same_kernels_reads_the_graphs_onnx_runtime_runs(tmp_path):
+    """``bench_corpus.same_kernels``: the peers whose graph under ONNX Runtime has relsat's op counts. A copy with
+    an Identity more runs the same kernels (ONNX Runtime removes it); one with a Relu more does not; relsat on a
+    peer's output is not a peer."""
+    model = tiny()
+    identity = onnx.ModelProto.FromString(model.SerializeToString())
+    identity.graph.node[-1].output[0] = "r"
+    identity.graph.node.append(helper.make_node("Identity", ["r"], ["y"]))
+    relu = onnx.ModelProto.FromString(model.SerializeToString())
+    relu.graph.node[-1].output[0] = "r"
+    relu.graph.node.append(helper.make_node("Relu", ["r"], ["y"]))
+    paths = {}
+    for name, m in (("relsat", model), ("onnxsim", identity), ("onnxslim", relu), ("relsat-on-onnxsim", model)):
+        paths[name] = tmp_path / f"{name}.onnx"
+        onnx.save(m, paths[name])
+    assert bench_corpus.same_kernels(paths, 1) == ["onnxsim"]
+
+
+def test_latency_table_says_where_the_best_peer_runs_relsats_kernels():
+    rows = [{"model": "yolov8n", "ms_1t": {"original": 10.0, "relsat": 10.2, "onnxoptimizer": 10.0},
+             "same_kernels": ["onnxoptimizer"]},
+            {"model": "whisper_tiny_encoder", "ms_1t": {"original": 10.0, "relsat": 10.0, "onnxslim": 9.5},
+             "same_kernels": []},
+            {"model": "ppocr_det_v4", "ms_1t": {"original": 10.0, "relsat": 8.0, "onnxsim": 9.5}}]
+    lines = bench_corpus.latency_table(rows, 1).splitlines()
+    assert lines[2].endswith("| 1.020 (onnxoptimizer, same kernels) |")
+    assert lines[3].endswith("| 1.053 (onnxslim) |")
+    assert lines[-1] == ("- relsat / best peer > 1.01 on 2 of 3: 1 where that peer's graph runs relsat's kernels "
+                         "(yolov8n); 1 where it runs others (whisper_tiny_encoder)")
