@@ -577,3 +577,36 @@ def test_symbolic_inference_prints_each_distinct_dim_expression_once(monkeypatch
     every = oi._symbolic(m)
     assert len(printed) > len(names) and set(printed) <= set(names)  # no other name, printed again and again
     assert once is not None and once.SerializeToString() == every.SerializeToString()
+
+
+def test_element_wise_outputs_keep_their_inputs_dims_where_symbolic_inference_does_not_run(monkeypatch):
+    """Where ONNX Runtime's symbolic shape inference does not run (it stops at some ops: PP-OCR's classifier), ONNX's
+    inference names every value past a Conv over a dynamic image size with fresh unknown dims; an element-wise
+    op's output then takes its inputs' dims (``onnx_import._elementwise_dims``), so ``x * clip(x + 3, 0, 6) / 6``
+    over a Conv's output imports as catalog nodes of the Conv's shape (none opaque) and its hard-swish is found."""
+    from relsat.driver.boundary import onnx_import
+
+    monkeypatch.setattr(onnx_import, "_symbolic", lambda model: None)
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    consts = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.float32)))
+              for name, v in (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+    nodes = consts + [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                      helper.make_node("Add", ["c", "three"], ["a"]),
+                      helper.make_node("Clip", ["a", "zero", "six"], ["k"]),
+                      helper.make_node("Mul", ["c", "k"], ["m"]),
+                      helper.make_node("Div", ["m", "six"], ["y"])]
+    graph = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, None, None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, None, None])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+    imp = import_model(model)
+    g = imp.egraph
+    assert g.sql("SELECT count(*) FROM op_opaque")[0][0] == 0
+    conv = g.sql("SELECT e.shape FROM op_conv o JOIN eclass e ON e.id = o.out")[0][0]
+    assert all(shape == conv for (shape,) in g.sql(
+        "SELECT e.shape FROM op_add o JOIN eclass e ON e.id = o.out UNION ALL "
+        "SELECT e.shape FROM op_div o JOIN eclass e ON e.id = o.out"))
+    rules = parse_rules("hs: (Div (Mul ?x (Clip :min 0.0 :max 6.0 (Add ?x (Constant :value_float 3.0)))) "
+                        "(Constant :value_float 6.0)) => (HardSwish ?x)\n").rules
+    Runner(g, rules, Limits(iterations=3, enodes=1000, seconds=60)).run()
+    assert g.sql("SELECT count(*) FROM op_hardswish")[0][0] == 1

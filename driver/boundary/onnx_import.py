@@ -459,7 +459,7 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
         return types
     out = _symbolic(model)
     if out is None:
-        return types
+        return _elementwise_dims(model, types, symbols)
     ort_types = _types_of(out.graph, symbols, prefix="ort:")
     for name in gaps:
         mine, theirs = types.get(name, (None, None)), ort_types.get(name)
@@ -469,6 +469,50 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
             types[name] = (mine[0] or theirs[0], theirs[1])
         elif len(mine[1]) == len(theirs[1]):
             types[name] = (mine[0] or theirs[0], [t if symbols.anonymous(m) else m for m, t in zip(mine[1], theirs[1])])
+    return _elementwise_dims(model, types, symbols)
+
+
+# ops whose output 0 has the broadcast shape of their inputs, and ops whose output 0 has their first input's shape
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
+                           "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"})
+_SAME_SHAPE = frozenset({"Relu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu",
+                         "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Identity", "Cast", "Softplus",
+                         "Softsign", "Mish", "Sign", "Ceil", "Floor", "Round", "Not", "Sin", "Cos", "Gelu",
+                         "BatchNormalization", "InstanceNormalization", "LayerNormalization", "Softmax", "LogSoftmax",
+                         "Dropout"})
+
+
+def _elementwise_dims(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
+    """``types`` with the unknown dims of element-wise ops' outputs taken from their inputs, in graph order: an
+    output dim that shape inference left anonymous is the dim its inputs agree on at that position (broadcasting:
+    inputs of dim 1 aside; where they name different or unknown dims, it stays).  Where ONNX Runtime's symbolic
+    inference does not run (PP-OCR's classifier: it stops at a Concat of axis 1), ONNX's inference gives every
+    value past a Conv over a dynamic image size fresh dims, so ``x + 3`` had other dims than ``x`` and its node was
+    kept opaque (78 of its nodes, none of its hard-swish chains rewritten)."""
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or not n.output or n.output[0] not in types:
+            continue
+        if n.op_type in _BROADCASTING:
+            ins = [i for i in n.input if i]
+        elif n.op_type in _SAME_SHAPE and n.input:
+            ins = n.input[:1]
+        else:
+            continue
+        dtype, shape = types[n.output[0]]
+        given = [types.get(i, (None, None))[1] for i in ins]
+        if shape is None or not any(symbols.anonymous(d) for d in shape) or any(s is None for s in given):
+            continue
+        rank = len(shape)
+        if any(len(s) > rank for s in given):
+            continue
+        dims = list(shape)
+        for k in range(rank):
+            if not symbols.anonymous(dims[k]):
+                continue
+            at = {s[k - (rank - len(s))] for s in given if k >= rank - len(s)} - {1}
+            if len(at) == 1:  # (an input's unknown dim too: the output's is the same size)
+                dims[k] = next(iter(at))
+        types[n.output[0]] = (dtype, dims)
     return types
 
 
