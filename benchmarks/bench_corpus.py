@@ -47,6 +47,7 @@ keeps what it measured); ``--table`` prints the Markdown table of a results file
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import tempfile
@@ -171,11 +172,12 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS)
         if rep.written == "optimized":
             pairs = {"relsat": (path, out_path), **pairs}
         n_ops = threads[0] or all_cores()
+        histogram = functools.cache(lambda p: ort_ops.ort_histogram(p, n_ops))  # (each model's session made once)
         for who, (before, after) in pairs.items():
-            row.setdefault("ort_ops", {})[who] = compare.ort_ops_diff(before, after, threads=n_ops)
+            row.setdefault("ort_ops", {})[who] = compare.ort_ops_diff(before, after, histogram=histogram)
         if pairs:
             row["ort_ops_threads"] = n_ops
-        row["same_kernels"] = same_kernels(systems, n_ops)
+        row["same_kernels"] = same_kernels(systems, n_ops, histogram)
         roles = feeds.input_roles(original, rep.binding["costed"])
         for t in threads:
             n = t or all_cores()
@@ -187,19 +189,20 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS)
     return row
 
 
-def same_kernels(systems: dict[str, Path], threads: int) -> list[str] | None:
+def same_kernels(systems: dict[str, Path], threads: int, histogram=None) -> list[str] | None:
     """The peers of ``systems`` (name -> model path; ``relsat`` its written model) whose graph as ONNX Runtime
-    runs it at ``threads`` has the same op histogram as relsat's (``ort_ops.ort_histogram``), or None where
-    relsat's could not be read."""
+    runs it at ``threads`` has the same op histogram as relsat's (``ort_ops.ort_histogram``, or the caller's
+    ``histogram`` at ``threads``), or None where relsat's could not be read."""
+    histogram = histogram or (lambda m: ort_ops.ort_histogram(m, threads))
     try:
-        mine = ort_ops.ort_histogram(systems["relsat"], threads)
+        mine = histogram(systems["relsat"])
     except Exception:
         return None
     same = []
     for who, path in systems.items():
         if compare.is_peer(who):
             try:
-                if ort_ops.ort_histogram(path, threads) == mine:
+                if histogram(path) == mine:
                     same.append(who)
             except Exception:
                 pass

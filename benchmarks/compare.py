@@ -308,11 +308,13 @@ def dims_kept(original: onnx.ModelProto, written: onnx.ModelProto) -> tuple[bool
     return True, ""
 
 
-def ort_ops_diff(before, after, *, threads: int = 1) -> str:
+def ort_ops_diff(before, after, *, threads: int = 1, histogram=None) -> str:
     """What a rewrite changed in the graph ONNX Runtime runs (``ort_ops.diff`` of the two models'
-    optimized graphs), or why that could not be read."""
+    optimized graphs), or why that could not be read.  ``histogram``: the caller's ``ort_ops.ort_histogram``
+    at ``threads`` (one that remembers what it read), else read here."""
+    histogram = histogram or (lambda m: ort_ops.ort_histogram(m, threads))
     try:
-        return ort_ops.diff(ort_ops.ort_histogram(before, threads), ort_ops.ort_histogram(after, threads))
+        return ort_ops.diff(histogram(before), histogram(after))
     except Exception as e:
         return f"not read: {error_line(e)}"
 

@@ -84,13 +84,6 @@ def _rows(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first + np.arange(total), np.repeat(rows, counts)
 
 
-def _adjacency(frm: np.ndarray, to: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The edges ``frm`` -> ``to`` (ids 0..n-1) as CSR: (bounds of each ``frm``, the ``to`` of each)."""
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(frm, minlength=n), out=ptr[1:])
-    return ptr, to[np.argsort(frm, kind="stable")]
-
-
 def reaching(x: np.ndarray, y: np.ndarray, parent: np.ndarray, child: np.ndarray) -> np.ndarray:
     """Per pair i (``x[i] != y[i]``), whether e-class ``x[i]`` reaches ``y[i]`` along the edges ``parent`` ->
     ``child`` (by one edge or more).
@@ -112,8 +105,8 @@ def reaching(x: np.ndarray, y: np.ndarray, parent: np.ndarray, child: np.ndarray
         start, other, frm, to = cy, cx, cc, cp
     else:
         start, other, frm, to = cx, cy, cp, cc
-    ptr, nxt = _adjacency(frm, to, n)
-    back_ptr, back = _adjacency(to, frm, n)
+    ptr, nxt = csr(frm, to, n)
+    back_ptr, back = csr(to, frm, n)
     near = np.zeros(n, dtype=bool)
     frontier = _distinct(other)
     near[frontier] = True

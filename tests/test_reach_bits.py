@@ -2,7 +2,6 @@
 Python, on random directed graphs with cycles and self-loops, for both ways of searching and with starts spread
 over several groups; and ``cyclic_matches`` over an e-graph's tables against the same search."""
 
-import duckdb
 import numpy as np
 import pytest
 
