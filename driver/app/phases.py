@@ -655,9 +655,10 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"{o.guard_threshold:.0%}): " + UNCHANGED)
     elif picked is None:
         noise = _noise((latency_report or {}).get("spread"))
+        before, after = s.paired(fastest)  # (the runs of the same minutes, as the comparison judged them)
         notices.append(
-            f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {fastest.measured_ms:.3f} ms vs "
-            f"{s.original.measured_ms:.3f} ms{noise}, threshold {o.guard_threshold:.0%}): " + UNCHANGED)
+            f"no candidate graph is faster beyond noise (fastest: {fastest.label}, {after:.3f} ms vs "
+            f"{before:.3f} ms{noise}, threshold {o.guard_threshold:.0%}): " + UNCHANGED)
     return Chosen(
         s, picked, picked.label if picked is not None else "original",
         check or VerifyResult(True, 0.0, 0.0, {}, UNCHANGED), latency_report, fallbacks,
