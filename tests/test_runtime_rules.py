@@ -127,6 +127,20 @@ def test_affine_folding_into_matmul():
     same_outputs(m, out, [2, 5, 8])
 
 
+@pytest.mark.parametrize("scale", ["one", "column"])
+def test_a_scaled_projection_with_its_bias_folds_into_the_weights(scale):
+    """Whisper's query, q_proj(h) * 0.125: (b + x w) * s, the bias first as PyTorch exports it, is x (w s) + b s
+    for s one value (a scalar) or one per column: no Mul left on the tokens."""
+    s = c("s", 0.125) if scale == "one" else numpy_helper.from_array(RNG.random((1, 4)).astype(np.float32), "s")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["b", "m"], ["a"]),
+             helper.make_node("Mul", ["a", "s"], ["y"])]
+    m = model_of(nodes, [2, 5, 8], [2, 5, 4], [w("w", 8, 4), w("b", 4), s])
+    out, applied = rewrite(m, {"Mul"})
+    assert applied[f"matmul-add-mul-fold-{scale}"] >= 1, applied
+    assert "Mul" not in ops(out) and ops(out)["MatMul"] == 1, ops(out)
+    same_outputs(m, out, [2, 5, 8])
+
+
 # one-element with -m slow: div is the same graph with a scalar 3
 @pytest.mark.parametrize("form", ["div", "gate", "hardsigmoid", pytest.param("one-element", marks=pytest.mark.slow)])
 def test_decomposed_hardswish_is_one_op(form):
