@@ -58,7 +58,7 @@ from relsat.relations.egraph import EGraph
 
 from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
 from relsat.driver.boundary.bindings import Binding
-from relsat.driver.search.candidates import Candidate, Search
+from relsat.driver.search.candidates import REOPENED_MOST, Candidate, Search
 from relsat.driver.errors import RelsatError, error_line
 from relsat.driver.boundary.onnx_export import export_model
 from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
@@ -609,11 +609,16 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         how = ("it found faster by the medians but not in every block was given its second timing now: faster, "
                "and verified" if found.get("second_chance") else
                "it wrote was timed again against the input model now and verified")
+        if found.get("reopened"):
+            how = (f"was a close miss when last timed again (faster by the medians, not in every block): timed again "
+                   f"now (recall {found['reopened']} of at most {REOPENED_MOST} that do), faster, and verified")
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
             f"same input model and graphs); the {picked.label} graph {how}, the other candidates were not timed again")
     elif fid.get("comparison_recalled") and found.get("written"):
-        what = "it found fastest" if found.get("second_chance") else "it wrote"
+        what = ("it found fastest (a close miss when last timed, timed again by at most "
+                f"{REOPENED_MOST} recalls)" if found.get("reopened") else
+                "it found fastest" if found.get("second_chance") else "it wrote")
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
             f"same input model and graphs); the {found['written']} graph {what} was timed again against the input "

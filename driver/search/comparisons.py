@@ -80,14 +80,16 @@ def recall(cache, key: str) -> dict | None:
     return record
 
 
-def remember(cache, key: str, kind: str, threads: int, original: Latency, candidates: list, guard: dict | None) -> None:
+def remember(cache, key: str, kind: str, threads: int, original: Latency, candidates: list, guard: dict | None,
+             reopened: int = 0) -> None:
     """Store the comparison under ``key``: the input model's timing, each candidate's (``(label, timing,
-    status)``, in the order of the key's graphs' candidates), the guard's report and the conditions now."""
+    status)``, in the order of the key's graphs' candidates), the guard's report, the conditions now, and how
+    many recalls have timed a close miss among them again (``reopened``: ``Search._chance_in``)."""
     if cache is None:
         return
     record = {"op_type": COMPARISON_OP, "original": asdict(original),
               "candidates": [{"label": label, "timing": asdict(t) if t is not None else None,
                               "status": status} for label, t, status in candidates],
-              "guard": guard, "conditions": conditions(threads)}
+              "guard": guard, "conditions": conditions(threads), "reopened": int(reopened)}
     cache.store([CostRow(key, kind, threads, COMPARISON_OP, json.loads(json.dumps(record, default=float)),
                          original.cpu_ms, original.runs, ort.__version__)])
