@@ -101,7 +101,8 @@ CONFIRM_MIN_RUNS = 2 * MIN_RUNS  # runs per model in the second timing of the ca
 CONFIRM_TIMINGS = 2  # second timings at most, the next only after a promising one (``Search._confirmed``), with
 # twice the runs and budget of the one before: a close call gets its block medians from more runs
 REOPENED_MOST = 2  # later runs that time again a candidate whose second timing was a close miss (``Search._chance_in``)
-CLOSE_MISS = "not faster when timed again, close"  # the status of such a candidate (``Search._confirmed``)
+NOT_HELD = "not faster when timed again"  # the status of a candidate its second timing kept out (``Search._confirmed``)
+CLOSE_MISS = NOT_HELD + ", close"  # ... where that timing was a close miss
 
 
 @dataclass
@@ -747,7 +748,7 @@ class Search:
         stored before close misses were told apart (no ``reopened`` in it), once."""
         if row["status"].startswith(CLOSE_MISS):
             return record.get("reopened", 0) < REOPENED_MOST
-        return row["status"].startswith("not faster when timed again") and "reopened" not in record
+        return row["status"].startswith(NOT_HELD) and "reopened" not in record
 
     @staticmethod
     def _missed(written: Candidate | None) -> None:
@@ -870,7 +871,7 @@ class Search:
                 return True, orig, again
             if not promising(held):
                 break
-        head = CLOSE_MISS if second_chance(held) else "not faster when timed again"
+        head = CLOSE_MISS if second_chance(held) else NOT_HELD
         c.status = (f"{head} ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
                     f"{judged_ms(orig, self.threads, self.backend):.3f} ms"
                     + (f"; {len(tries)} timings" if len(tries) > 1 else "") + ")")
