@@ -212,7 +212,8 @@ CREATE OR REPLACE MACRO window_shape(x, channels, k, s, p, d, ceil_mode) AS vali
     [x[1], channels] || list_transform(range(len(k)), lambda i:
         window_dim(x[i + 3], k[i + 1], s[i + 1], p[i + 1], p[i + 1 + len(k)], d[i + 1], ceil_mode)));
 CREATE OR REPLACE MACRO deconv_dim(i, k, s, p0, p1, d, op) AS CASE WHEN NOT is_sym(i)
-    THEN (i - 1) * s + (k - 1) * d + 1 + op - p0 - p1 WHEN s = 1 THEN sym_add(i, (k - 1) * d + op - p0 - p1) END;
+    THEN (i - 1) * s + (k - 1) * d + 1 + op - p0 - p1 WHEN s = 1 THEN sym_add(i, (k - 1) * d + op - p0 - p1)
+    WHEN (k - 1) * d + 1 + op - p0 - p1 = s THEN sym_times(i, s) END;
 CREATE OR REPLACE MACRO deconv_shape(x, channels, k, s, p, d, op) AS valid_shape(
     [x[1], channels] || list_transform(range(len(k)), lambda i:
         deconv_dim(x[i + 3], k[i + 1], s[i + 1], p[i + 1], p[i + 1 + len(k)], d[i + 1], op[i + 1])));

@@ -73,6 +73,19 @@ def window_dim(i: int, k: int, s: int, p0: int, p1: int, d: int, ceil_mode: int)
     return DERIVED_BASE - x % _DERIVED_MOD
 
 
+def deconv_dim(i: int, k: int, s: int, p0: int, p1: int, d: int, op: int) -> int | None:
+    """The output size of a transposed convolution over an input dim ``i``, as the catalog's SQL ``deconv_dim``
+    computes it: ``(i - 1) s + (k - 1) d + 1 + op - p0 - p1`` for a number; over a symbol, the symbol itself
+    where that is ``i`` (stride 1), the product dim ``i * s`` where it is ``i s`` (a kernel as wide as its
+    stride, unpadded: the 2x upsampling of segmentation heads), else None."""
+    e = (k - 1) * d + 1 + op - p0 - p1
+    if not is_sym(i):
+        return (i - 1) * s + e
+    if s == 1:
+        return i if e == 1 else None
+    return product_dim(i, s) if e == s else None
+
+
 PROD_BASE = -(1 << 42)  # product dims (product_dim) have codes at or below this
 PROD_FACTORS = 1 << 20  # a product dim's factor is below this (else no dim follows)
 

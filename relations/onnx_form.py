@@ -295,6 +295,16 @@ def enode_proto(op: str, children: list[int], attrs: dict, info: dict, opset: in
 # normalised, auto_pad resolved to pads, defaults that depend on the opset made explicit) and may
 # consume data inputs (``data``: their names, ``shapes``: their shapes). ``ctx`` gives ``opset``
 # (of the node's domain) and ``const_ints(name)`` (a constant input's values, or None).
+def attr_value(a: onnx.AttributeProto):
+    """An attribute's value as import reads it: strings decoded."""
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode() for x in v]
+    return v
+
+
 def norm_axis(axis: int, rank: int) -> int:
     """A possibly negative axis as a position in 0..rank-1."""
     return axis + rank if axis < 0 else axis

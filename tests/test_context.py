@@ -243,6 +243,19 @@ def test_enodes_shared_by_profiled_graphs_keep_every_graph_at_its_measured_laten
     assert s.ctx[[0, 1]] == pytest.approx([6.0, 4.0])
 
 
+def test_the_fewest_nodes_candidate_folds_what_cheaper_looking_costs_keep_apart():
+    """Root class 0: a Conv with everything folded in (1.3 or 1.2 ms: another signature, priced by another
+    profile), or Add(Mul(Conv)) (1.0 + 0.05 + 0.05 ms). The costs pick the three nodes; the structural
+    candidate picks one node, the cheaper of the two single Convs; leaves (cost 0) count for nothing."""
+    kids = [[3, 4], [1, 4], [2, 4], [3, 4], [], [], [3, 4]]
+    p = ExtractionProblem(np.array([0, 0, 1, 2, 3, 4, 0]), np.array([1.3, 0.05, 0.05, 1.0, 0.0, 0.0, 1.2]),
+                          np.cumsum([0] + [len(k) for k in kids]), np.array([c for k in kids for c in k]),
+                          np.array([0]))
+    s = Search(None, p, np.arange(7), {}, CPU, 1, None, 10.0, 1e-4)
+    assert ilp_extract(s._problem()).choice == {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}
+    assert ilp_extract(s._problem(fewest=True)).choice == {0: 6, 3: 4, 4: 5}
+
+
 def test_a_rewrite_onto_an_older_value_is_written():
     """Transpose(Transpose(x)) = x: the rules union the pair's e-class with x's, so the original choice (smallest
     node ids) already skips them. The input model still has them: the re-exported original is a candidate."""

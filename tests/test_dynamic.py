@@ -76,6 +76,16 @@ SHAPES = [
     ("MaxPool", [[B, 3, S, 8]],
      {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1], "ceil_mode": 1},
      [B, 3, window_dim(S, 3, 2, 0, 0, 1, 1), 4]),
+    # a transposed convolution as wide as its stride doubles the dim (a product dim); another one is not provable
+    ("ConvTranspose", [[B, 3, S, 8], [3, 4, 2, 2], None],
+     {"group": 1, "kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+      "output_padding": [0, 0]}, [B, 4, product_dim(S, 2), 16]),
+    ("ConvTranspose", [[B, 3, S, 8], [3, 4, 3, 3], None],
+     {"group": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1],
+      "output_padding": [1, 1]}, [B, 4, product_dim(S, 2), 16]),
+    ("ConvTranspose", [[B, 3, S, 8], [3, 4, 3, 3], None],
+     {"group": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1],
+      "output_padding": [0, 0]}, None),  # 2 S - 1
     ("GlobalAveragePool", [[B, 4, S, T]], {}, [B, 4, 1, 1]),
     ("Gemm", [[B, 8], [8, 4], [4]], {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}, [B, 4]),
     ("LayerNormalization", [[B, S, 8], [8], [8]], {"axis": 2, "epsilon": 1e-5, "stash_type": 1}, [B, S, 8]),
@@ -582,7 +592,7 @@ def test_symbolic_inference_prints_each_distinct_dim_expression_once(monkeypatch
 def test_element_wise_outputs_keep_their_inputs_dims_where_symbolic_inference_does_not_run(monkeypatch):
     """Where ONNX Runtime's symbolic shape inference does not run (it stops at some ops: PP-OCR's classifier), ONNX's
     inference names every value past a Conv over a dynamic image size with fresh unknown dims; an element-wise
-    op's output then takes its inputs' dims (``onnx_import._elementwise_dims``), so ``x * clip(x + 3, 0, 6) / 6``
+    op's output then takes its inputs' dims (``import_dims.elementwise_dims``), so ``x * clip(x + 3, 0, 6) / 6``
     over a Conv's output imports as catalog nodes of the Conv's shape (none opaque) and its hard-swish is found."""
     from relsat.driver.boundary import onnx_import
 

@@ -117,6 +117,25 @@ def test_an_affine_map_before_an_unpadded_conv_folds_into_it(bias):
     assert not check_rule(parse_rules(padded, "padded.rules").rules[0]).ok
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_bias_added_after_a_conv_transpose_folds_into_it_and_a_batchnorm_after_it(bias):
+    """Paddle's export of a detection head: ConvTranspose, its bias as a [1, C, 1, 1] Add, BatchNormalization:
+    one ConvTranspose (the Add into its bias, then bn-fold-convtranspose-bias; ONNX Runtime fuses neither)."""
+    C, M = 4, 3
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"] + (["b0"] if bias else []), ["d"], kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("Add", ["d", "b"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "g", "beta", "mean", "var"], ["y"])]
+    inits = [w("w", C, M, 2, 2), *([w("b0", M)] if bias else []), w("b", 1, M, 1, 1),
+             numpy_helper.from_array(RNG.random(M).astype(np.float32) + 0.5, "g"), w("beta", M), w("mean", M),
+             numpy_helper.from_array(RNG.random(M).astype(np.float32) + 0.5, "var")]
+    m = model_of(nodes, [2, C, 5, 5], [2, M, 10, 10], inits)
+    out, applied = rewrite(m, {"Add", "BatchNormalization"}, rules=("default",))
+    assert applied["convtranspose-add-fold-channel" + ("" if bias else "-nobias")] >= 1, applied
+    assert ops(out) == Counter({"ConvTranspose": 1}), ops(out)
+    same_outputs(m, out, [2, C, 5, 5])
+
+
 def test_affine_folding_into_matmul():
     """(x w) * s for s one value per column is x (w s)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "s"], ["y"])]

@@ -43,14 +43,15 @@ from types import ModuleType
 import numpy as np
 import onnx
 import onnx.version_converter
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from relsat.driver.boundary.decided_ifs import inline_all, inline_within, scalar_constants
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
-from relsat.relations.dims import Symbols, infer_dim, is_batch_like, is_sym, window_dim
+from relsat.relations.dims import Symbols, is_batch_like, is_sym
+from relsat.driver.boundary.import_dims import elementwise_dims, propagate_dims
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
-from relsat.relations.onnx_form import IMPORT_HOOKS, norm_axis, outer_names, walk_graphs
+from relsat.relations.onnx_form import IMPORT_HOOKS, attr_value, norm_axis, outer_names, walk_graphs
 from relsat.relations.rules import evaluate
 from relsat.relations.runtime import session
 from relsat.relations.schema import key_columns, q
@@ -459,7 +460,7 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
         return types
     out = _symbolic(model)
     if out is None:
-        return _elementwise_dims(model, types, symbols)
+        return elementwise_dims(model, types, symbols)
     ort_types = _types_of(out.graph, symbols, prefix="ort:")
     for name in gaps:
         mine, theirs = types.get(name, (None, None)), ort_types.get(name)
@@ -469,51 +470,7 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
             types[name] = (mine[0] or theirs[0], theirs[1])
         elif len(mine[1]) == len(theirs[1]):
             types[name] = (mine[0] or theirs[0], [t if symbols.anonymous(m) else m for m, t in zip(mine[1], theirs[1])])
-    return _elementwise_dims(model, types, symbols)
-
-
-# ops whose output 0 has the broadcast shape of their inputs, and ops whose output 0 has their first input's shape
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
-                           "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"})
-_SAME_SHAPE = frozenset({"Relu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu",
-                         "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Identity", "Cast", "Softplus",
-                         "Softsign", "Mish", "Sign", "Ceil", "Floor", "Round", "Not", "Sin", "Cos", "Gelu",
-                         "BatchNormalization", "InstanceNormalization", "LayerNormalization", "Softmax", "LogSoftmax",
-                         "Dropout"})
-
-
-def _elementwise_dims(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
-    """``types`` with the unknown dims of element-wise ops' outputs taken from their inputs, in graph order: an
-    output dim that shape inference left anonymous is the dim its inputs agree on at that position (broadcasting:
-    inputs of dim 1 aside; where they name different or unknown dims, it stays).  Where ONNX Runtime's symbolic
-    inference does not run (PP-OCR's classifier: it stops at a Concat of axis 1), ONNX's inference gives every
-    value past a Conv over a dynamic image size fresh dims, so ``x + 3`` had other dims than ``x`` and its node was
-    kept opaque (78 of its nodes, none of its hard-swish chains rewritten)."""
-    for n in model.graph.node:
-        if n.domain not in ("", "ai.onnx") or not n.output or n.output[0] not in types:
-            continue
-        if n.op_type in _BROADCASTING:
-            ins = [i for i in n.input if i]
-        elif n.op_type in _SAME_SHAPE and n.input:
-            ins = n.input[:1]
-        else:
-            continue
-        dtype, shape = types[n.output[0]]
-        given = [types.get(i, (None, None))[1] for i in ins]
-        if shape is None or not any(symbols.anonymous(d) for d in shape) or any(s is None for s in given):
-            continue
-        rank = len(shape)
-        if any(len(s) > rank for s in given):
-            continue
-        dims = list(shape)
-        for k in range(rank):
-            if not symbols.anonymous(dims[k]):
-                continue
-            at = {s[k - (rank - len(s))] for s in given if k >= rank - len(s)} - {1}
-            if len(at) == 1:  # (an input's unknown dim too: the output's is the same size)
-                dims[k] = next(iter(at))
-        types[n.output[0]] = (dtype, dims)
-    return types
+    return elementwise_dims(model, types, symbols)
 
 
 class _TooLong(Exception):
@@ -712,7 +669,7 @@ def _partial_values(nodes, types: dict, consts: dict, memo: dict | None = None) 
     for n in nodes:
         if n.domain not in ("", "ai.onnx") or len(n.output) != 1:
             continue
-        a = {x.name: _attr_value(x) for x in n.attribute}
+        a = {x.name: attr_value(x) for x in n.attribute}
         op, out = n.op_type, None
         if op == "Shape":
             shape = (types.get(n.input[0]) or (None, None))[1]
@@ -909,15 +866,6 @@ def _type_other_domains(light: onnx.ModelProto, types: dict, consts: dict, symbo
 
 
 # ------------------------------------------------------------ node helpers
-def _attr_value(a: AttributeProto):
-    v = helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, list) and v and isinstance(v[0], bytes):
-        return [x.decode() for x in v]
-    return v
-
-
 def _constant_value(node: onnx.NodeProto):
     """(array, ONNX dtype) of a Constant node, or None for sparse/string forms (kept opaque)."""
     if len(node.attribute) != 1:
@@ -929,7 +877,7 @@ def _constant_value(node: onnx.NodeProto):
              "value_int": (np.int64, 7), "value_ints": (np.int64, 7)}
     if a.name in forms:
         dt, onnx_dt = forms[a.name]
-        return np.array(_attr_value(a), dtype=dt), onnx_dt
+        return np.array(attr_value(a), dtype=dt), onnx_dt
     return None
 
 
@@ -958,7 +906,7 @@ def _catalog_form(op: OpDef, node: onnx.NodeProto, ctx, const_of, shape_of,
     represent it.  ``const_of(name)``: a constant input's value (None if not constant); ``shape_of(name)``:
     a value's shape (None if unknown); ``known(name)``: whether a data input is defined yet; ``ctx``: what
     the hooks read (``opset``, ``const_ints``)."""
-    attrs = {a.name: _attr_value(a) for a in node.attribute}
+    attrs = {a.name: attr_value(a) for a in node.attribute}
     lifted = {lf.input_index: lf for lf in op.lifted}
     data = []
     for i, name in enumerate(node.input):
@@ -1277,105 +1225,6 @@ class _Importer:
             self.cls = dict(zip(names, self.g.find([self.cls[n] for n in names]).tolist()))
 
 
-_WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
-
-
-def _bcast(a: list, b: list) -> list | None:
-    """Broadcast two shapes as the catalog's ``bcast`` does (symbols equal only to themselves)."""
-    n = max(len(a), len(b))
-    a, b = [1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b)
-    out = []
-    for x, y in zip(a, b):
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            return None
-    return out
-
-
-def _window_shape(node: onnx.NodeProto, x: list, types: dict) -> list | None:
-    """The output shape of a Conv or pool over ``x`` (``dims.window_dim`` per spatial dim), None when unknown.
-    The attributes are read as import reads them (the catalog's import hook resolves defaults and auto_pad)."""
-    attrs = {a.name: _attr_value(a) for a in node.attribute}
-    shapes = [x]
-    channels = x[1]
-    if node.op_type == "Conv":
-        w = (types.get(node.input[1]) or (None, None))[1] if len(node.input) > 1 else None
-        if not w or len(w) != len(x) or any(is_sym(d) for d in w):
-            return None
-        shapes, channels = [x, w], w[0]
-    if len(x) < 3 or not IMPORT_HOOKS[node.op_type](None, node, attrs, [], shapes):
-        return None
-    k, s, p, d = attrs["kernel_shape"], attrs["strides"], attrs["pads"], attrs["dilations"]
-    n = len(k)
-    dims = [window_dim(x[j + 2], k[j], s[j], p[j], p[j + n], d[j], int(attrs.get("ceil_mode", 0))) for j in range(n)]
-    return None if any(v is None for v in dims) else [x[0], channels, *dims]
-
-
-def _reshape_dims(x: list, out: list) -> list | None:
-    """A Reshape's output dims with the one dim inference could not name derived from its data
-    (``dims.infer_dim``: the element count left): a number where the output's other dynamic dims are the
-    data's (ViT's patches, ``[batch, 768, 14, 14]`` to ``[batch, 768, -1]``: inference gave ``[batch, 768,
-    unk]``, which is 196); the data's dynamic dim, or that dim times a number (a product dim: Swin's windows,
-    ``[batch, 8, 7, 8, 7, 96]`` to ``[-1, 7, 7, 96]`` is ``batch * 64``), where the output has no other."""
-    unknown = [d for d in out if is_sym(d) and d not in x]
-    if len(unknown) != 1 or out.count(unknown[0]) != 1:
-        return None
-    u = unknown[0]
-    got = infer_dim(x, [d for d in out if d != u])
-    return None if got is None else [got if d == u else d for d in out]
-
-
-def _propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs: set[str]) -> dict:
-    """``types`` with the dynamic dims that catalog rules derive put where shape inference left a symbol
-    of its own: ONNX's inference gives every value of a model over a dynamic image size fresh unknown
-    dims, which the catalog's shape rules (the same dim through an element-wise op, broadcasting, the
-    derived symbol of a sliding window, ``dims.window_dim``) would then contradict, keeping the nodes
-    opaque. Walking the graph in order, a symbol inference gave an output is renamed to the dim the
-    rule derives when it is not a graph input's dim and stands for one dim only; the rest is left as
-    inference gave it (and checked against the rules at insertion, as before)."""
-    input_syms = {d for n in inputs for d in ((types.get(n) or (None, None))[1] or ()) if is_sym(d)}
-    sub: dict[int, int] = {}
-
-    def shape_of(name):
-        shape = (types.get(name) or (None, None))[1] if name else None
-        return None if shape is None else [sub.get(d, d) for d in shape]
-
-    for node in graph.node:
-        op = for_node(node.domain, node.op_type)
-        if op is None or op.domain or not node.output or len(node.output) > 1 and any(node.output[1:]):
-            continue
-        x = shape_of(node.input[0]) if node.input else None
-        out = shape_of(node.output[0])
-        if not x or not out:
-            continue
-        if op.op_type in _WINDOW_OPS:
-            got = _window_shape(node, x, types) if len(x) >= 3 else None
-        elif op.op_type == "GlobalAveragePool":
-            got = x[:2] + [1] * (len(x) - 2)
-        elif op.shape == "bcast(s_a, s_b)" and len(node.input) == 2:
-            y = shape_of(node.input[1])
-            got = _bcast(x, y) if y is not None else None
-        elif op.shape == "s_x" or op.op_type == "BatchNormalization":
-            got = x
-        elif op.op_type == "Reshape":
-            got = _reshape_dims(x, out)
-        else:
-            continue
-        if got is None or len(got) != len(out):
-            continue
-        for inferred, d in zip(out, got):
-            if is_sym(inferred) and inferred != d and inferred not in input_syms and inferred not in sub:
-                sub[inferred] = d
-                if is_sym(d) and d not in symbols.by_code:
-                    symbols.add_derived(d)
-    if not sub:
-        return types
-    return {name: (dt, None if shape is None else [sub.get(d, d) for d in shape]) for name, (dt, shape) in types.items()}
-
-
 def _upgraded(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None, bool]:
     """``model`` as ``import_model`` reads it, the upgrade notice, and whether it is passed through: one
     ``load_model`` upgraded keeps its notice; one below opset 7 is normalised and upgraded; one that no
@@ -1477,7 +1326,10 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     except Exception as e:
         types, folded = {}, {}
         notices.append(f"ONNX shape inference failed ({error_line(e)}); every node kept opaque")
-    types = _propagate_dims(graph, types, symbols, {v.name for v in real_inputs})
+    types, assumed = propagate_dims(graph, types, symbols, {v.name for v in real_inputs})
+    if assumed:
+        notices.append(f"dims assumed equal where {len(assumed)} broadcasting node(s) need them so ({_names_quoted(assumed)}): "
+                       "shape inference could not prove them equal; the model runs only where they are (or one is 1)")
     imp = _Importer(g, model, opset, types, opaque_all=passthrough)
     if passthrough:
         folded = {}

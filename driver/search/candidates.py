@@ -14,7 +14,13 @@ here):
    ``rounds`` times, the ILP extracts the cheapest graph under the refined costs; a graph profiled
    before means the costs have settled, a new one is exported and profiled in turn. Each distinct
    graph is a candidate.
-3. **More candidates.** Until there are ``candidates`` of them, the ILP is solved again with no-good
+3. **More candidates.** The graph that runs the fewest nodes (ties broken by the refined costs) is one: a
+   rewrite that folds a bias, a scale and a shift into a Conv (PP-LCNetV3's learnable affine blocks) leaves
+   the Conv's output as it was and removes three element-wise passes, but prices it by another Conv signature
+   (with a bias), whose one-node cost can differ by more than those passes cost (PP-OCRv5 det's depthwise
+   Conv: 0.106 ms without, 0.132 ms with a bias, from two profiling runs; 0.032 ms for both timed side by
+   side), so the cost-based extractions kept 23 of them unfolded.
+   Until there are ``candidates`` of them, the ILP is solved again with no-good
    cuts against every graph seen (each must drop at least one of the rewritten e-nodes of every
    earlier one, and one of the original's). These are exported, not profiled: their predicted cost
    is what the refined costs say.
@@ -101,6 +107,7 @@ CONFIRM_MIN_RUNS = 2 * MIN_RUNS  # runs per model in the second timing of the ca
 CONFIRM_TIMINGS = 2  # second timings at most, the next only after a promising one (``Search._confirmed``), with
 # twice the runs and budget of the one before: a close call gets its block medians from more runs
 REOPENED_MOST = 2  # later runs that time again a candidate whose second timing was a close miss (``Search._chance_in``)
+FEWEST = "fewest nodes"  # the candidate whose graph runs the fewest nodes (``Search._problem``)
 NOT_HELD = "not faster when timed again"  # the status of a candidate its second timing kept out (``Search._confirmed``)
 CLOSE_MISS = NOT_HELD + ", close"  # ... where that timing was a close miss
 
@@ -109,7 +116,7 @@ CLOSE_MISS = NOT_HELD + ", close"  # ... where that timing was a close miss
 class Candidate:
     """One graph the search considered (``as_dict()`` is its row of the report)."""
 
-    label: str  # original | original, simplified | one-node | round N | next-best N
+    label: str  # original | original, simplified | one-node | round N | fewest nodes | next-best N
     choice: dict[int, int]  # e-class -> e-node id
     predicted_ms: float  # predicted latency when it was chosen (before it was profiled or timed)
     model: onnx.ModelProto | None = None
@@ -214,9 +221,14 @@ class Search:
     def predicted(self, choice: dict[int, int]) -> float:
         return float(self.costs()[self.index(choice)].sum()) + self.call_overhead_ms
 
-    def _problem(self) -> ExtractionProblem:
-        p = self.problem
-        return ExtractionProblem(p.node_class, self.costs(), p.child_ptr, p.child_class, p.roots)
+    def _problem(self, *, fewest: bool = False) -> ExtractionProblem:
+        """The ILP under the refined costs; ``fewest``: under the count of the nodes that run (an e-node of a
+        non-zero one-node cost counts 1; constants fold at export), the refined costs breaking ties (their sum
+        over any graph weighs less than one node): step 3's structural candidate (``FEWEST``)."""
+        p, costs = self.problem, self.costs()
+        if fewest:
+            costs = (self.alone > 0) + 0.5 * costs / max(float(costs.sum()), 1e-12)
+        return ExtractionProblem(p.node_class, costs, p.child_ptr, p.child_class, p.roots)
 
     # ------------------------------------------------------------------ graphs
     def _export(self, cand: Candidate) -> list[int] | None:
@@ -347,6 +359,10 @@ class Search:
             if choice in seen:
                 break
             add(f"round {r + 1}", choice, True)
+        if candidates > 0:
+            fewest = ilp_extract(self._problem(fewest=True), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap)
+            if fewest is not None and self.ids(fewest) not in seen:
+                add(FEWEST, self.ids(fewest), False)
         while len(self.usable()) < candidates:
             ext = ilp_extract(self._problem(), time_limit=self.ilp_time_limit, mip_gap=self.mip_gap,
                               exclude=[self._cut(c) for c in seen])
