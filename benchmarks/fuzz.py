@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.boundary.onnx_import import _bcast
+from relsat.driver.boundary.import_dims import bcast as import_bcast
 
 RULE_SETS = ("default", "taso", "generated", "fold", "merge", "runtime")
 SEARCHES = ("mcts", "backtrack")
@@ -81,8 +81,8 @@ def _numel(shape) -> int | None:
 
 
 def bcast(a: tuple, b: tuple) -> tuple | None:
-    """NumPy broadcasting of two static shapes (the importer's rule, ``onnx_import._bcast``), as a tuple."""
-    out = _bcast(list(a), list(b))
+    """NumPy broadcasting of two static shapes (the importer's rule, ``import_dims.bcast``), as a tuple."""
+    out = import_bcast(list(a), list(b))
     return None if out is None else tuple(out)
 
 
