@@ -101,3 +101,44 @@ def test_two_graph_inputs_dims_are_never_assumed_equal():
     for s, t in ((5, 1), (1, 5), (4, 4)):
         feeds = {"x": RNG.standard_normal((2, s)).astype(np.float32), "y": RNG.standard_normal((2, t)).astype(np.float32)}
         np.testing.assert_allclose(session(out).run(None, feeds)[0], session(m).run(None, feeds)[0])
+
+
+def _c2f_neck() -> onnx.ModelProto:
+    """A YOLO neck's C2f block over an upsampled map: two strided Convs over x [n, 3, h, w], the coarser map
+    upsampled 2x (Resize) and concatenated with the finer one, a 1x1 Conv, its output split in two along the
+    channels, a 3x3 Conv over one half, both concatenated and mixed by a 1x1 Conv."""
+    w = lambda name, *shape: numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32) * 0.3, name)
+    inits = [w("w1", 8, 3, 3, 3), w("w2", 8, 8, 3, 3), w("w3", 8, 16, 1, 1), w("w4", 4, 4, 3, 3), w("w5", 8, 12, 1, 1),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+             numpy_helper.from_array(np.array([4, 4], np.int64), "halves")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["c2", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Concat", ["up", "c1"], ["cat"], axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["m"]),
+             helper.make_node("Split", ["m", "halves"], ["m0", "m1"], axis=1),
+             helper.make_node("Conv", ["m1", "w4"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["m0", "m1", "b"], ["cat2"], axis=1),
+             helper.make_node("Conv", ["cat2", "w5"], ["y"])]
+    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", F, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, ["n", 8, None, None])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_split_after_an_upsampled_concat_keeps_its_inputs_dims():
+    """The Concat takes the upsampled dims as the finer map's (exactly: ONNX requires them equal); the Split's
+    outputs then carry its input's dims but along the axis, so the Split, the Conv after it and the second
+    Concat are catalog nodes, and only the Resize is opaque (YOLOv8's neck: its three C2f Splits were kept opaque
+    with everything after them in each block). The written model equals the original at other sizes."""
+    m = _c2f_neck()
+    imported = import_model(m)
+    opaque = [n for n in imported.notices if "opaque" in n]
+    assert len(opaque) == 1 and "Resize" in opaque[0] and "Split" not in opaque[0], imported.notices
+    assert not any(n.startswith("dims assumed equal") for n in imported.notices), imported.notices
+    out = optimize(m, cost_model="analytic", measure=False).model
+    for n, h, w in ((1, 32, 48), (2, 8, 16), (1, 40, 24)):
+        x = RNG.standard_normal((n, 3, h, w)).astype(np.float32)
+        want = session(m).run(None, {"x": x})[0]
+        got = session(out).run(None, {"x": x})[0]
+        assert got.shape == want.shape == (n, 8, h // 2, w // 2)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -9,12 +9,12 @@ node whose rule disagrees with inference is kept opaque.  This module renames in
 - ``elementwise_dims``: where ONNX Runtime's symbolic inference does not run, an element-wise op's output takes the
   dims its inputs agree on;
 - ``propagate_dims``: walking the graph in order, a dim inference gave an output is renamed to the dim the catalog's
-  rule derives there (Conv and pools, ConvTranspose, broadcasting, Concat, Reshape, ...), and a Resize by constant
-  scales keeps its input's dims where a scale is 1.  Where a node *needs* two dims equal, inference's dim is
-  unified with the other: exactly at a Concat (ONNX requires its other dims equal) and, as an assumption, at a
-  broadcasting op whose inputs have two different dynamic dims at one position (a feature pyramid's Add of an
-  upsampled map and a lateral one: equal wherever the model runs, unless one of them is 1 and broadcasts).  The
-  assumed nodes are named in a notice and the written model is verified at two bindings, as every model is.
+  rule derives there (Conv and pools, ConvTranspose, broadcasting, Concat, Reshape, each output of a Split, ...),
+  and a Resize by constant scales keeps its input's dims where a scale is 1.  Where a node *needs* two dims equal,
+  inference's dim is unified with the other: exactly at a Concat (ONNX requires its other dims equal) and, as an
+  assumption, at a broadcasting op whose inputs have two different dynamic dims at one position (a feature pyramid's
+  Add of an upsampled map and a lateral one: equal wherever the model runs, unless one of them is 1 and broadcasts).
+  The assumed nodes are named in a notice and the written model is verified at two bindings, as every model is.
 
 A dim is renamed only when it is inference's own (not a graph input's dim, not a derived or product dim, whose codes
 the catalog computes), and every occurrence of it is renamed alike.
@@ -223,7 +223,18 @@ def propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs
                     if names.own(inferred) and inferred != d:
                         names.sub[inferred] = d
             continue
-        if op is None or op.domain or not node.output or len(node.output) > 1 and any(node.output[1:]):
+        if op is None or op.domain or not node.output:
+            continue
+        if op.op_type == "Split":  # each output: its input's dims but along the axis
+            x = shape_of(node.input[0]) if node.input else None
+            axis = next((attr_value(a) for a in node.attribute if a.name == "axis"), 0)
+            for o in node.output:
+                out = shape_of(o)
+                if x and out and len(out) == len(x):
+                    k = norm_axis(axis, len(x))
+                    _rename(names, symbols, out, x[:k] + [out[k]] + x[k + 1:])
+            continue
+        if len(node.output) > 1 and any(node.output[1:]):
             continue
         x = shape_of(node.input[0]) if node.input else None
         out = shape_of(node.output[0])
@@ -249,18 +260,23 @@ def propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs
             got = reshape_dims(x, out)
         else:
             continue
-        if got is None or len(got) != len(out):
-            continue
-        for inferred, d in zip(out, got):
-            inferred = names.find(inferred)
-            if is_sym(inferred) and inferred != d and inferred not in input_syms and inferred not in names.sub:
-                names.sub[inferred] = d
-                if is_sym(d) and d not in symbols.by_code:
-                    symbols.add_derived(d)
+        if got is not None and len(got) == len(out):
+            _rename(names, symbols, out, got)
     if not names.sub:
         return types, names.assumed
     return ({name: (dt, None if shape is None else [names.find(d) for d in shape])
              for name, (dt, shape) in types.items()}, names.assumed)
+
+
+def _rename(names: _Renames, symbols: Symbols, out: list, got: list) -> None:
+    """Rename each dim inference gave an output (``out``) to the one the catalog derives there (``got``), where it is
+    a symbol not yet renamed and not a graph input's."""
+    for inferred, d in zip(out, got):
+        inferred = names.find(inferred)
+        if is_sym(inferred) and inferred != d and inferred not in names.input_syms and inferred not in names.sub:
+            names.sub[inferred] = d
+            if is_sym(d) and d not in symbols.by_code:
+                symbols.add_derived(d)
 
 
 def _unify_broadcast(names: _Renames, x: list, y: list) -> bool:
