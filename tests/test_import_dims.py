@@ -107,8 +107,9 @@ def _c2f_neck() -> onnx.ModelProto:
     """A YOLO neck's C2f block over an upsampled map: two strided Convs over x [n, 3, h, w], the coarser map
     upsampled 2x (Resize) and concatenated with the finer one, a 1x1 Conv, its output split in two along the
     channels, a 3x3 Conv over one half, both concatenated and mixed by a 1x1 Conv."""
-    w = lambda name, *shape: numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32) * 0.3, name)
-    inits = [w("w1", 8, 3, 3, 3), w("w2", 8, 8, 3, 3), w("w3", 8, 16, 1, 1), w("w4", 4, 4, 3, 3), w("w5", 8, 12, 1, 1),
+    weight = lambda name, *shape: numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32) * 0.3, name)
+    inits = [weight("w1", 8, 3, 3, 3), weight("w2", 8, 8, 3, 3), weight("w3", 8, 16, 1, 1), weight("w4", 4, 4, 3, 3),
+             weight("w5", 8, 12, 1, 1),
              numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
              numpy_helper.from_array(np.array([4, 4], np.int64), "halves")]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
@@ -128,8 +129,8 @@ def _c2f_neck() -> onnx.ModelProto:
 def test_a_split_after_an_upsampled_concat_keeps_its_inputs_dims():
     """The Concat takes the upsampled dims as the finer map's (exactly: ONNX requires them equal); the Split's
     outputs then carry its input's dims but along the axis, so the Split, the Conv after it and the second
-    Concat are catalog nodes, and only the Resize is opaque (YOLOv8's neck: its three C2f Splits were kept opaque
-    with everything after them in each block). The written model equals the original at other sizes."""
+    Concat are catalog nodes, and only the Resize is opaque (YOLOv8's neck: its C2f Splits after an upsampled Concat
+    were kept opaque, with the next level's Concat). The written model equals the original at other sizes."""
     m = _c2f_neck()
     imported = import_model(m)
     opaque = [n for n in imported.notices if "opaque" in n]

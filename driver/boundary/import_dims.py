@@ -225,18 +225,16 @@ def propagate_dims(graph: onnx.GraphProto, types: dict, symbols: Symbols, inputs
             continue
         if op is None or op.domain or not node.output:
             continue
-        if op.op_type == "Split":  # each output: its input's dims but along the axis
-            x = shape_of(node.input[0]) if node.input else None
-            axis = next((attr_value(a) for a in node.attribute if a.name == "axis"), 0)
+        x = shape_of(node.input[0]) if node.input else None
+        if op.op_type == "Split" and x:  # each output: its input's dims but along the axis
+            k = norm_axis(next((attr_value(a) for a in node.attribute if a.name == "axis"), 0), len(x))
             for o in node.output:
                 out = shape_of(o)
-                if x and out and len(out) == len(x):
-                    k = norm_axis(axis, len(x))
+                if out and len(out) == len(x):
                     _rename(names, symbols, out, x[:k] + [out[k]] + x[k + 1:])
             continue
         if len(node.output) > 1 and any(node.output[1:]):
             continue
-        x = shape_of(node.input[0]) if node.input else None
         out = shape_of(node.output[0])
         if not x or not out:
             continue
