@@ -257,3 +257,41 @@ def test_an_insert_numbers_its_rows_by_the_named_column(op_type):
         g.close()
     assert results[0] == results[1]
     assert len(results[0][1]) == 20 and len(results[0][2]) > 0
+
+
+@pytest.mark.parametrize("changed_only", [False, True])
+def test_an_insert_of_keys_that_all_exist_writes_nothing(changed_only):
+    """An op whose keys are canonicalised before the lookup (Concat's axis) adds nothing when every row's key has a
+    node: no statement numbers or inserts nodes (and none changes ``eclass``), and the result holds every row with
+    its node's e-class (with ``changed_only``, the rows whose node is not in their target's)."""
+    from relsat.relations.catalog import BY_TYPE
+
+    g = EGraph()
+    x = inputs(g, 4)
+    made = g.add("Concat", {"inputs": [[x[0], x[1]], [x[2], x[3]]]}, {"axis": 0})
+    g.con.execute(f"CREATE TABLE src AS SELECT * FROM (VALUES (0, {x[0]}, {x[1]}, {made[0]}), (1, {x[2]}, {x[3]}, "
+                  f"{made[0]}), (2, {x[0]}, {x[1]}, {made[0]})) v(rid, a, b, t)")
+    before = g.fingerprint()
+    seen = []
+    real = g.con
+
+    class Recording:
+        def execute(self, sql, *a, **k):
+            seen.append(sql.strip().split()[0].upper())
+            return real.execute(sql, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    g.con = Recording()
+    try:  # axis -1: canonicalised to 0 by the shape rule, so the key is known only after it
+        res = g.insert_from(BY_TYPE["Concat"], "SELECT rid, [a, b] AS inputs, -1 AS axis, t FROM src", result="res",
+                            target="t", changed_only=changed_only)
+    finally:
+        g.con = real
+    assert res.new_nodes == 0 and g.fingerprint() == before
+    assert not {"INSERT", "UPDATE"} & set(seen), seen
+    want = {0: made[0], 1: made[1], 2: made[0]}
+    if changed_only:
+        want = {r: n for r, n in want.items() if n != made[0]}
+    assert dict(g.sql("SELECT rid, out FROM res")) == want
