@@ -84,6 +84,8 @@ class Compiled:
     explain_vars: tuple[str, ...] = ()  # its e-class variables (``?var``), in the order of the witness's
     # ``class_ids`` (their e-classes as a list: ``classes`` as JSON)
     explain_values: bool = False  # whether the witness's ``bindings`` names anything (else it is ``{}``)
+    values: frozenset[float] = frozenset()  # the fills its value predicates need (``(zeros ?c)``: 0.0): no match
+    # while no weight or constant of the e-graph is all that value (``driver.search.prefilter``)
     split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
     # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
     last_read: int = 0  # the last step that reads the matches: build i, or len(builds) where a union reads them
@@ -354,19 +356,27 @@ def lhs_tables(rule: Rule) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Needs:
-    """What a left side needs of the e-graph to match at all (``Compiled.edges`` and ``Compiled.kinds``)."""
+    """What a left side needs of the e-graph to match at all (``Compiled.edges``, ``Compiled.kinds`` and
+    ``Compiled.values``)."""
 
     edges: frozenset[tuple[str, str, int, str]]
     kinds: frozenset[tuple[str, str]]
+    values: frozenset[float] = frozenset()
 
 
 def lhs_needs(rule: Rule) -> Needs:
-    """A rule's ``Compiled.edges`` and ``Compiled.kinds`` from a walk of its patterns alone (a fifth of compiling
-    it): whether the e-graph can hold a match is known before the rule is compiled."""
+    """A rule's ``Compiled.edges``, ``Compiled.kinds`` and ``Compiled.values`` from a walk of its patterns and
+    conditions alone (a fifth of compiling it): whether the e-graph can hold a match is known before the rule is
+    compiled."""
     lhs = _Lhs()
     for p in rule.patterns:
         lhs.term(p)
-    return Needs(frozenset(lhs.edges), frozenset(lhs.kinds))
+    return Needs(frozenset(lhs.edges), frozenset(lhs.kinds), _fills(rule))
+
+
+def _fills(rule: Rule) -> frozenset[float]:
+    """The values the rule's value predicates need a constant of (``(zeros ?c)``: 0.0, ``(ones ?c)``: 1.0)."""
+    return frozenset(FILLS[c.kind] for c in rule.conditions if isinstance(c, Pred) and c.kind in FILLS)
 
 
 def compile_rule(rule: Rule) -> Compiled:
@@ -434,7 +444,7 @@ def compile_rule(rule: Rule) -> Compiled:
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0],
                     whole_sql=whole, last_read=last_read, explain_ops=tuple(_op_names(lhs)),
                     explain_vars=tuple("?" + v for v in sorted(lhs.eclass_vars)),
-                    explain_values=bool(_values(lhs, lets)))
+                    explain_values=bool(_values(lhs, lets)), values=_fills(rule))
 
 
 def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str, str]:

@@ -131,3 +131,37 @@ def test_a_product_of_a_state_that_is_not_zero_stays():
     h0[0, 5] = 0.5
     r = optimize(rnn(h0), cost_model="analytic", measure=False)
     assert not {"matmul-zero-add", "add-matmul-zero"} & {k for k, v in r.report["rules_applied"].items() if v}
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_the_prefilter_runs_a_value_predicate_only_where_a_constant_has_the_value(zero):
+    """A rule whose value predicate no weight or constant of the e-graph meets (``(zeros ?c)`` where every bias is
+    trained) has no match: the prefilter's survey (``Compiled.values``) skips its statement. With it and without it,
+    saturation gives the same e-graph, ids included, and the same rule statistics; with no zero constant, fewer
+    statements."""
+    from relsat.driver.search.prefilter import Survey
+    from relsat.driver.search.runner import Limits, Runner
+    from relsat.programs.compiler import compile_rule, lhs_needs
+    from relsat.programs.rulesets import load_rule_list
+    from test_determinism import fingerprint
+
+    bias = np.zeros(8) if zero else np.full(8, 0.5)
+    model = linear(bias, np.full(8, 2.0))  # (a scale that is not one: mul-one-* have no match either way)
+    r = rule("add-zero: (Add ?x ?c) => ?x if (zeros ?c) (rank ?c 1) (= (dim ?c 0) (dim ?x -1))")
+    assert compile_rule(r).values == lhs_needs(r).values == {0.0}
+    g = import_model(model).egraph
+    s = Survey([lhs_needs(r)])
+    s.update(g.con, 1, ["op_add"])
+    assert s.allows(lhs_needs(r)) == zero
+    g.close()
+    runs = {}
+    for prefilter in (False, True):
+        g = import_model(model).egraph
+        report = Runner(g, load_rule_list(["default"]), Limits(iterations=5, enodes=5000, seconds=600),
+                        prefilter=prefilter).run()
+        stats = g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM rule_stats ORDER BY ALL")
+        runs[prefilter] = (fingerprint(g), stats, sum(report.statements))
+        g.close()
+    assert runs[True][:2] == runs[False][:2]
+    applied = {rule for _, rule, _, n, _, _ in runs[True][1] if n}
+    assert ("add-zero-vector" in applied) == zero, applied

@@ -6,7 +6,10 @@ whose first child's e-class holds an ``Add`` node.  ``Compiled.edges`` lists the
 ``(op table, child column, list position, child's op table)``.  ``Survey`` keeps the set of such edge
 types the e-graph has (``seen``) and, at the start of each round, looks for the ones some rule needs and
 that have not been seen yet, in one SELECT over the op tables involved; likewise its terms' literal
-attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more.
+attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more; and
+the values its value predicates need (``Compiled.values``: ``(zeros ?c)`` needs a weight or a constant that is all
+zeros, which a trained model's biases seldom are: fold.rules' eight such rules matched every Add and Mul of
+ResNeXt-50 for nothing, 3-6 ms each), in one more.
 A rule whose needs are not all seen has no match in the round's snapshot and costs no statement.  A
 generated rule set (thousands of rules over a model that has a dozen operators) is mostly such rules:
 their tables are present but their shapes are not (on ResNeXt-50, 63 of the 801 rules whose tables are
@@ -28,6 +31,11 @@ from collections.abc import Iterable
 from relsat.programs.compiler import Compiled, Needs
 from relsat.relations.schema import literal, q
 
+# the weights and constants of rounds since {since} whose every element is one of the values needed: the rows that
+# a value predicate's condition reads (``programs.compiler._condition``)
+_FILLS = ("SELECT DISTINCT v FROM (SELECT x.fill AS v FROM op_weight w JOIN weights x ON x.ref = w.ref "
+          "WHERE w.ts >= {since} UNION ALL SELECT value_float FROM op_constant WHERE ts >= {since}) WHERE v IN ({values})")
+
 Edge = tuple[str, str, int, str]  # (op table, child column, list position (0: a plain column), child's op table)
 Kind = tuple[str, str]  # (op table, a term's literal attribute conditions on its columns)
 
@@ -40,6 +48,8 @@ class Survey:
         self.seen: set[Edge] = set()
         self.need_kinds: set[Kind] = set()
         self.seen_kinds: set[Kind] = set()
+        self.need_values: set[float] = set()
+        self.seen_values: set[float] = set()
         self.added: set[Edge | Kind] = set()  # needs added since the previous survey: their rows of every round
         # are read once (the older rows were not read for them)
         self.last = 0  # the round of the previous survey: rows older than it were read then
@@ -48,9 +58,10 @@ class Survey:
     def add(self, rules: Iterable[Compiled | Needs]) -> None:
         """The needs of more rules (a runner reads a rule's needs once its op tables hold rows)."""
         for c in rules:
-            self.added |= (c.edges - self.need) | (c.kinds - self.need_kinds)
+            self.added |= (c.edges - self.need) | (c.kinds - self.need_kinds) | (c.values - self.need_values)
             self.need |= c.edges
             self.need_kinds |= c.kinds
+            self.need_values |= c.values
 
     def update(self, con, round: int, present: Iterable[str]) -> None:
         """Look for the needed, unseen edge types among the rows of tables in ``present`` (the non-empty op
@@ -64,6 +75,9 @@ class Survey:
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
         for group, since in self._since(kinds):
             self.seen_kinds |= self._find_kinds(con, group, since)
+        for group, since in self._since(sorted(self.need_values - self.seen_values)):
+            sql = _FILLS.format(since=int(since), values=", ".join(literal(float(v)) for v in group))
+            self.seen_values |= {v for (v,) in con.execute(sql).fetchall()} & set(group)
         self.added = set()
         self.last = round
 
@@ -75,7 +89,7 @@ class Survey:
         return [(g, since) for g, since in groups if g]
 
     def allows(self, c: Compiled | Needs) -> bool:
-        return c.edges <= self.seen and c.kinds <= self.seen_kinds
+        return c.edges <= self.seen and c.kinds <= self.seen_kinds and c.values <= self.seen_values
 
     def _find_kinds(self, con, kinds: list[Kind], since: int) -> set[Kind]:
         parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(since)} AND ({w}) "
