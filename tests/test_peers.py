@@ -180,3 +180,34 @@ def test_latency_table_says_where_the_best_peer_runs_relsats_kernels():
     assert lines[3].endswith("| 1.053 (onnxslim) |")
     assert lines[-1] == ("- relsat / best peer > 1.01 on 2 of 3: 1 where that peer's graph runs relsat's kernels "
                          "(yolov8n); 1 where it runs others (whisper_tiny_encoder)")
+
+
+@pytest.mark.parametrize("relsat_is_input", [True, False])
+def test_an_input_model_written_unchanged_is_not_timed_twice(tmp_path, relsat_is_input):
+    """``bench_corpus.latencies``: where relsat wrote the input model's bytes, its figures are the original's (the
+    ratio of two timings of one file is the spread alone); otherwise every system is timed (here relsat's file is a
+    hundred Relus, so that its own timing shows)."""
+    slow = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x" if i == 0 else f"r{i - 1}"], [f"r{i}" if i < 99 else "y"]) for i in range(100)],
+        "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, 8, 8])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    paths = {}
+    for name, model in (("original", tiny()), ("relsat", slow), ("onnxsim", tiny())):
+        paths[name] = tmp_path / f"{name}.onnx"
+        onnx.save(model, paths[name])
+    ms, cpu = bench_corpus.latencies(paths, 1, BINDINGS[0], 0.2, None, relsat_is_input)
+    assert set(ms) == set(cpu) == set(paths) and all(v > 0 for v in ms.values())
+    if relsat_is_input:
+        assert ms["relsat"] == ms["original"] and cpu["relsat"] == cpu["original"]
+    else:
+        assert ms["relsat"] > 3 * ms["original"], ms
+
+
+def test_latency_table_marks_an_input_model_written_unchanged():
+    rows = [{"model": "yolov8n", "ms_1t": {"original": 10.0, "relsat": 10.0, "onnxsim": 10.4},
+             "relsat_is_input": True},
+            {"model": "ppocr_det_v4", "ms_1t": {"original": 10.0, "relsat": 8.0, "onnxsim": 9.5}}]
+    lines = bench_corpus.latency_table(rows, 1).splitlines()
+    assert lines[2] == "| yolov8n | 10.000 | 10.000 (1.000x, input) | 10.400 (0.962x) | 0.962 (onnxsim) |"
+    assert lines[3] == "| ppocr_det_v4 | 10.000 | 8.000 (1.250x) | 9.500 (1.053x) | 0.842 (onnxsim) |"
