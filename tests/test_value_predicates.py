@@ -165,3 +165,29 @@ def test_the_prefilter_runs_a_value_predicate_only_where_a_constant_has_the_valu
     assert runs[True][:2] == runs[False][:2]
     applied = {rule for _, rule, _, n, _, _ in runs[True][1] if n}
     assert ("add-zero-vector" in applied) == zero, applied
+
+
+def test_a_constant_a_rule_puts_into_an_existing_class_reaches_a_value_predicate_in_the_same_round():
+    """The survey reads the values as a round begins; a rule that puts a zero constant into an existing e-class
+    (``x - x => 0``) makes a later rule's ``(zeros ?c)`` hold in the same round, as it does without the prefilter:
+    the same rounds, rule statistics and e-graph either way."""
+    from relsat.driver.search.runner import Limits, Runner
+    from relsat.programs.parser import parse_rules
+    from test_determinism import fingerprint
+
+    rules = parse_rules("sub-self: (Sub ?x ?x) => (Constant :value_float 0.0) if (rank ?x 0)\n"
+                        "zz-add-zero: (Add ?y ?c) => ?y if (zeros ?c) (rank ?c 0) (rank ?y 0)\n", "t.rules").rules
+    nodes = [helper.make_node("Sub", ["x", "x"], ["s"]), helper.make_node("Add", ["a", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("a", F, []),
+                                           helper.make_tensor_value_info("x", F, [])],
+                              [helper.make_tensor_value_info("y", F, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    runs = {}
+    for prefilter in (False, True):
+        g = import_model(model).egraph
+        Runner(g, list(rules), Limits(iterations=5, enodes=1000, seconds=600), prefilter=prefilter).run()
+        runs[prefilter] = (fingerprint(g), g.sql("SELECT round, rule, matches, applied, new_nodes, banned FROM "
+                                                 "rule_stats ORDER BY ALL"))
+        g.close()
+    assert (1, "zz-add-zero", 1, 1, 0, False) in runs[False][1]  # the zero reached it in round 1
+    assert runs[True] == runs[False]

@@ -88,8 +88,11 @@ class Survey:
         groups = ([n for n in needs if n not in fresh], self.last), ([n for n in needs if n in fresh], 0)
         return [(g, since) for g, since in groups if g]
 
-    def allows(self, c: Compiled | Needs) -> bool:
-        return c.edges <= self.seen and c.kinds <= self.seen_kinds and c.values <= self.seen_values
+    def allows(self, c: Compiled | Needs, values: bool = True) -> bool:
+        """Whether the e-graph has what ``c`` needs; ``values=False``: its edges and kinds only. The values are
+        read as a round begins; a constant that a rule inserts into an existing e-class in the round gives that
+        e-class a value its matches read at once (``Runner._live`` then asks without them)."""
+        return c.edges <= self.seen and c.kinds <= self.seen_kinds and (not values or c.values <= self.seen_values)
 
     def _find_kinds(self, con, kinds: list[Kind], since: int) -> set[Kind]:
         parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(since)} AND ({w}) "

@@ -336,6 +336,8 @@ class _Round:
     oldest: dict = field(default_factory=dict)  # op table -> its oldest row's ts
     rows: dict = field(default_factory=dict)  # op table -> its rows
     blocked: set = field(default_factory=set)  # rules without a structural match this round (``Runner._tree``)
+    values_dirty: bool = False  # a leaf (a constant) went into an existing e-class this round: the survey's
+    # values, read as the round began, no longer tell which value predicates can hold (``Runner._live``)
 
 
 @dataclass
@@ -503,7 +505,7 @@ class Runner:
             if st.compiled is not None:
                 continue
             if self.prefilter:
-                ready = st.needs is not None and survey.allows(st.needs)
+                ready = st.needs is not None and survey.allows(st.needs, values=False)
             else:
                 ready = all(t in r.newest for t in st.tables)
             if ready:
@@ -550,7 +552,7 @@ class Runner:
                 return c.match(since, r.it.round)
             every = dict.fromkeys(c.tables, SNAPSHOT_ALL)  # every semi-naive part kept, as ``match`` does
             return c.match_live(since, r.it.round, every, dict.fromkeys(c.tables, -1), part=part)
-        if not self._state.survey.allows(c):
+        if not self._state.survey.allows(c, values=not r.values_dirty):
             return None
         whole = sum(r.rows[t] for t in c.tables) <= WHOLE_ROWS
         return c.match_live(since, r.it.round, r.newest, r.oldest, carry=self._carried(c), part=part, whole=whole)
@@ -710,6 +712,7 @@ class Runner:
             new_nodes += res.new_nodes
             r.budget -= res.new_nodes
             applied += res.targeted  # an application that needs no union
+            r.values_dirty |= bool(res.targeted) and BY_TYPE[b.op].leaf
         if filtering:
             tmp = self._state.scratch
             cyclic = tmp.claim("cyclic")
