@@ -50,6 +50,7 @@ keeps what it measured); ``--table`` prints the Markdown table of a results file
 from __future__ import annotations
 
 import argparse
+import filecmp
 import functools
 import json
 import math
@@ -171,7 +172,7 @@ def run_model(name: str, *, threads=(1, None), budget: float = 2.0, peers=PEERS)
         _check_written(row, path, original, out_path, rep.binding, run=True)
         verified = run_peers(name, path, original, rep.binding, tmp, row, peers or ())
         systems = {"original": path, "relsat": out_path, **{k: r.path for k, r in verified.items()}}
-        row["relsat_is_input"] = rep.written == "original" and out_path.read_bytes() == path.read_bytes()
+        row["relsat_is_input"] = rep.written == "original" and filecmp.cmp(out_path, path, shallow=False)
         pairs = {k: (r.info["input"], r.path) for k, r in verified.items() if r.info.get("written") == "optimized"}
         if rep.written == "optimized":
             pairs = {"relsat": (path, out_path), **pairs}

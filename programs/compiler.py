@@ -35,6 +35,12 @@ MATCHES = "_m"  # a rule's matches, one row per match, ``mid`` its id: a view th
 MATCH_ROWS = "_m_rows"  # the temp table the matches are materialised in (``driver.search.runner.fill_matches``)
 
 
+# every weight and constant whose elements all have one value ``v`` (``weights.fill``, a Constant's value), with its
+# e-class and round: what a value predicate reads (``_condition``) and the prefilter surveys (``driver.search.prefilter``)
+FILLED = ("SELECT w.out, w.ts, x.fill AS v FROM op_weight w JOIN weights x ON x.ref = w.ref "
+          "UNION ALL SELECT k.out, k.ts, k.value_float FROM op_constant k")
+
+
 BUILD_ROW_ID = "mid"  # a build's source rows are named by their match: ``insert_from(..., rid=BUILD_ROW_ID)``
 
 
@@ -304,8 +310,7 @@ def _condition(c, lhs: _Lhs, lets: _Lets, linked: bool = True) -> str:
             v = FILLS[c.kind]
             # the e-classes (``out``) holding such a leaf: comparing the e-class with the leaf's e-node id matched
             # whatever class shared a number with a zero constant's e-node (found by the fuzzing campaign)
-            return (f"{alias}.id IN (SELECT w.out FROM op_weight w JOIN weights x ON x.ref = w.ref WHERE x.fill = {v} "
-                    f"UNION ALL SELECT k.out FROM op_constant k WHERE k.value_float = {v})")
+            return f"{alias}.id IN (SELECT out FROM ({FILLED}) WHERE v = {v})"
         return {"const": f"{alias}.is_const", "not-const": f"NOT {alias}.is_const",
                 "dynamic": f"has_sym({alias}.shape)",
                 "dtype": f"{alias}.dtype = {c.dtype}"}[c.kind]

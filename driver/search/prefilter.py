@@ -28,13 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from relsat.programs.compiler import Compiled, Needs
+from relsat.programs.compiler import FILLED, Compiled, Needs
 from relsat.relations.schema import literal, q
-
-# the weights and constants of rounds since {since} whose every element is one of the values needed: the rows that
-# a value predicate's condition reads (``programs.compiler._condition``)
-_FILLS = ("SELECT DISTINCT v FROM (SELECT x.fill AS v FROM op_weight w JOIN weights x ON x.ref = w.ref "
-          "WHERE w.ts >= {since} UNION ALL SELECT value_float FROM op_constant WHERE ts >= {since}) WHERE v IN ({values})")
 
 Edge = tuple[str, str, int, str]  # (op table, child column, list position (0: a plain column), child's op table)
 Kind = tuple[str, str]  # (op table, a term's literal attribute conditions on its columns)
@@ -76,8 +71,9 @@ class Survey:
         for group, since in self._since(kinds):
             self.seen_kinds |= self._find_kinds(con, group, since)
         for group, since in self._since(sorted(self.need_values - self.seen_values)):
-            sql = _FILLS.format(since=int(since), values=", ".join(literal(float(v)) for v in group))
-            self.seen_values |= {v for (v,) in con.execute(sql).fetchall()} & set(group)
+            values = ", ".join(literal(float(v)) for v in group)
+            sql = f"SELECT DISTINCT v FROM ({FILLED}) WHERE ts >= {int(since)} AND v IN ({values})"
+            self.seen_values |= {v for (v,) in con.execute(sql).fetchall()}
         self.added = set()
         self.last = round
 
