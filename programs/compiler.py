@@ -92,6 +92,8 @@ class Compiled:
     explain_values: bool = False  # whether the witness's ``bindings`` names anything (else it is ``{}``)
     values: frozenset[float] = frozenset()  # the fills its value predicates need (``(zeros ?c)``: 0.0): no match
     # while no weight or constant of the e-graph is all that value (``driver.search.prefilter``)
+    shared: frozenset[tuple[str, str, str, str, bool]] = frozenset()  # a multi-pattern rule's roots sharing a child
+    # (``_shared``): no match while no two rows have one e-class there (``driver.search.prefilter``)
     split: str = ""  # the first pattern's root e-class (a column of its table): ``match_live(part=(i, k))`` keeps
     # the matches whose root is i modulo k, so the k parts are disjoint and together are the whole match
     last_read: int = 0  # the last step that reads the matches: build i, or len(builds) where a union reads them
@@ -367,16 +369,44 @@ class Needs:
     edges: frozenset[tuple[str, str, int, str]]
     kinds: frozenset[tuple[str, str]]
     values: frozenset[float] = frozenset()
+    shared: frozenset[tuple[str, str, str, str, bool]] = frozenset()
 
 
 def lhs_needs(rule: Rule) -> Needs:
-    """A rule's ``Compiled.edges``, ``Compiled.kinds`` and ``Compiled.values`` from a walk of its patterns and
-    conditions alone (a fifth of compiling it): whether the e-graph can hold a match is known before the rule is
-    compiled."""
+    """A rule's ``Compiled.edges``, ``Compiled.kinds``, ``Compiled.values`` and ``Compiled.shared`` from a walk of
+    its patterns and conditions alone (a fifth of compiling it): whether the e-graph can hold a match is known
+    before the rule is compiled."""
     lhs = _Lhs()
     for p in rule.patterns:
         lhs.term(p)
-    return Needs(frozenset(lhs.edges), frozenset(lhs.kinds), _fills(rule))
+    return Needs(frozenset(lhs.edges), frozenset(lhs.kinds), _fills(rule), _shared(rule))
+
+
+def _shared(rule: Rule) -> frozenset[tuple[str, str, str, str, bool]]:
+    """What a multi-pattern rule's roots need of each other: for two roots with an e-class variable as a direct
+    child of both, (table i, column, table j, column, distinct): a row of each whose child there is one e-class,
+    two rows of different e-classes where the roots are of one op (``compile_rule`` keeps two patterns off one
+    node). A merge over a shared weight, ``(Conv ?x ?w), (Conv ?y ?w)``, cannot match a model whose Convs share no
+    weight (TENSAT's merges: 3-8 empty joins of 3-7 ms a zoo run)."""
+    if len(rule.patterns) < 2:
+        return frozenset()
+    slots = []  # per root: e-class variable -> (table, column) where it is a direct child
+    for p in rule.patterns:
+        op = BY_TYPE[p.op]
+        here = {}
+        if not op.variadic:
+            for inp, child in zip(op.inputs, p.children):
+                if isinstance(child, Var):
+                    here.setdefault(child.name, inp.column)
+        slots.append((op.table, here))
+    out = set()
+    for i in range(len(slots)):
+        for j in range(i + 1, len(slots)):
+            (ti, ci), (tj, cj) = slots[i], slots[j]
+            same = rule.patterns[i].op == rule.patterns[j].op
+            for var in ci.keys() & cj.keys():
+                out.add((ti, ci[var], tj, cj[var], same))
+    return frozenset(out)
 
 
 def _fills(rule: Rule) -> frozenset[float]:
@@ -449,7 +479,7 @@ def compile_rule(rule: Rule) -> Compiled:
                     carry=carry, carried_sql=_carried(lhs, roots, lets) if carry else "", split=roots[0],
                     whole_sql=whole, last_read=last_read, explain_ops=tuple(_op_names(lhs)),
                     explain_vars=tuple("?" + v for v in sorted(lhs.eclass_vars)),
-                    explain_values=bool(_values(lhs, lets)), values=_fills(rule))
+                    explain_values=bool(_values(lhs, lets)), values=_fills(rule), shared=_shared(rule))
 
 
 def _described(lhs: _Lhs, roots: list[str], lets: dict[str, str]) -> tuple[str, str, str, str, str]:

@@ -141,7 +141,7 @@ def saturate(g: EGraph, tree: bool) -> dict:
 
 
 # all -m slow (resnext50 ~7 s): by default test_the_benchmark_alternates_without_and_with_it compares the e-graphs
-# with and without the tree match on full-size squeezenet with default + generated rules (and fewer empty joins),
+# with and without the tree match on full-size MobileNetV2 with the default rules (and fewer empty joins),
 # and test_ac_add_same_egraph_with_and_without_tree_match[5] compares them rule_stats included
 @pytest.mark.parametrize("model", [pytest.param("resnext50", marks=pytest.mark.slow),
                                    pytest.param("nasnet_a", marks=pytest.mark.slow),
@@ -184,6 +184,8 @@ def test_the_benchmark_alternates_without_and_with_it():
     """``bench_saturation --tree-ab``, the command RESULTS cites: each side timed, the e-graphs compared."""
     from relsat.benchmarks.bench_saturation import tree_ab
 
-    row = tree_ab("squeezenet", 50_000, 10, 120.0, "default+generated", 1)
+    # (SqueezeNet with the generated rules, before: its empty joins are merges over a shared weight that the prefilter
+    # now rules out, and the few rules left are below ``MIN_RULES``)
+    row = tree_ab("mobilenet_v2", 50_000, 10, 120.0, "default", 1)
     assert row["same_egraph"] and len(row["without_s"]) == len(row["with_s"]) == 1
     assert row["with_empty"] < row["without_empty"]

@@ -9,7 +9,8 @@ that have not been seen yet, in one SELECT over the op tables involved; likewise
 attributes (``Compiled.kinds``: ``(Concat :axis 1 ...)`` needs a Concat row with axis 1), in one more; and
 the values its value predicates need (``Compiled.values``: ``(zeros ?c)`` needs a weight or a constant that is all
 zeros, which a trained model's biases seldom are: fold.rules' eight such rules matched every Add and Mul of
-ResNeXt-50 for nothing, 3-6 ms each), in one more.
+ResNeXt-50 for nothing, 3-6 ms each), in one more; and what a multi-pattern rule's roots share (``Compiled.shared``:
+``(Conv ?x ?w), (Conv ?y ?w)`` needs two Conv nodes of different e-classes over one weight), in the kinds' statement.
 A rule whose needs are not all seen has no match in the round's snapshot and costs no statement.  A
 generated rule set (thousands of rules over a model that has a dozen operators) is mostly such rules:
 their tables are present but their shapes are not (on ResNeXt-50, 63 of the 801 rules whose tables are
@@ -33,6 +34,7 @@ from relsat.relations.schema import literal, q
 
 Edge = tuple[str, str, int, str]  # (op table, child column, list position (0: a plain column), child's op table)
 Kind = tuple[str, str]  # (op table, a term's literal attribute conditions on its columns)
+Shared = tuple[str, str, str, str, bool]  # (op table, child column, op table, child column, of different e-classes)
 
 
 class Survey:
@@ -45,6 +47,8 @@ class Survey:
         self.seen_kinds: set[Kind] = set()
         self.need_values: set[float] = set()
         self.seen_values: set[float] = set()
+        self.need_shared: set[Shared] = set()
+        self.seen_shared: set[Shared] = set()
         self.added: set[Edge | Kind] = set()  # needs added since the previous survey: their rows of every round
         # are read once (the older rows were not read for them)
         self.last = 0  # the round of the previous survey: rows older than it were read then
@@ -57,19 +61,30 @@ class Survey:
             self.need |= c.edges
             self.need_kinds |= c.kinds
             self.need_values |= c.values
+            self.need_shared |= c.shared
 
-    def update(self, con, round: int, present: Iterable[str]) -> None:
+    def update(self, con, round: int, present: Iterable[str], shared: Iterable[Shared] | None = None) -> None:
         """Look for the needed, unseen edge types among the rows of tables in ``present`` (the non-empty op
         tables) that are of rounds ``self.last`` .. ``round - 1`` on at least one side of the edge, and for the
         needed, unseen kinds among that table's rows of those rounds; needs added since the previous survey
-        among all rows."""
+        among all rows. ``shared``: the shared children to look for, among all rows (a pair can be an old row and
+        a new one; the multi-pattern rules that need them run in the first rounds only), default every one
+        needed; they go into the kinds' statement."""
         present = set(present)
         todo = [e for e in self.need - self.seen if e[0] in present and e[3] in present]
         for group, since in self._since(todo):
             self.seen |= self._find(con, group, since)
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
-        for group, since in self._since(kinds):
-            self.seen_kinds |= self._find_kinds(con, group, since)
+        pairs = sorted(n for n in (self.need_shared if shared is None else set(shared)) - self.seen_shared
+                       if n[0] in present and n[2] in present)
+        groups = self._since(kinds)
+        if pairs and not groups:
+            groups = [([], 0)]
+        for k, (group, since) in enumerate(groups):
+            ask = pairs if k == len(groups) - 1 else []  # (with the last group: one statement for both)
+            kinds_seen, shared_seen = self._find_kinds(con, group, since, ask)
+            self.seen_kinds |= kinds_seen
+            self.seen_shared |= shared_seen
         for group, since in self._since(sorted(self.need_values - self.seen_values)):
             values = ", ".join(literal(float(v)) for v in group)
             sql = f"SELECT DISTINCT v FROM ({FILLED}) WHERE ts >= {int(since)} AND v IN ({values})"
@@ -88,12 +103,22 @@ class Survey:
         """Whether the e-graph has what ``c`` needs; ``values=False``: its edges and kinds only. The values are
         read as a round begins; a constant that a rule inserts into an existing e-class in the round gives that
         e-class a value its matches read at once (``Runner._live`` then asks without them)."""
-        return c.edges <= self.seen and c.kinds <= self.seen_kinds and (not values or c.values <= self.seen_values)
+        return (c.edges <= self.seen and c.kinds <= self.seen_kinds and c.shared <= self.seen_shared
+                and (not values or c.values <= self.seen_values))
 
-    def _find_kinds(self, con, kinds: list[Kind], since: int) -> set[Kind]:
-        parts = " UNION ALL ".join(f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(since)} AND ({w}) "
-                                   "LIMIT 1)" for i, (t, w) in enumerate(kinds))
-        return {kinds[i] for (i,) in con.execute(parts).fetchall()}
+    def _find_kinds(self, con, kinds: list[Kind], since: int, shared: list[Shared] = ()
+                    ) -> tuple[set[Kind], set[Shared]]:
+        """The kinds (rows of rounds from ``since``) and the shared children (any rows) that the e-graph has, in one
+        statement."""
+        parts = [f"SELECT {i} AS k FROM (SELECT 1 FROM {t} WHERE ts >= {int(since)} AND ({w}) LIMIT 1)"
+                 for i, (t, w) in enumerate(kinds)]
+        for i, (ta, ca, tb, cb, distinct) in enumerate(shared, start=len(kinds)):
+            other = " AND a.out <> b.out" if distinct else ""
+            parts.append(f"SELECT {i} AS k FROM (SELECT 1 FROM {ta} a JOIN {tb} b ON a.{q(ca)} = b.{q(cb)}{other} "
+                         f"WHERE a.{q(ca)} <> -1 LIMIT 1)")
+        found = {i for (i,) in con.execute(" UNION ALL ".join(parts)).fetchall()}
+        return ({kinds[i] for i in found if i < len(kinds)},
+                {shared[i - len(kinds)] for i in found if i >= len(kinds)})
 
     def _find(self, con, todo: list[Edge], since: int) -> set[Edge]:
         slots = sorted({(t, col, pos) for t, col, pos, _ in todo})

@@ -490,8 +490,9 @@ class Runner:
             for st in fresh:
                 st.needs = lhs_needs(st.ir)
             survey.add(st.needs for st in fresh)
-            if tables:
-                survey.update(self.egraph.con, r.it.round, r.newest)
+            if tables:  # (what multi-pattern roots share: looked for while such a rule is eligible)
+                shared = {n for st in eligible if st.needs is not None for n in st.needs.shared}
+                survey.update(self.egraph.con, r.it.round, r.newest, shared)
         self._ready(r, eligible)
 
     def _ready(self, r: _Round, eligible: list[RuleState]) -> None:
