@@ -119,3 +119,17 @@ def test_the_generator_leaves_instances_out_and_writes_one_way_where_one_directi
     assert [g.name for g in report.kept] == ["matrix-0001", "image-0001"]
     written = parse_rules(gen.render(report).split("\n\n", 1)[1]).rules
     assert [r.name for r in written] == ["matrix-0001", "image-0001"] and not redundant(written)
+
+
+def test_rules_check_names_a_rule_that_is_an_instance_of_another(tmp_path):
+    """``relsat rules check`` checks every rule and then names the instances, across the files given; no failure."""
+    from typer.testing import CliRunner
+
+    from relsat.driver.app.cli import app
+
+    (tmp_path / "a.rules").write_text("comm: (Add ?x ?y) => (Add ?y ?x)\n")
+    (tmp_path / "b.rules").write_text("same: (Add ?x ?x) => (Add ?x ?x)\nrelu: (Relu (Relu ?x)) => (Relu ?x)\n")
+    res = CliRunner().invoke(app, ["rules", "check", str(tmp_path / "a.rules"), str(tmp_path / "b.rules")])
+    assert res.exit_code == 0, res.output
+    assert "b:same: an instance of a:comm" in res.output and "relu: an instance" not in res.output
+    assert "a:comm: ok" in res.output and "b:relu: ok" in res.output

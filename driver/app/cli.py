@@ -540,19 +540,32 @@ def rules_list(names: List[str] = typer.Argument(None, help="rule set names or f
 
 @rules_app.command("check")
 def rules_check(names: List[str] = typer.Argument(..., help="rule set names or files")) -> None:
-    """Evaluate both sides of every rule on random tensors under ONNX Runtime."""
+    """Evaluate both sides of every rule on random tensors under ONNX Runtime; then name the rules that are
+    instances of another rule given (``programs.subsume``: they add nothing where it runs), which is no failure."""
     from relsat.programs.parser import load_rules
+    from relsat.programs.subsume import redundant
     from relsat.programs.verify import check_ruleset
 
     from relsat.programs.rulesets import rule_files
 
     failed = 0
     try:
-        for f in rule_files(names):
-            for c in check_ruleset(load_rules(f)):
+        sets = [(f, load_rules(f)) for f in rule_files(names)]
+        for f, rs in sets:
+            for c in check_ruleset(rs):
                 status = "ok" if c.ok else ("skipped" if getattr(c, "skipped", None) else "DIFFERS")
                 failed += status != "ok"
                 out.print(f"{f.stem}:{c.rule}: {status} {c.message or ''}", highlight=False)
+        where = {}
+        for f, rs in sets:
+            for r in rs.rules:
+                where.setdefault(r.name, f.stem)
+        together = sum(len(rs.rules) for _, rs in sets) == len(where)  # (names shared by two files: file by file)
+        groups = [[r for _, rs in sets for r in rs.rules]] if together else [list(rs.rules) for _, rs in sets]
+        for group in groups:
+            for name, cover in redundant(group).items():
+                out.print(f"{where[name]}:{name}: an instance of {where[cover]}:{cover} (it adds nothing where that "
+                          "rule runs)", highlight=False)
     except Exception as e:
         _fail(e)
     if failed:
