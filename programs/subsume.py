@@ -11,7 +11,9 @@ every node and union that B would: B adds nothing to the e-graph. Examples from 
 
 Two rules that are instances of each other (renamings, with the same conditions) cover each other: the one whose
 name sorts first is kept. The test is syntactic: a substitution maps variables to terms, attribute literals and
-variables; conditions are compared as written after it. It never calls a rule redundant that is not, but it does not
+variables (never to an absent input; a variable met twice to a term only where that term gives every attribute);
+conditions are compared as written after it, and a pair of patterns that A matches in one order only (mirrored)
+must be mirrored in B too. It never calls a rule redundant that is not, but it does not
 find every consequence (a rule that needs two others in a row stays). Rules with ``let`` bindings are kept as they
 are (their bound variables are computed, not matched).
 
@@ -29,6 +31,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import fields, is_dataclass, replace
 
+from relsat.relations.catalog import BY_TYPE
+
+from .compiler import _mirrored
 from .ir import Absent, ListOf, Lit, Rule, Term, Var
 from .parser import _fmt
 
@@ -39,14 +44,31 @@ def _same_lit(a: Lit, b: Lit) -> bool:
     return type(a.value) is type(b.value) and a.value == b.value
 
 
+def _closed(t) -> bool:
+    """Whether every node ``t`` matches is one e-class wherever ``t``'s variables are: each term in it gives every
+    attribute of its op (a term that leaves one free matches nodes of different e-classes over the same children,
+    ``(Softmax ?y)`` at two axes)."""
+    if not isinstance(t, Term):
+        return True
+    op = BY_TYPE[t.op]
+    given = dict(t.attrs)
+    return (all(a.name in given for a in op.attrs if not (t.op == "getitem" and a.name == "index"))
+            and all(_closed(c) for c in t.children))
+
+
 def _match(p, t, sub: dict) -> bool:
-    """Extend ``sub`` (variable name -> node of the other rule) so that ``p`` under it is ``t``."""
+    """Extend ``sub`` (variable name -> node of the other rule) so that ``p`` under it is ``t``. A variable never
+    stands for an absent input (the compiled join asks a present one), and a variable met twice stands for a term
+    only where that term's nodes are one e-class (``_closed``): the two places then hold one e-class, as the
+    variable asks."""
     if isinstance(p, Var):
+        if isinstance(t, Absent):
+            return False
         bound = sub.get(p.name)
         if bound is None:
             sub[p.name] = t
             return True
-        return _fmt(bound) == _fmt(t)
+        return _fmt(bound) == _fmt(t) and _closed(t)
     if isinstance(p, Absent):
         return isinstance(t, Absent)
     if isinstance(p, Lit):
@@ -89,8 +111,13 @@ def _apply(node, sub: dict):
 
 
 def instance(b: Rule, a: Rule) -> bool:
-    """Whether ``b`` is an instance of ``a`` (module docstring)."""
+    """Whether ``b`` is an instance of ``a`` (module docstring). Where ``a`` matches two patterns in one order only
+    (``compiler._mirrored``: a swap of them gives the same application), ``b`` must too, or ``b`` applies in the
+    other order as well, which ``a`` never does."""
     if a.lets or b.lets or len(a.patterns) != len(b.patterns) or len(a.rhs) != len(b.rhs):
+        return False
+    pairs = [(i, j) for i in range(len(a.patterns)) for j in range(i + 1, len(a.patterns))]
+    if any(_mirrored(a, i, j) and not _mirrored(b, i, j) for i, j in pairs):
         return False
     sub: dict = {}
     if not all(_match(p, t, sub) for p, t in zip(a.patterns, b.patterns)):
