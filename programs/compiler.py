@@ -363,8 +363,8 @@ def lhs_tables(rule: Rule) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Needs:
-    """What a left side needs of the e-graph to match at all (``Compiled.edges``, ``Compiled.kinds`` and
-    ``Compiled.values``)."""
+    """What a left side needs of the e-graph to match at all (``Compiled.edges``, ``Compiled.kinds``,
+    ``Compiled.values`` and ``Compiled.shared``)."""
 
     edges: frozenset[tuple[str, str, int, str]]
     kinds: frozenset[tuple[str, str]]

@@ -86,7 +86,7 @@ def _match(p, t, sub: dict) -> bool:
 
 def _spell(node, sub: dict) -> str:
     """``node`` under ``sub``, in the surface syntax (``_fmt``, whose variables are spelled ``?name``)."""
-    return _fmt(_apply(node, sub)) if sub else _fmt(node)
+    return _fmt(_apply(node, sub))
 
 
 def _apply(node, sub: dict):
@@ -116,16 +116,17 @@ def instance(b: Rule, a: Rule) -> bool:
     other order as well, which ``a`` never does."""
     if a.lets or b.lets or len(a.patterns) != len(b.patterns) or len(a.rhs) != len(b.rhs):
         return False
-    pairs = [(i, j) for i in range(len(a.patterns)) for j in range(i + 1, len(a.patterns))]
-    if any(_mirrored(a, i, j) and not _mirrored(b, i, j) for i, j in pairs):
-        return False
     sub: dict = {}
     if not all(_match(p, t, sub) for p, t in zip(a.patterns, b.patterns)):
         return False
     if [_spell(x, sub) for x in a.rhs] != [_fmt(x) for x in b.rhs]:
         return False
     given = {_fmt(c) for c in b.conditions}
-    return all(_spell(c, sub) in given for c in a.conditions)
+    if not all(_spell(c, sub) in given for c in a.conditions):
+        return False
+    # (the mirror test, a unification per pair of patterns, last: only for the few pairs that got this far)
+    pairs = [(i, j) for i in range(len(a.patterns)) for j in range(i + 1, len(a.patterns))]
+    return not any(_mirrored(a, i, j) and not _mirrored(b, i, j) for i, j in pairs)
 
 
 def _root(r: Rule) -> tuple:

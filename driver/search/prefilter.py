@@ -77,12 +77,9 @@ class Survey:
         kinds = sorted(k for k in self.need_kinds - self.seen_kinds if k[0] in present)
         pairs = sorted(n for n in (self.need_shared if shared is None else set(shared)) - self.seen_shared
                        if n[0] in present and n[2] in present)
-        groups = self._since(kinds)
-        if pairs and not groups:
-            groups = [([], 0)]
-        for k, (group, since) in enumerate(groups):
-            ask = pairs if k == len(groups) - 1 else []  # (with the last group: one statement for both)
-            kinds_seen, shared_seen = self._find_kinds(con, group, since, ask)
+        groups = self._since(kinds) or ([([], 0)] if pairs else [])
+        for k, (group, since) in enumerate(groups):  # (the pairs with the last group: one statement for both)
+            kinds_seen, shared_seen = self._find_kinds(con, group, since, pairs if k == len(groups) - 1 else [])
             self.seen_kinds |= kinds_seen
             self.seen_shared |= shared_seen
         for group, since in self._since(sorted(self.need_values - self.seen_values)):
