@@ -160,6 +160,24 @@ def test_a_scaled_projection_with_its_bias_folds_into_the_weights(scale):
     same_outputs(m, out, [2, 5, 8])
 
 
+@pytest.mark.parametrize("bias", ["none", "zero"])
+def test_a_projection_scaled_by_a_scalar_folds_into_the_weights(bias):
+    """(x w) * s for a rank-0 s (Whisper's key-less query scaling, or its query once a zero bias, as an untrained
+    export has, is gone: (0 + x w) * 0.125) is x (w s): one MatMul, no Add or Mul left on the tokens (ONNX
+    Runtime fuses the scalar into a FusedMatMul itself only where no Add stands between them)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"])]
+    inits = [w("w", 8, 4), c("s", 0.125)]
+    if bias == "zero":
+        nodes.append(helper.make_node("Add", ["b", "m"], ["a"]))
+        inits.append(c("b", 0.0, (4,)))
+    nodes.append(helper.make_node("Mul", ["a" if bias == "zero" else "m", "s"], ["y"]))
+    m = model_of(nodes, [2, 5, 8], [2, 5, 4], inits)
+    out, applied = rewrite(m, set(), rules=("default",))
+    assert applied["matmul-mul-fold-scalar"] >= 1, applied
+    assert ops(out) == Counter({"MatMul": 1}), ops(out)
+    same_outputs(m, out, [2, 5, 8])
+
+
 # one-element with -m slow: div is the same graph with a scalar 3
 @pytest.mark.parametrize("form", ["div", "gate", "hardsigmoid", pytest.param("one-element", marks=pytest.mark.slow)])
 def test_decomposed_hardswish_is_one_op(form):
