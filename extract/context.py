@@ -293,12 +293,12 @@ def graph_latency(model: onnx.ModelProto | bytes, feeds: dict[str, np.ndarray], 
 def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights, *, backend: Backend = CPU,
                   threads: int = 1, cache: CostCache | None = None, budget_s: float = BUDGET_S,
                   refresh: bool | Callable[[str], bool] = False, digests: dict[str, str] | None = None,
-                  before_run: Callable[[], None] | None = None) -> GraphProfile:
+                  arrays: dict | None = None) -> GraphProfile:
     """Profile ``model`` as a whole (module docstring) and price its nodes; ``feeds`` are its inputs,
     ``weights`` its nodes' one-node costs (how a fused group's time is shared); ``digests``: its weights'
-    digests where its exporter hashed them (:mod:`relsat.relations.digests`; else hashed here); ``before_run``:
-    called before the graph is run, when its profile is not taken from the cache (a graph exported with its
-    weights as shells fills them in: ``relsat.driver.boundary.onnx_export.fill_weights``). From the cache when
+    digests where its exporter hashed them (:mod:`relsat.relations.digests`; else hashed here); ``arrays``: the
+    data of the weights it holds as shells, by name (an export with a memo: ``relsat.driver.boundary.onnx_export``),
+    which the graph is run with (``runtime.runnable``) when its profile is not taken from the cache. From the cache when
     this graph was profiled before with these settings, unless ``refresh`` (True, or a function of the
     cache key saying whether to) re-takes it: the cached row is then ignored and replaced. Raises
     ProviderUnavailable when the backend cannot run whole graphs here through ONNX Runtime."""
@@ -324,9 +324,7 @@ def profile_graph(model: onnx.ModelProto, feeds: dict[str, np.ndarray], weights,
         else:
             clock = timer(kind, threads)
             fetch = [o.name for o in model.graph.output]
-            if before_run is not None:
-                before_run()
-            blob = runtime.runnable(renamed)  # bytes, or a Runnable (big weights as arrays)
+            blob = runtime.runnable(renamed, arrays)  # bytes, or a Runnable (big weights as arrays)
             blob = None if isinstance(blob, onnx.ModelProto) else blob  # (over one buffer: run as the model)
             cond = conditions(threads)  # taken as the timing starts
             latency, q1, q3, runs = graph_latency(renamed if blob is None else blob, feeds, backend=backend,

@@ -197,36 +197,63 @@ def _copy_fields(src, dst, *, skip: str) -> None:
             setattr(dst, desc.name, value)
 
 
-def runnable(model):
+def runnable(model, arrays: dict | None = None):
     """What a session is made from fastest (``session`` takes each): ``model``'s bytes where they exist already
     (``serialize_once``) or where its big initializers (``ARRAY_MIN_BYTES`` each, raw data, not graph inputs)
-    hold under ``RUNNABLE_MIN_BYTES``; else a :class:`Runnable`. Not a ModelProto: itself."""
+    hold under ``RUNNABLE_MIN_BYTES``; else a :class:`Runnable`. Not a ModelProto: itself.
+
+    ``arrays``: the data of initializers that ``model`` holds as shells (name, dtype and dims, no data: an
+    export's weights before ``fill_weights``), by name: a big one goes to the Runnable as that array itself and a
+    small one is written into its graph, as filling them would write them; ``model`` is left as it is unless
+    its big weights are too few for a Runnable, where its shells are filled in place (the model's bytes are
+    then what a session is made from). Filling ViT-B/16's 346 MB of weights into a candidate and reading them
+    back out as arrays took 2-3 s a graph on this machine, most of it the pages of the copies."""
     if not isinstance(model, onnx.ModelProto):
         return model
     entry = _registered(model)
     if entry is not None and entry[1] is not None:
         return entry[1]
+    arrays = arrays or {}
     listed = {v.name for v in model.graph.input}
-    big = [t for t in model.graph.initializer if _array_initializer(t, listed)]
-    if sum(len(t.raw_data) for t in big) < RUNNABLE_MIN_BYTES:
+
+    def shell(t) -> np.ndarray | None:
+        arr = arrays.get(t.name)
+        return arr if arr is not None and not t.raw_data and arr.size else None
+
+    def size(t) -> int:
+        arr = shell(t)
+        if arr is None:
+            return len(t.raw_data) if _array_initializer(t, listed) else 0
+        big = t.data_type in _ARRAY_TYPES and t.name not in listed and arr.nbytes >= ARRAY_MIN_BYTES
+        return arr.nbytes if big else 0
+
+    sizes = [size(t) for t in model.graph.initializer]
+    if sum(sizes) < RUNNABLE_MIN_BYTES:
+        for t in model.graph.initializer:
+            arr = shell(t)
+            if arr is not None:
+                t.raw_data = np.ascontiguousarray(arr).tobytes()
         return serialized(model)
     light, src = onnx.ModelProto(), model.graph
     _copy_fields(model, light, skip="graph")
     g = light.graph
     _copy_fields(src, g, skip="initializer")
-    names, arrays, marked = [], [], {t.name for t in big}
-    for t in src.initializer:
-        if t.name not in marked:
+    names, values = [], []
+    for t, n in zip(src.initializer, sizes):
+        arr = shell(t)
+        if not n:
             g.initializer.append(t)
+            if arr is not None:
+                g.initializer[-1].raw_data = np.ascontiguousarray(arr).tobytes()
             continue
-        arr = numpy_helper.to_array(t)
+        arr = np.ascontiguousarray(arr) if arr is not None else numpy_helper.to_array(t)
         stub = g.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
         stub.data_location = onnx.TensorProto.EXTERNAL
         for key, value in (("location", "relsat-runnable"), ("offset", "0"), ("length", str(arr.nbytes))):
             stub.external_data.add(key=key, value=value)
         names.append(t.name)
-        arrays.append(arr)
-    return Runnable(light.SerializeToString(), tuple(names), tuple(arrays))
+        values.append(arr)
+    return Runnable(light.SerializeToString(), tuple(names), tuple(values))
 
 
 def serialized_already(model) -> bytes | None:

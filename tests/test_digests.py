@@ -11,6 +11,7 @@ from relsat.driver.boundary import zoo
 from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.extract.context import graph_key
+from relsat.relations import runtime
 from relsat.relations.digests import MIN_BYTES, Digests, array_digest, tensor_digest
 
 from test_context import conv_bn_relu
@@ -99,3 +100,28 @@ def test_a_filled_shell_is_the_tensor_from_array_writes(dtype):
     model = helper.make_model(helper.make_graph([], "g", [], [], [shell]))
     fill_weights(model, {"w": arr})
     assert model.graph.initializer[0].SerializeToString() == numpy_helper.from_array(arr, "w").SerializeToString()
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_an_exported_graph_runs_from_its_shells_as_it_runs_filled(small):
+    """``runtime.runnable(model, arrays)``: a graph whose weights are shells runs with the arrays themselves, what
+    the filled graph runs (the same graph bytes and arrays, the same outputs), and is not filled; a graph whose
+    weights are too few for that is filled in place and given as the bytes of the filled graph."""
+    imported = import_model(zoo.build("squeezenet", small=small))
+    light, _, _, weights = export_graph(imported, memo=ExportMemo())
+    full = export_graph(imported).model
+    got = runtime.runnable(light, weights)
+    want = runtime.runnable(full)
+    if small:
+        assert isinstance(got, bytes) and got == want == full.SerializeToString()
+        assert light.SerializeToString() == full.SerializeToString()  # filled in place
+        return
+    assert isinstance(got, runtime.Runnable) and isinstance(want, runtime.Runnable)
+    assert got.graph == want.graph and got.names == want.names
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got.arrays, want.arrays))
+    assert all(not t.raw_data for t in light.graph.initializer if t.name in weights)  # still shells
+    feeds = {i.name: np.random.default_rng(0).standard_normal(
+        [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in full.graph.input}
+    a = runtime.session(got).run(None, feeds)
+    b = runtime.session(full.SerializeToString()).run(None, feeds)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))

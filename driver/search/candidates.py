@@ -132,7 +132,8 @@ class Candidate:
     blob: bytes | None = None  # the graph as its profile serialized it to run it (node names aside, what is written)
     digests: dict | None = None  # its weights' digests, as the export hashed them (``export_graph``)
     loaded: bool = False  # an unprofiled graph loaded in ONNX Runtime this run (``Search._ready``)
-    weights: dict | None = None  # its weights' arrays while the model holds them as shells (``Search._fill``)
+    weights: dict | None = None  # its weights' arrays while the model holds them as shells (``Search._fill``): runs
+    # take them as they are (``Search._blobs``), and only the graph written is filled
     graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
 
     def as_dict(self) -> dict:
@@ -243,20 +244,21 @@ class Search:
 
     @staticmethod
     def _fill(c: Candidate | None) -> None:
-        """``c``'s graph with its weights (exported as shells: ``ExportMemo``), before anything runs it."""
+        """``c``'s graph with its weights (exported as shells: ``ExportMemo``), for the graph :meth:`choose` gives
+        back to be written. A graph that is only run is not filled: its sessions take the arrays themselves
+        (:meth:`_blobs`); filling ViT-B/16's 346 MB into each candidate and reading them back out to run it cost
+        2-3 s a graph here."""
         if c is not None and c.model is not None and c.weights:
             fill_weights(c.model, c.weights)
             c.weights = None
 
     def _ready(self, status) -> None:
-        """Every graph the choice may run with its weights filled in (``_fill``), and each candidate graph
-        that was not profiled (next-best graphs) loaded in ONNX Runtime with its optimizations on; one that
+        """Each candidate graph that was not profiled (next-best graphs) loaded in ONNX Runtime with its
+        optimizations on; one that
         cannot load is dropped (``cannot load: ...``). Done by :meth:`choose` after the cached comparison was
         looked up: one recalled runs none of these graphs (it named them by their keys; each loaded then), and a
         session of BERT-base made only to check it cost 2-3 s a graph of a warm run. The graph is serialized
         once for the check and the timing after it."""
-        for c in [self.original, *self.candidates]:
-            self._fill(c)
         todo = [c for c in self.candidates if c.model is not None and c.profile_key is None and not c.loaded]
         if todo:
             status(f"loading {len(todo)} candidate graph(s) in ONNX Runtime ...")
@@ -279,7 +281,7 @@ class Search:
         try:
             prof = profile_graph(cand.model, self.feeds, weights, backend=self.backend, threads=self.threads,
                                  cache=self.cache, refresh=self._refresh, digests=cand.digests,
-                                 before_run=lambda: self._fill(cand))
+                                 arrays=cand.weights)
         except Exception as e:  # a graph ONNX Runtime cannot load or run: not a candidate
             cand.status, cand.model = f"cannot run: {error_line(e)}", None
             return cand
@@ -419,11 +421,13 @@ class Search:
         each model, and serializing DistilBERT took 0.6 s a time: 17 of the 53 s the choice took); a candidate's
         profile has made its graph runnable already (:attr:`Candidate.blob`); one over 2 GiB stays a model."""
         done = {id(c.model): c.blob for c in self.usable() if c.blob is not None}
+        shells = {id(c.model): c.weights for c in [self.original, *self.candidates]
+                  if c is not None and c.model is not None and c.weights}
         for m in models:
             if id(m) not in self._serialized:  # the model is kept too, so that its id is not reused
                 blob = done.get(id(m))
                 if blob is None:
-                    blob = runtime.runnable(m)
+                    blob = runtime.runnable(m, shells.get(id(m)))
                 self._serialized[id(m)] = (m, blob)
         return [self._serialized[id(m)][1] for m in models]
 
@@ -500,7 +504,9 @@ class Search:
         written or, if none, the fastest candidate; None without candidates)."""
         self._serialized = {}
         try:
-            return self._choose(input_model, bindings, threshold, input_sets, status)
+            picked, check, guard = self._choose(input_model, bindings, threshold, input_sets, status)
+            self._fill(picked)  # (written: the only graph whose weights go into its model)
+            return picked, check, guard
         finally:
             self._serialized, self._input_sha256 = {}, None
 
@@ -582,7 +588,7 @@ class Search:
                 c.status = "slower" if self._gain(c) <= 1.0 else "not faster beyond noise"
             elif picked is None:
                 status(f"verifying the {c.label} graph ...")
-                result = verify(input_model, c.model, bindings=bindings, input_sets=input_sets)
+                result = verify(input_model, self._blobs([c.model])[0], bindings=bindings, input_sets=input_sets)
                 if not result.ok:
                     c.status = f"not verified: {result.message}"
                     continue
@@ -674,7 +680,6 @@ class Search:
             self._time(input_model, [], bindings, threshold)
             held = True
         else:
-            self._fill(written)
             try:
                 held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold,
                                                                     status)
@@ -701,7 +706,7 @@ class Search:
         check = None
         if written is not None and held:
             status(f"verifying the {written.label} graph ...")
-            check = verify(input_model, written.model, bindings=bindings, input_sets=input_sets)
+            check = verify(input_model, self._blobs([written.model])[0], bindings=bindings, input_sets=input_sets)
             if not check.ok:
                 self._found_comparison.update(recalled=False, verified=check.message)
                 self._missed(written)
@@ -787,14 +792,13 @@ class Search:
             c = next((x for x in [self.original, *self.usable()] if x is not None and x.profile_key == r["key"]
                       and x.model is not None), None)
             if c is not None:
-                self._fill(c)  # (a recall that kept the input model filled none: shells ran nothing)
                 graphs.append((r, c, []))
         if graphs:
             status(f"measuring {len(graphs)} graph(s) again to check their cached profiles ...")
         for _ in range(REMEASURE_BURSTS):
             for r, c, bursts in graphs:
                 try:
-                    bursts.append(graph_latency(c.blob if c.blob is not None else c.model, self.feeds,
+                    bursts.append(graph_latency(self._blobs([c.model])[0], self.feeds,
                                                 backend=self.backend, threads=self.threads))
                 except Exception:  # (it ran when it was profiled and timed; a failure here decides nothing)
                     continue
