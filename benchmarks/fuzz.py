@@ -16,7 +16,8 @@ dynamic batch dim.  The same seed gives the same model.
 **The campaign** (``python -m relsat.benchmarks.fuzz --models N --seed S --out FILE.jsonl``)
 runs each model through ``relsat.driver.app.optimize.optimize`` with every shipped rule set
 (cheap settings: analytic costs, no timing, a small node limit) and, for a fraction of the
-models, the mcts and backtracking searches; then runs the written model and the original
+models, the mcts and backtracking searches and (``--measure-every``) the measured choice with its
+timings; then runs the written model and the original
 under ONNX Runtime on fresh random inputs and compares them element by element
 (``|got - ref| <= atol + rtol |ref| + floor``, rtol 1e-3, atol 1e-4, the floor a few ulps of
 the output's largest magnitude plus 8x how far ONNX Runtime's own graph optimizations move
@@ -62,6 +63,7 @@ FEATURES = ("const_nodes", "exposed", "sym")  # model-wide choices ``avoid`` can
 RTOL, ATOL, FLOOR_ULPS, NOISE_FACTOR = 1e-3, 1e-4, 16, 8.0
 CHEAP = dict(cost_model="analytic", measure=False, candidates=0, node_limit=400, iter_limit=8, time_limit=10.0,
              ilp_time_limit=5.0, threads=1)
+MEASURED_CANDIDATES = 3  # candidates of a ``measured`` run (``plan``): the CLI's default
 
 
 # ------------------------------------------------------------------------------------------ generator
@@ -843,15 +845,20 @@ def model_info(model: onnx.ModelProto) -> dict:
             "dynamic": dyn, "ops": dict(sorted(Counter(n.op_type for n in model.graph.node).items()))}
 
 
-def plan(index: int, seed: int, per_model: str, search_every: int) -> list[dict]:
+def plan(index: int, seed: int, per_model: str, search_every: int, measure_every: int = 0) -> list[dict]:
     """The optimize settings a model runs with: every rule set (``per_model == 'all'``) or one, by turns;
-    for every ``search_every``-th model also the mcts and backtracking searches (default rules)."""
+    for every ``search_every``-th model also the mcts and backtracking searches (default rules); for every
+    ``measure_every``-th model also the measured choice (``measured``: one-node costs profiled, candidates
+    profiled whole, timed against the input model, the fastest verified: what ``relsat optimize`` does by
+    default, and what the cheap settings leave out), with a rule set by turns."""
     sets = RULE_SETS if per_model == "all" else (RULE_SETS[index % len(RULE_SETS)],)
     runs = [{"rules": [s]} for s in sets]
     if search_every and index % search_every == search_every - 1:
         rs = RULE_SETS[(index // search_every) % len(RULE_SETS)]
         runs += [{"rules": [rs], "search": "mcts", "budget": 4, "seed": seed},
                  {"rules": [rs], "search": "backtrack", "budget": 6}]
+    if measure_every and index % measure_every == measure_every - 1:
+        runs.append({"rules": [RULE_SETS[(index // measure_every) % len(RULE_SETS)]], "measured": True})
     return runs
 
 
@@ -862,11 +869,18 @@ def run_one(model: onnx.ModelProto, settings: dict, seed: int, workdir: Path) ->
 
     rec = {"settings": settings, "status": "ok"}
     out = workdir / f"out-{os.getpid()}-{time.monotonic_ns()}.onnx"
+    overrides, cache = dict(settings), None
+    if overrides.pop("measured", False):  # a cost cache of the worker's own: never the user's, never shared
+        overrides.update(cost_model="measured", measure=True, candidates=MEASURED_CANDIDATES)
+        cache = workdir / f"costs-{os.getpid()}.duckdb"
     t = time.perf_counter()
     try:
-        res = optimize(model, output=out, **{**CHEAP, **settings})
+        res = optimize(model, output=out, cost_cache=cache, **{**CHEAP, **overrides})
         rec["written"] = res.report.written
         rec["nodes_out"] = res.report.nodes_out
+        if cache is not None:  # what the measured choice did (a run that timed nothing did not test it)
+            rec["verdict"] = res.report["verdict"]
+            rec["timed"] = len([c for c in res.report["candidates"] or [] if c.get("measured_ms") is not None])
         fb = [n for n in res.report.notices if "cannot be used" in n]
         if fb:
             rec["fallbacks"] = fb
@@ -891,7 +905,7 @@ RANK = {"ok": 0, "refused": 1, "wrong": 2, "crash": 3}
 
 
 def fuzz_model(index: int, seed: int, *, per_model: str = "all", search_every: int = 10, workdir=None,
-               save_dir=None, max_nodes: int | None = None, avoid=()) -> dict:
+               save_dir=None, max_nodes: int | None = None, avoid=(), measure_every: int = 0) -> dict:
     """Generate model ``index`` of the campaign of ``seed`` and run it through every planned setting."""
     mseed = seed * 1_000_003 + index
     rec = {"index": index, "seed": mseed}
@@ -902,7 +916,8 @@ def fuzz_model(index: int, seed: int, *, per_model: str = "all", search_every: i
         return rec
     rec.update(model_info(model))
     with tempfile.TemporaryDirectory(prefix="relsat-fuzz-") as tmp:
-        rec["runs"] = [run_one(model, s, mseed, Path(workdir or tmp)) for s in plan(index, mseed, per_model, search_every)]
+        rec["runs"] = [run_one(model, s, mseed, Path(workdir or tmp))
+                       for s in plan(index, mseed, per_model, search_every, measure_every)]
     rec["status"] = max((r["status"] for r in rec["runs"]), key=RANK.get, default="ok")
     if rec["status"] in ("crash", "wrong") and save_dir is not None:
         Path(save_dir).mkdir(parents=True, exist_ok=True)
@@ -952,14 +967,14 @@ def _worker(conn, opts):
 
 def campaign(models: int, seed: int, out=None, *, jobs: int = 1, timeout: float = 300.0, per_model: str = "all",
              search_every: int = 10, start: int = 0, isolate: bool = True, progress=None, save_dir=None,
-             deadline: float | None = None, max_nodes: int | None = None, avoid=()) -> list[dict]:
+             deadline: float | None = None, max_nodes: int | None = None, avoid=(), measure_every: int = 0) -> list[dict]:
     """Run ``models`` models (indices ``start``..) and return their records (written to ``out`` as they come).
     ``isolate``: each model in a worker process, killed past ``timeout`` seconds (recorded as a crash);
     ``deadline`` (``time.monotonic()``): no model is started after it."""
     more = lambda: deadline is None or time.monotonic() < deadline  # noqa: E731
     save_dir = save_dir or (Path(str(out) + ".failures") if out else None)
     opts = dict(seed=seed, per_model=per_model, search_every=search_every, save_dir=save_dir, max_nodes=max_nodes,
-                avoid=tuple(avoid))
+                avoid=tuple(avoid), measure_every=measure_every)
     fh = open(out, "w") if out else None
     records: list[dict] = []
 
@@ -1038,6 +1053,8 @@ def main(argv=None) -> int:
     ap.add_argument("--per-model", choices=("all", "one"), default="all",
                     help="all: every shipped rule set on every model; one: one rule set per model, by turns")
     ap.add_argument("--search-every", type=int, default=10, help="every Nth model also runs mcts and backtrack (0: never)")
+    ap.add_argument("--measure-every", type=int, default=0,
+                    help="every Nth model also runs the measured choice, timings included (0: never)")
     ap.add_argument("--avoid", action="append", default=[], choices=FEATURES,
                     help="turn off a model-wide feature (e.g. one a known bug trips on); repeatable")
     ap.add_argument("--max-nodes", type=int, default=None, help="nodes per model (default: drawn, 3-25)")
@@ -1060,7 +1077,7 @@ def main(argv=None) -> int:
     deadline = t0 + a.minutes * 60 if a.minutes is not None else None
     records = campaign(a.models, a.seed, a.out, jobs=a.jobs, timeout=a.timeout, per_model=a.per_model,
                        search_every=a.search_every, start=a.start, progress=progress, deadline=deadline,
-                       max_nodes=a.max_nodes, avoid=a.avoid)
+                       max_nodes=a.max_nodes, avoid=a.avoid, measure_every=a.measure_every)
     s = summarize(records)
     print_summary(s)
     print(f"{time.monotonic() - t0:.0f} s")

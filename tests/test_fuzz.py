@@ -85,6 +85,21 @@ def test_short_campaign_no_crash_no_wrong(tmp_path):
     assert s["written_optimized"] > 0
 
 
+def test_a_campaign_runs_the_measured_choice_on_every_nth_model(tmp_path, monkeypatch):
+    """``measure_every``: those models also go through the measured choice (profiles, timings against the input
+    model, verification), with a cost cache of the campaign's own, and what they wrote matches the original."""
+    user_cache = tmp_path / "user-costs.duckdb"
+    monkeypatch.setenv("RELSAT_COST_CACHE", str(user_cache))  # where optimize caches costs unless told otherwise
+    records = fuzz.campaign(SHORT_MODELS, 31, tmp_path / "fuzz.jsonl", isolate=False, per_model="one",
+                            search_every=0, max_nodes=10, avoid=AVOID, measure_every=3)
+    _check(records, SHORT_MODELS)
+    measured = [(rec["index"], r) for rec in records for r in rec["runs"] if r["settings"].get("measured")]
+    assert [i for i, _ in measured] == [2, 5]
+    assert all(r["timed"] >= 1 and r["verdict"] for _, r in measured)  # candidates were timed
+    assert not user_cache.exists()  # the campaign's own cache, not the user's
+    assert {r["settings"]["rules"][0] for _, r in measured} == {fuzz.RULE_SETS[0], fuzz.RULE_SETS[1]}
+
+
 @pytest.mark.slow
 def test_long_campaign_no_crash_no_wrong(tmp_path):
     records = fuzz.campaign(300, 27, tmp_path / "fuzz.jsonl", jobs=2, timeout=300, per_model="one", search_every=10,
