@@ -419,7 +419,7 @@ def compile_rule(rule: Rule) -> Compiled:
     roots = [lhs.term(p) for p in rule.patterns]
     for i in range(len(roots)):  # two patterns never match the same node; mirrored matches only once
         for j in range(i + 1, len(roots)):
-            if _mirrored(rule, i, j):
+            if mirrored(rule, i, j):
                 lhs.where.append(f"{roots[i]} < {roots[j]}")
             elif rule.patterns[i].op == rule.patterns[j].op:
                 lhs.where.append(f"{roots[i]} <> {roots[j]}")
@@ -588,7 +588,7 @@ def _vars(x) -> set[str]:
     return set()
 
 
-def _mirrored(rule: Rule, i: int, j: int) -> bool:
+def mirrored(rule: Rule, i: int, j: int) -> bool:
     """Whether matching patterns i and j the other way round only mirrors the application: the
     left side (patterns, lets, conditions) is invariant under swapping the two patterns and their
     variables, and every right side uses the variables of both, so the swapped match merges the

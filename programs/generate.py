@@ -515,12 +515,12 @@ def _shape_key(rule) -> str:
     """A core rule's sides up to variable names (conditions left out): what makes two rules the same rewrite."""
     from .checker import ECLASS, variables
     from .compiler import _rename
-    from .parser import _fmt
+    from .parser import format_term
 
     sides = rule.patterns + rule.rhs
     order = dict.fromkeys(v.name for side in sides for v, _ in variables(side, ECLASS))
     sigma = {name: f"v{i}" for i, name in enumerate(order)}
-    spell = [_fmt(_rename(side, sigma)) for side in sides]
+    spell = [format_term(_rename(side, sigma)) for side in sides]
     return " ; ".join(spell[:len(rule.patterns)]) + " => " + " ; ".join(spell[len(rule.patterns):])
 
 

@@ -515,16 +515,18 @@ def _check_nesting(tokens: list[_Tok]) -> None:
 
 def format_rule(rule: Rule) -> str:
     """A core rule in the surface syntax (one line, ``=>``)."""
-    text = f"{rule.name}: {', '.join(map(_fmt, rule.patterns))} => {', '.join(map(_fmt, rule.rhs))}"
+    text = f"{rule.name}: {', '.join(map(format_term, rule.patterns))} => {', '.join(map(format_term, rule.rhs))}"
     conditions = rule.lets + rule.conditions
-    return text + (" if " + " ".join(map(_fmt, conditions)) if conditions else "")
+    return text + (" if " + " ".join(map(format_term, conditions)) if conditions else "")
 
 
 _DTYPE_NAMES = {code: name for name, code in DTYPES.items()}
 _OF_VAR = {Rank: "rank", Numel: "numel", ShapeOf: "shape"}
 
 
-def _fmt(node) -> str:
+def format_term(node) -> str:
+    """A term, list, literal or condition in the rules' surface syntax (variables spelled ``?name``), as
+    ``format_rule`` writes it: what rule checks, verification and the generator name a term by."""
     match node:
         case Var(name=name):
             return "?" + name
@@ -535,27 +537,27 @@ def _fmt(node) -> str:
         case Lit(value=value):
             return repr(value)
         case ListOf(items=items):
-            return f"({' '.join(map(_fmt, items))})"
+            return f"({' '.join(map(format_term, items))})"
         case Term(op=op, attrs=attrs, children=children, index=index):
             children = list(children)
             while children and isinstance(children[-1], Absent):
                 children.pop()
-            parts = [op, *([str(index)] if index is not None else []), *(f":{n} {_fmt(v)}" for n, v in attrs)]
-            return f"({' '.join(parts + [_fmt(c) for c in children])})"
+            parts = [op, *([str(index)] if index is not None else []), *(f":{n} {format_term(v)}" for n, v in attrs)]
+            return f"({' '.join(parts + [format_term(c) for c in children])})"
         case Size(var=var, index=index):
-            return f"(size {_fmt(var)} {index})"
+            return f"(size {format_term(var)} {index})"
         case Dim(var=var, index=index):
-            return f"(dim {_fmt(var)} {index})"
+            return f"(dim {format_term(var)} {index})"
         case Rank(var=var) | Numel(var=var) | ShapeOf(var=var):
-            return f"({_OF_VAR[type(node)]} {_fmt(var)})"
+            return f"({_OF_VAR[type(node)]} {format_term(var)})"
         case BinOp(op=op, left=left, right=right) | Cmp(op=op, left=left, right=right):
-            return f"({op} {_fmt(left)} {_fmt(right)})"
+            return f"({op} {format_term(left)} {format_term(right)})"
         case ListExpr(items=items):
-            return f"(list{''.join(' ' + _fmt(i) for i in items)})"
+            return f"(list{''.join(' ' + format_term(i) for i in items)})"
         case Len(expr=expr):
-            return f"(len {_fmt(expr)})"
+            return f"(len {format_term(expr)})"
         case Pred(kind=kind, var=var, dtype=dtype):
-            return f"({kind} {_fmt(var)}" + (f" {_DTYPE_NAMES[dtype]})" if kind == "dtype" else ")")
+            return f"({kind} {format_term(var)}" + (f" {_DTYPE_NAMES[dtype]})" if kind == "dtype" else ")")
         case Let(var=var, expr=expr):
-            return f"(let {_fmt(var)} {_fmt(expr)})"
+            return f"(let {format_term(var)} {format_term(expr)})"
     raise TypeError(f"not a rule IR node: {node!r}")

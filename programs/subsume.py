@@ -33,9 +33,9 @@ from dataclasses import fields, is_dataclass, replace
 
 from relsat.relations.catalog import BY_TYPE
 
-from .compiler import _mirrored
+from .compiler import mirrored
 from .ir import Absent, ListOf, Lit, Rule, Term, Var
-from .parser import _fmt
+from .parser import format_term
 
 __all__ = ["instance", "redundant"]
 
@@ -68,7 +68,7 @@ def _match(p, t, sub: dict) -> bool:
         if bound is None:
             sub[p.name] = t
             return True
-        return _fmt(bound) == _fmt(t) and _closed(t)
+        return format_term(bound) == format_term(t) and _closed(t)
     if isinstance(p, Absent):
         return isinstance(t, Absent)
     if isinstance(p, Lit):
@@ -85,8 +85,8 @@ def _match(p, t, sub: dict) -> bool:
 
 
 def _spell(node, sub: dict) -> str:
-    """``node`` under ``sub``, in the surface syntax (``_fmt``, whose variables are spelled ``?name``)."""
-    return _fmt(_apply(node, sub))
+    """``node`` under ``sub``, in the surface syntax (``format_term``, whose variables are spelled ``?name``)."""
+    return format_term(_apply(node, sub))
 
 
 def _apply(node, sub: dict):
@@ -112,21 +112,21 @@ def _apply(node, sub: dict):
 
 def instance(b: Rule, a: Rule) -> bool:
     """Whether ``b`` is an instance of ``a`` (module docstring). Where ``a`` matches two patterns in one order only
-    (``compiler._mirrored``: a swap of them gives the same application), ``b`` must too, or ``b`` applies in the
+    (``compiler.mirrored``: a swap of them gives the same application), ``b`` must too, or ``b`` applies in the
     other order as well, which ``a`` never does."""
     if a.lets or b.lets or len(a.patterns) != len(b.patterns) or len(a.rhs) != len(b.rhs):
         return False
     sub: dict = {}
     if not all(_match(p, t, sub) for p, t in zip(a.patterns, b.patterns)):
         return False
-    if [_spell(x, sub) for x in a.rhs] != [_fmt(x) for x in b.rhs]:
+    if [_spell(x, sub) for x in a.rhs] != [format_term(x) for x in b.rhs]:
         return False
-    given = {_fmt(c) for c in b.conditions}
+    given = {format_term(c) for c in b.conditions}
     if not all(_spell(c, sub) in given for c in a.conditions):
         return False
     # (the mirror test, a unification per pair of patterns, last: only for the few pairs that got this far)
     pairs = [(i, j) for i in range(len(a.patterns)) for j in range(i + 1, len(a.patterns))]
-    return not any(_mirrored(a, i, j) and not _mirrored(b, i, j) for i, j in pairs)
+    return not any(mirrored(a, i, j) and not mirrored(b, i, j) for i, j in pairs)
 
 
 def _root(r: Rule) -> tuple:

@@ -33,7 +33,7 @@ from relsat.relations.rules import shape_rule as _shape_rule  # the catalog's sh
 
 from .ir import (FILLS, Absent, BinOp, Cmp, Dim, Len, ListExpr, ListOf, Lit, Numel, Pred, Rank, Rule, RuleSet, ShapeOf,
                  Term, Var)
-from .parser import _fmt
+from .parser import format_term
 
 OPSET = 20  # Gelu exists from opset 20; every lifted attribute is an input there
 RTOL = 1e-4  # tolerance: RTOL * max(1, largest magnitude of either side)
@@ -167,11 +167,11 @@ class _Draw:
         except (IndexError, ZeroDivisionError, TypeError) as e:  # as SQL's NULL: the rule does not match
             raise _Reject(f"a let or condition has no value ({e})") from None
         if false is not None:
-            raise _Reject(f"the condition {_fmt(false)} is false")
+            raise _Reject(f"the condition {format_term(false)} is false")
         for root, pattern, right in zip(roots, rule.patterns, rule.rhs):
             shape = self.right(right)
             if shape != root:
-                raise _Unsound(f"{_fmt(right)} has shape {list(shape)} but {_fmt(pattern)} has {list(root)} "
+                raise _Unsound(f"{format_term(right)} has shape {list(shape)} but {format_term(pattern)} has {list(root)} "
                                f"(a union the e-graph rejects) on {self.describe()}")
         return _compare(self)
 
@@ -239,7 +239,7 @@ class _Draw:
             attrs[name] = value if isinstance(v, ListOf) else value[0]
         shape, _ = _shape_rule(op, kids, attrs)
         if shape is None:
-            raise _Unsound(f"the right side {_fmt(t)} fails the {t.op} shape rule although the conditions hold, "
+            raise _Unsound(f"the right side {format_term(t)} fails the {t.op} shape rule although the conditions hold, "
                            f"on {self.describe()}")
         self.rhs[t] = (shape, attrs)
         return shape

@@ -61,7 +61,7 @@ def test_multi_pattern_rules_match_pattern_by_pattern():
 
 
 def test_a_rule_matched_in_one_order_does_not_cover_one_matched_in_both():
-    """A merge over two interchangeable patterns is matched in one order only (``compiler._mirrored``); a rule
+    """A merge over two interchangeable patterns is matched in one order only (``compiler.mirrored``); a rule
     whose patterns are not interchangeable applies in both, so it adds what the mirrored one never builds."""
     split = "(Split :axis 0 :split (1 1) (Relu (Concat :axis 0 {} {})))"
     a = parse_rules(f"a: (Relu ?x), (Relu ?y) => (getitem 0 {split.format('?x', '?y')}), "
