@@ -129,7 +129,7 @@ class Candidate:
     profile_key: str | None = None  # the cost cache key of its whole-graph profile
     profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
     confirm: dict | None = None  # the second timing against the input model of the candidate picked
-    blob: bytes | None = None  # the graph as its profile serialized it to run it (node names aside, what is written)
+    blob: object = None  # the graph as its profile made it runnable (bytes or a ``runtime.Runnable``; node names aside)
     digests: dict | None = None  # its weights' digests, as the export hashed them (``export_graph``)
     loaded: bool = False  # an unprofiled graph loaded in ONNX Runtime this run (``Search._ready``)
     weights: dict | None = None  # its weights' arrays while the model holds them as shells (``Search._fill``): runs
