@@ -67,7 +67,8 @@ class ExportMemo:
     An export with a memo writes its weights as shells (name, dtype and dims, no data: ``Exported.weights``
     holds their arrays) until :func:`fill_weights` fills them in: most candidate graphs of a warm run are only
     named (their profiles and comparison are cached) and never run, and copying ViT-B/16's 330 MB of weights
-    into each took 0.5-1.2 s a graph."""
+    into each took 0.5-1.2 s a graph. One that runs is given to ONNX Runtime with those arrays as they are
+    (``relsat.relations.runtime.runnable(model, arrays)``); only the graph written is filled."""
 
     folds: dict = field(default_factory=dict)
     digests: Digests = field(default_factory=Digests)
