@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations.backend import CPU
 from relsat.driver.search.candidates import Candidate, Search
-from relsat.driver.boundary.onnx_export import export_graph
+from relsat.driver.boundary.onnx_export import export_graph, fill_weights
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.app.optimize import optimize
 from relsat.extract.analytic import problem_from
@@ -194,6 +194,37 @@ def test_the_written_candidate_is_faster_in_a_second_timing_too():
     s.candidates = [Candidate("fast", {}, predicted_ms=1.0, model=_matmul_model(1))]
     picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
     assert picked is s.candidates[0] and picked.confirm["cpu_speedup"] > 1.03
+
+
+def _matmul_shells(widths: int, n: int = 512) -> tuple[onnx.ModelProto, dict]:
+    """``_matmul_model``'s graph with its weights as initializers written as shells (name, dtype, dims, no data),
+    as an export with a memo writes a candidate, and their arrays: 1 MB each, so that a session takes them as
+    arrays (``runtime.runnable``)."""
+    names = ["w", "w2", "w3"][:widths]  # the same array under a name in every model (y = x @ w in each)
+    arrays = {k: np.random.default_rng(i).standard_normal((n, n)).astype(np.float32) / n for i, k in enumerate(names)}
+    model = _matmul_model(widths, n)
+    del model.graph.input[1:]
+    for k, arr in arrays.items():
+        shell = model.graph.initializer.add(name=k, data_type=TensorProto.FLOAT)
+        shell.dims.extend(arr.shape)
+    return model, arrays
+
+
+def test_only_the_written_candidate_is_filled_with_its_weights():
+    """Candidates exported with their weights as shells run from the arrays (timed, verified) without being filled;
+    the one written comes back filled, its model the one its arrays make."""
+    original = fill_weights(*_matmul_shells(2))
+    (fast, fast_w), (slow, slow_w) = _matmul_shells(1), _matmul_shells(3)
+    s = _search(original)
+    s.candidates = [Candidate("slow", {}, 1.0, model=slow, weights=slow_w),
+                    Candidate("fast", {}, 50.0, model=fast, weights=fast_w)]
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    assert picked is s.candidates[1] and check.ok and s.candidates[0].status == "slower"
+    assert picked.weights is None and all(len(t.raw_data) == 512 * 512 * 4 for t in picked.model.graph.initializer
+                                          if t.name in fast_w)
+    assert picked.model.SerializeToString() == fill_weights(*_matmul_shells(1)).SerializeToString()
+    lost = s.candidates[0]
+    assert lost.weights is slow_w and all(not t.raw_data for t in lost.model.graph.initializer if t.name in slow_w)
 
 
 def test_optimize_reports_every_candidate_and_costs_in_context(tmp_path):
