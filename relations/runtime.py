@@ -179,9 +179,10 @@ class Runnable:
         return m
 
 
-def _array_initializer(t: onnx.TensorProto, listed: set[str]) -> bool:
+def _array_initializer(t: onnx.TensorProto, listed: set[str], nbytes: int) -> bool:
+    """Whether initializer ``t`` of ``nbytes`` bytes (its raw data, or a shell's array) goes to a session as an array."""
     return (t.data_type in _ARRAY_TYPES and t.data_location != onnx.TensorProto.EXTERNAL and t.name not in listed
-            and len(t.raw_data) >= ARRAY_MIN_BYTES)
+            and nbytes >= ARRAY_MIN_BYTES)
 
 
 def _copy_fields(src, dst, *, skip: str) -> None:
@@ -220,12 +221,10 @@ def runnable(model, arrays: dict | None = None):
         arr = arrays.get(t.name)
         return arr if arr is not None and not t.raw_data and arr.size else None
 
-    def size(t) -> int:
+    def size(t) -> int:  # its bytes where it goes to a session as an array, else 0
         arr = shell(t)
-        if arr is None:
-            return len(t.raw_data) if _array_initializer(t, listed) else 0
-        big = t.data_type in _ARRAY_TYPES and t.name not in listed and arr.nbytes >= ARRAY_MIN_BYTES
-        return arr.nbytes if big else 0
+        n = len(t.raw_data) if arr is None else arr.nbytes
+        return n if _array_initializer(t, listed, n) else 0
 
     sizes = [size(t) for t in model.graph.initializer]
     if sum(sizes) < RUNNABLE_MIN_BYTES:

@@ -795,11 +795,11 @@ class Search:
                 graphs.append((r, c, []))
         if graphs:
             status(f"measuring {len(graphs)} graph(s) again to check their cached profiles ...")
+        blobs = self._blobs([c.model for _, c, _ in graphs])
         for _ in range(REMEASURE_BURSTS):
-            for r, c, bursts in graphs:
+            for (r, c, bursts), blob in zip(graphs, blobs):
                 try:
-                    bursts.append(graph_latency(self._blobs([c.model])[0], self.feeds,
-                                                backend=self.backend, threads=self.threads))
+                    bursts.append(graph_latency(blob, self.feeds, backend=self.backend, threads=self.threads))
                 except Exception:  # (it ran when it was profiled and timed; a failure here decides nothing)
                     continue
         again = []
