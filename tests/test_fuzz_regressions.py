@@ -91,3 +91,42 @@ def test_a_value_predicate_tests_the_eclass_not_an_enode_of_the_same_number(inde
     result = optimize(model, rules=["default"], **fuzz.CHEAP)
     assert result.report["verification"]["ok"], result.report["verification"]
     assert fuzz.compare(model, result.model, seed) is None
+
+
+def _ceil_pool_model() -> onnx.ModelProto:
+    """``AveragePool(kernel 1, stride 3, ceil_mode 1)`` over 9 x 9, then a stride-2 ``SAME_LOWER`` Conv: the
+    smallest form of fuzz model 2106 (seed 2027008187)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[1, 1], strides=[3, 3], ceil_mode=1),
+         helper.make_node("Conv", ["p", "w"], ["y"], auto_pad="SAME_LOWER", strides=[2, 2])], "g",
+        [helper.make_tensor_value_info("x", F, [1, 2, 9, 9])], [helper.make_tensor_value_info("y", F, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_ceil_mode_pool_has_the_dims_onnx_runtime_computes():
+    """Fuzzer, campaign of 2026-12-03 (seed 2027, model 2106, default rules): verification refused the graph.
+    ONNX's shape inference (onnx 1.23) gives ``AveragePool(kernel 1, stride 3, ceil_mode 1)`` over 9 x 9 a
+    4 x 4 output, keeping a last window that starts past the input; ONNX Runtime computes 3 x 3, as the
+    catalog's ``window_dim`` does.  The import took 4 x 4, kept the pool opaque (its rule disagreed), and
+    wrote the following ``SAME_LOWER`` Conv's pads for 4 x 4: a 1 x 1 output where the original's is 2 x 2.
+    Now ONNX Runtime settles the disagreement at import: the pool is in the catalog's form with 3 x 3, the
+    Conv's output 2 x 2, and the optimized model runs equal to the input."""
+    from relsat.benchmarks import fuzz
+    from relsat.driver.boundary.onnx_import import import_model
+
+    model = _ceil_pool_model()
+    x = np.random.default_rng(1).standard_normal((1, 2, 9, 9)).astype(np.float32)
+    pooled = _run(helper.make_model(helper.make_graph(
+        model.graph.node[:1], "p", list(model.graph.input), [helper.make_tensor_value_info("p", F, None)]),
+        opset_imports=model.opset_import, ir_version=10), {"x": x})[0]
+    imported = import_model(model)
+    assert imported.types["p"][1] == list(pooled.shape) == [1, 2, 3, 3]
+    assert not any("AveragePool" in n for n in imported.notices), imported.notices
+    result = optimize(model, rules=["default"], **CHEAP)
+    assert result.report["verification"]["ok"], result.report["verification"]
+    np.testing.assert_allclose(_run(result.model, {"x": x})[0], _run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    found = fuzz.generate(2027008187)
+    result = optimize(found, rules=["default"], **fuzz.CHEAP)
+    assert fuzz.compare(found, result.model, 2027008187) is None

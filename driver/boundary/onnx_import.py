@@ -48,7 +48,7 @@ from onnx import TensorProto, helper, numpy_helper
 from relsat.driver.boundary.decided_ifs import inline_all, inline_within, scalar_constants
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, is_batch_like, is_sym
-from relsat.driver.boundary.import_dims import elementwise_dims, propagate_dims
+from relsat.driver.boundary.import_dims import elementwise_dims, propagate_dims, window_shape
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, attr_value, norm_axis, outer_names, walk_graphs
@@ -761,6 +761,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
     failed: set[str] = set()  # outputs of nodes ONNX Runtime could not evaluate
     typed: dict[str, onnx.ValueInfoProto] = {}  # outputs of other domains' catalog ops, typed by the catalog
     memo: dict = {}  # the integer constants' elements, read once (``_partial_values``)
+    checked: set[str] = set()  # the ceil-mode pools whose output shape was checked (``_ceil_pools``)
     while True:
         light = helper.make_model(
             helper.make_graph(nodes, g.name, inputs, g.output, list(consts.values()),
@@ -769,6 +770,7 @@ def _infer_types(model: onnx.ModelProto, shapes: dict, symbols: Symbols, symboli
             functions=model.functions)
         types = _types_of(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True).graph, symbols)
         grown = _type_other_domains(light, types, consts, symbols, typed)
+        grown = _ceil_pools(light, types, typed, checked) or grown
         known, shape_values, ready = set(consts), {}, []
         for n in nodes:
             out_dtype, out_shape = types.get(n.output[0], (None, None)) if len(n.output) == 1 else (None, None)
@@ -866,6 +868,56 @@ def _type_other_domains(light: onnx.ModelProto, types: dict, consts: dict, symbo
 
 
 # ------------------------------------------------------------ node helpers
+_CEIL_POOLS = ("AveragePool", "MaxPool", "LpPool")
+_ARBITER_ELEMENTS = 1 << 26  # the largest input a pool is run on to settle its shape (256 MB of float32)
+
+
+def _ceil_pools(light: onnx.ModelProto, types: dict, typed: dict, checked: set) -> bool:
+    """Correct ONNX's shape inference where it is wrong for a ceil-mode pool: onnx 1.23 keeps a last window that
+    starts past the input (``AveragePool(kernel 1, stride 3, ceil_mode 1)`` over 9 x 9 is 4 x 4 to it, 3 x 3 to
+    ONNX Runtime and to the catalog's ``window_dim``), and every value after it, the explicit pads derived for a
+    ``SAME_LOWER`` Conv among them, took the wrong dims (fuzz model 2106: a written graph 1 x 1 where the original
+    is 2 x 2, refused by verification).  Where the catalog's rule and inference disagree over concrete dims,
+    ONNX Runtime settles it: the pools run alone, in one session, on zeros of their input shapes; an output
+    shape it confirms is put in ``typed`` for the next inference to carry on from.  Returns whether any was."""
+    todo = []
+    for node in light.graph.node:
+        if (node.domain not in ("", "ai.onnx") or node.op_type not in _CEIL_POOLS or not node.output
+                or node.output[0] in checked or not any(a.name == "ceil_mode" and a.i for a in node.attribute)):
+            continue
+        checked.add(node.output[0])
+        dtype, x = types.get(node.input[0]) or (None, None)
+        _, out = types.get(node.output[0]) or (None, None)
+        if not dtype or not _concrete(x) or not _concrete(out) or np.prod(x, dtype=np.int64) > _ARBITER_ELEMENTS:
+            continue
+        mine = window_shape(node, x, types)
+        if mine is not None and list(mine) != list(out):
+            todo.append((node, dtype, x, mine))
+    if not todo:
+        return False
+    nodes = []
+    for k, (n, _, _, _) in enumerate(todo):
+        nodes.append(onnx.NodeProto())
+        nodes[-1].CopyFrom(n)
+        nodes[-1].input[:], nodes[-1].output[:] = [f"x{k}"], [f"y{k}"]
+    sub = helper.make_model(helper.make_graph(
+        nodes, "pools", [helper.make_tensor_value_info(f"x{k}", d, x) for k, (_, d, x, _) in enumerate(todo)],
+        [helper.make_tensor_value_info(f"y{k}", d, None) for k, (_, d, _, _) in enumerate(todo)]),
+        opset_imports=light.opset_import, ir_version=min(light.ir_version, 10))
+    feeds = {f"x{k}": np.zeros(x, helper.tensor_dtype_to_np_dtype(d)) for k, (_, d, x, _) in enumerate(todo)}
+    try:
+        got = session(sub, optimize=False).run(None, feeds)
+    except Exception:  # ONNX Runtime cannot run them alone: inference's shapes stay (the nodes stay opaque)
+        return False
+    grown = False
+    for (node, dtype, _, mine), y in zip(todo, got):
+        if list(y.shape) == list(mine):
+            typed[node.output[0]] = helper.make_tensor_value_info(node.output[0], dtype, list(mine))
+            types[node.output[0]] = (dtype, list(mine))
+            grown = True
+    return grown
+
+
 def _constant_value(node: onnx.NodeProto):
     """(array, ONNX dtype) of a Constant node, or None for sparse/string forms (kept opaque)."""
     if len(node.attribute) != 1:
