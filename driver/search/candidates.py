@@ -695,7 +695,7 @@ class Search:
         # candidates again for a profile that held)
         again = self._remeasure(stale, status) if stale else []
         stale = [r for r in stale if r["key"] not in {h["key"] for h in again if h["held"]}]
-        self._found_comparison = {"measured_at": when, "checked": checks, "recalled": not stale,
+        self._found_comparison = {"key": key, "measured_at": when, "checked": checks, "recalled": not stale,
                                   **({"remeasured": again} if again else {}),
                                   **({"written": written.label, "held": held} if written is not None else {}),
                                   **({"second_chance": True} if chance else {}),
