@@ -139,3 +139,10 @@ def test_batch_refuses_a_cost_cache_that_is_a_model_or_a_file_it_writes(place, m
     with pytest.raises(RelsatError, match="not a relsat cost cache"):
         B.run_batch(place / "models", place / "out", measure=False)
     assert snapshot(place / "models") == before and not (place / "out").exists()
+
+
+def test_the_suite_never_uses_the_users_cost_cache():
+    """``conftest.py`` gives the session a cost cache of its own: a test that names none uses it, not the user's."""
+    from relsat.extract.cost_cache import default_path, own_folder
+
+    assert not own_folder(default_path()) and CostCache().path == default_path()
