@@ -339,6 +339,9 @@ OPS: tuple[OpDef, ...] = (
     _binary("Sub", torch="torch.sub(a, b)", example=Example(([2, 1, 4], [3, 1]))),
     _binary("Mul", torch="torch.mul(a, b)", example=Example(([2, 3], [3]))),
     _binary("Div", nonzero=(1,), torch="div(a, b)", example=Example(([2, 3], [2, 3]))),
+    # ONNX's Sum of two inputs (broadcasting from opset 8; one or three and more inputs stay opaque): the sum Add
+    # computes, in a node ONNX Runtime's Add fusions do not match (runtime.rules: layernorm-add-as-sum)
+    _binary("Sum", since=8, torch="torch.add(a, b)", example=Example(([2, 1, 4], [3, 1]))),
     _unary("Relu", torch="torch.relu(x)"),
     OpDef("PRelu", (Input("X"), Input("slope")), shape="CASE WHEN bcast(s_x, s_slope) = s_x THEN s_x END",
           flops="2 * prod(s_out)", torch="torch.where(x < 0, x * slope, x)", example=Example(([1, 3, 4, 4], [3, 1, 1]))),
@@ -385,6 +388,21 @@ OPS: tuple[OpDef, ...] = (
         draw="layernorm",
         torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
         example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
+    ),
+    # com.microsoft: layernorm(input + skip (+ bias)) over the last axis, what ONNX Runtime fuses Add +
+    # LayerNormalization into (its transformer optimizer writes it); the mean, inv_std_var and sum outputs unused
+    OpDef(
+        "SkipLayerNormalization",
+        (Input("input"), Input("skip"), Input("gamma"), Input("beta", optional=True), Input("bias", optional=True)),
+        (Attr("epsilon", "float", 1e-12),),
+        shape="CASE WHEN len(s_input) IN (2, 3) AND len(s_skip) IN (2, 3) AND s_skip[-1] = s_input[-1] "
+        "AND bcast(s_input, s_skip) = s_input AND s_gamma = [s_input[-1]] "
+        "AND (beta = -1 OR s_beta = [s_input[-1]]) AND (bias = -1 OR s_bias = [s_input[-1]]) THEN s_input END",
+        flops="9 * prod(s_out)",
+        domain="com.microsoft",
+        draw="skiplayernorm",
+        torch="F.layer_norm(input + skip + (bias if bias is not None else 0.0), input.shape[-1:], gamma, beta, epsilon)",
+        example=Example(([2, 5, 8], [2, 5, 8], [8], [8], [8]), {"epsilon": 1e-5}),
     ),
     _reduce("ReduceMean", "mean"),
     _reduce("ReduceL2", "l2", flops="2 * prod(s_data)"),  # sqrt(sum(x^2)) (ConvNeXt V2's global response norm)

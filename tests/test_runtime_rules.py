@@ -349,3 +349,60 @@ def test_an_integer_subtraction_is_not_rewritten_with_a_float_zero():
     (zero,) = g.add("Constant", attrs={"value_float": np.array([0.0])})
     with pytest.raises(ShapeConflict):
         g.add("Sub", {"a": [zero], "b": [xi]})
+
+
+def _residual_layernorm(skip: bool, bias: bool, epsilon: bool = True):
+    """A transformer's residual + LayerNormalization over static ``[1, 6, 16]``: y = layernorm(x w + x), as
+    Add + LayerNormalization or (``skip``) as com.microsoft SkipLayerNormalization, with (``bias``) a bias
+    added to the sum; ``epsilon`` False leaves the attribute to its default."""
+    H = 16
+    inits = [w("w", H, H, scale=0.3), w("g", H), w("be", H), w("bi", H)]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"])]
+    if skip:
+        nodes.append(helper.make_node("SkipLayerNormalization", ["h", "x", "g", "be"] + (["bi"] if bias else []),
+                                      ["y"], domain="com.microsoft", **({"epsilon": 1e-5} if epsilon else {})))
+    else:
+        nodes += [helper.make_node("Add", ["h", "x"], ["r"])]
+        if bias:
+            nodes += [helper.make_node("Add", ["r", "bi"], ["rb"])]
+        nodes += [helper.make_node("LayerNormalization", ["rb" if bias else "r", "g", "be"], ["y"], axis=-1,
+                                   epsilon=1e-5)]
+    m = model_of(nodes, [1, 6, H], [1, 6, H], inits)
+    if skip:
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def test_add_and_layernorm_is_a_sum_onnx_runtime_does_not_fuse_into_skip_layernorm():
+    """ONNX Runtime fuses Add + LayerNormalization over static shapes into com.microsoft SkipLayerNormalization,
+    whose CPU kernel is several times slower than the two; written with Sum, the sum is the same and ONNX Runtime
+    runs a LayerNormalization (outputs equal under ONNX Runtime)."""
+    from relsat.benchmarks.ort_ops import ort_histogram
+
+    m = _residual_layernorm(skip=False, bias=False)
+    assert ort_histogram(m)["com.microsoft.SkipLayerNormalization"] == 1  # what the rule undoes
+    out, applied = rewrite(m, {"Add"})
+    assert applied["layernorm-add-as-sum"] == 1, applied
+    assert ops(out) == Counter({"MatMul": 1, "Sum": 1, "LayerNormalization": 1}), ops(out)
+    runs = ort_histogram(out)
+    assert runs["com.microsoft.SkipLayerNormalization"] == 0 and runs["LayerNormalization"] == 1, runs
+    same_outputs(m, out, [1, 6, 16])
+
+
+@pytest.mark.parametrize("bias, epsilon", [(False, True), (True, True), (False, False)])
+def test_a_skip_layernorm_in_the_input_model_is_undone(bias, epsilon):
+    """A model ONNX Runtime's transformer optimizer wrote holds SkipLayerNormalization (with a bias after a
+    projection's MatMul, and an epsilon left to its default): it becomes Sum (twice with the bias) and
+    LayerNormalization, and runs so under ONNX Runtime with the same outputs."""
+    from relsat.benchmarks.ort_ops import ort_histogram
+
+    m = _residual_layernorm(skip=True, bias=bias, epsilon=epsilon)
+    out, applied = rewrite(m, {"SkipLayerNormalization"})
+    assert applied["skiplayernorm-bias-as-sum" if bias else "skiplayernorm-as-sum"] == 1, applied
+    assert ops(out) == Counter({"MatMul": 1, "Sum": 2 if bias else 1, "LayerNormalization": 1}), ops(out)
+    runs = ort_histogram(out)
+    assert runs["com.microsoft.SkipLayerNormalization"] == 0 and runs["LayerNormalization"] == 1, runs
+    same_outputs(m, out, [1, 6, 16])
+    # an input of variance near the epsilon: a wrong default epsilon (1e-5 for ONNX Runtime's 1e-12) moves y by 2
+    x = RNG.standard_normal((1, 6, 16)).astype(np.float32) * 1e-4
+    np.testing.assert_allclose(session(out).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0], atol=1e-3)
