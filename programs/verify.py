@@ -446,14 +446,6 @@ class _Draw:
         axis = attrs.get("axis", rank=len(x))
         return [x] + [self.kid(p, x[axis:]) for p in t.children[1:]]
 
-    def skiplayernorm(self, t: Term, attrs: _Attrs, target):
-        """com.microsoft's SkipLayerNormalization: input and skip of rank 2 or 3 (skip as input's shape), the
-        rest vectors over the last axis."""
-        x = self.kid(t.children[0], target or (self.pick(), self.pick(), self.pick()))
-        if len(x) not in (2, 3):
-            raise _Reject("SkipLayerNormalization over a rank other than 2 or 3")
-        return [x, self.kid(t.children[1], x)] + [self.kid(p, x[-1:]) for p in t.children[2:]]
-
     def matmul(self, t: Term, attrs: _Attrs, target):
         a_, b_ = t.children
         b_known = self.shapes.get(b_.name) if isinstance(b_, Var) else None
@@ -592,7 +584,7 @@ class _Draw:
 
 _PLANNERS = {  # the catalog's ``draw`` names
     "elementwise": _Draw.elementwise, "conv": _Draw.conv, "deconv": _Draw.deconv, "window": _Draw.window, "batchnorm": _Draw.batchnorm,
-    "layernorm": _Draw.layernorm, "skiplayernorm": _Draw.skiplayernorm, "matmul": _Draw.matmul, "gemm": _Draw.gemm, "concat": _Draw.concat,
+    "layernorm": _Draw.layernorm, "matmul": _Draw.matmul, "gemm": _Draw.gemm, "concat": _Draw.concat,
     "split": _Draw.split, "getitem": _Draw.getitem, "transpose": _Draw.transpose, "reshaping": _Draw.reshaping,
     "reduce": _Draw.reduce,
 }

@@ -389,21 +389,6 @@ OPS: tuple[OpDef, ...] = (
         torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
         example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
     ),
-    # com.microsoft: layernorm(input + skip (+ bias)) over the last axis, what ONNX Runtime fuses Add +
-    # LayerNormalization into (its transformer optimizer writes it); the mean, inv_std_var and sum outputs unused
-    OpDef(
-        "SkipLayerNormalization",
-        (Input("input"), Input("skip"), Input("gamma"), Input("beta", optional=True), Input("bias", optional=True)),
-        (Attr("epsilon", "float", 1e-12),),
-        shape="CASE WHEN len(s_input) IN (2, 3) AND len(s_skip) IN (2, 3) AND s_skip[-1] = s_input[-1] "
-        "AND bcast(s_input, s_skip) = s_input AND s_gamma = [s_input[-1]] "
-        "AND (beta = -1 OR s_beta = [s_input[-1]]) AND (bias = -1 OR s_bias = [s_input[-1]]) THEN s_input END",
-        flops="9 * prod(s_out)",
-        domain="com.microsoft",
-        draw="skiplayernorm",
-        torch="F.layer_norm(input + skip + (bias if bias is not None else 0.0), input.shape[-1:], gamma, beta, epsilon)",
-        example=Example(([2, 5, 8], [2, 5, 8], [8], [8], [8]), {"epsilon": 1e-5}),
-    ),
     _reduce("ReduceMean", "mean"),
     _reduce("ReduceL2", "l2", flops="2 * prod(s_data)"),  # sqrt(sum(x^2)) (ConvNeXt V2's global response norm)
     OpDef(

@@ -49,6 +49,7 @@ from relsat.driver.boundary.decided_ifs import inline_all, inline_within, scalar
 from relsat.relations.catalog import DEFAULT_OPSETS, OPS, REQUIRED, OpDef, for_node
 from relsat.relations.dims import Symbols, is_batch_like, is_sym
 from relsat.driver.boundary.import_dims import elementwise_dims, propagate_dims, window_shape
+from relsat.driver.boundary.contrib_fusions import split_fusions
 from relsat.relations.bulk import GETITEM, Plan, Row, plan_opaque, real_id, write
 from relsat.relations.egraph import EGraph
 from relsat.relations.onnx_form import IMPORT_HOOKS, attr_value, norm_axis, outer_names, walk_graphs
@@ -1341,6 +1342,8 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     model is written unchanged."""
     model, defaults = _overridable(model)
     model, upgraded, passthrough = _upgraded(model)
+    node_count = len(model.graph.node)
+    model, split = (model, []) if passthrough else split_fusions(model)
     opsets = {(o.domain if o.domain != "ai.onnx" else ""): o.version for o in model.opset_import}
     opset = opsets.get("")
     if not passthrough and (opset is None or not MIN_OPSET <= opset <= MAX_OPSET):
@@ -1352,11 +1355,10 @@ def import_model(model: onnx.ModelProto, *, input_shapes: dict[str, list[int]] |
     g = egraph if egraph is not None else EGraph()
     symbols = Symbols.from_egraph(g)
     shapes, notices, specialized = _input_shapes(real_inputs, input_shapes, fix_shapes, symbols)
-    notices = ([upgraded] if upgraded else []) + notices
+    notices = ([upgraded] if upgraded else []) + split + notices
     if defaults:
         notices.append(f"{len(defaults)} initializer(s) also listed as graph inputs ({_names(defaults)}) kept as "
                        "inputs with their defaults, not folded: callers may override them (ONNX IR >= 4)")
-    node_count = len(graph.node)
     try:
         infer = functools.partial(_infer_types, shapes=shapes, symbols=symbols)
         if passthrough:
