@@ -457,6 +457,9 @@ def _fill_gaps(model: onnx.ModelProto, types: dict, symbols: Symbols) -> dict:
     dim_params through shape arithmetic (a Reshape to Concat(Shape(x)[0], Shape(x)[1], 12, 64) is
     [batch, sequence, 12, 64]) and names derived dims by their expression."""
     gaps = {n for n, (_, s) in types.items() if s is None or any(symbols.anonymous(d) for d in s)}
+    # and the outputs ONNX's inference has no entry for at all: those of ops it has no schema for (com.microsoft's
+    # Attention, EmbedLayerNormalization, ...), which ONNX Runtime's inference knows
+    gaps |= {o for n in model.graph.node for o in n.output if o and o not in types}
     if not gaps:
         return types
     out = _symbolic(model)
