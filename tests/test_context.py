@@ -56,6 +56,27 @@ def test_a_fused_kernel_is_shared_among_its_source_nodes():
     assert shares == pytest.approx([0.1, 0.1, 0.2])
 
 
+def test_a_kernel_onnx_runtime_fused_and_named_itself_is_charged_to_the_nodes_it_computes():
+    """ONNX Runtime fuses a residual Add and the LayerNormalization after it into a kernel it names itself
+    (``SkipLayerNormalization_token_141``): its time goes to those two nodes, not to the MatMul before it. A layout
+    kernel that names no op of the graph (``ReorderOutput``) still goes to its neighbour."""
+    H = 4
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "pre", [helper.make_tensor_value_info("x", F, [1, 3, H])],
+                              [helper.make_tensor_value_info("y", F, [1, 3, H])],
+                              [numpy_helper.from_array(np.eye(H, dtype=np.float32), "w"),
+                               numpy_helper.from_array(np.ones(H, np.float32), "g")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"RELSATN{i}_"
+    kernels = {"RELSATN0__kernel_time": 0.2, "SkipLayerNormalization_token_7_kernel_time": 0.9,
+               "RELSATN3__kernel_time": 0.2, "ReorderOutput_kernel_time": 0.1}
+    shares, unnamed = attribute(model, kernels, [1.0, 1.0, 2.0, 1.0])
+    assert shares == pytest.approx([0.2, 0.3, 0.6, 0.3]) and unnamed == 1
+
+
 def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     """The whole graph under ONNX Runtime's profiler: fewer kernels ran than the graph has nodes (the
     fusion happened), every one of the three e-nodes is charged a share, and their costs add up to
