@@ -205,9 +205,11 @@ def _source(name: str, producer: dict[str, int]) -> int | None:
 
 def _fusions(nodes: list, names: list[str], src: list) -> None:
     """Point each kernel ONNX Runtime made up by fusing graph nodes at the node it computes (in ``src``, in place):
-    the kernel names no node (``SkipLayerNormalization_token_141``), but its name holds the op type of a node no
-    kernel names, the first such node after the node of the named kernel before it (its Add + LayerNormalization:
-    the LayerNormalization, which then takes the Add as every named node takes its unnamed producers). Charged to
+    the kernel names no node (``SkipLayerNormalization_token_141``, ``BiasGelu``), but its name holds the op type
+    of a node no kernel names, the first such node after the node of the named kernel before it (its Add +
+    LayerNormalization: the LayerNormalization, which then takes the Add as every named node takes its unnamed
+    producers). A kernel named as an op itself (``Transpose_token_12``: one the layout optimizer moved or made) is
+    not a fusion of the graph's nodes and stays with its neighbour. Charged to
     the nearest named kernel instead, as layout kernels are, a SkipLayerNormalization's time (8.7x the two ops'
     on the CPU) went to the MatMul before it, and the norm over the Add was priced as if ONNX Runtime had not
     fused it."""
@@ -220,7 +222,7 @@ def _fusions(nodes: list, names: list[str], src: list) -> None:
         base = name[:-len("_kernel_time")] if name.endswith("_kernel_time") else name
         base = base.split("_token_")[0]
         pick = next((i for i in range(last + 1, len(nodes)) if i not in claimed and len(nodes[i].op_type) > 3
-                     and nodes[i].op_type in base), None)
+                     and nodes[i].op_type in base and nodes[i].op_type != base), None)
         if pick is not None:
             src[j] = pick
             claimed.add(pick)
