@@ -168,6 +168,10 @@ def test_a_written_model_is_recalled_timed_again_and_verified(tmp_path):
         fid, found = again["fidelity"], again["fidelity"]["comparison_found"]
         assert len(set(_keys(again)[1])) == len(_keys(again)[1])  # each graph timed once
         assert found is None or found["key"] in stored  # only a row some run stored is found
+        # the recall looks up the first search's graphs; a run that found a profile stale searched again, and its
+        # report names the last search's graphs (once in a clean-clone CI run with other work on the machine)
+        if fid["searches"] == 1:  # a row is found exactly when a stored run timed these graphs
+            assert (found is not None) == any(_keys(r) == _keys(again) for r in stored.values())
         if found is not None:
             assert _keys(stored[found["key"]]) == _keys(again)  # of the same graphs
         assert again["written"] == "optimized" and again["verification"]["ok"] and again["verification"]["draws"]
