@@ -163,6 +163,10 @@ class Options:
     measure: bool = field(default=True, metadata=flag(
         "skip the final latency guard", name="--no-measure", negate=True))  # time the original and the optimized
     guard_threshold: float = GUARD_THRESHOLD
+    simplify: bool = field(default=True, metadata=flag(
+        "write a candidate only when it is faster beyond noise, not also one that ONNX Runtime runs with fewer "
+        "kernels and no more work of any kind and that is not slower (a simplified graph)", name="--no-simplify",
+        negate=True))  # relsat.driver.search.candidates.Search._simplified
     check_rules: bool = True  # verify user rule files on random tensors before use
     candidates: int = field(default=3, metadata=flag(
         "candidate graphs timed as whole models for the final choice, with costs refined in context (0: one-node "

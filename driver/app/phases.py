@@ -562,6 +562,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
     s = Search(imported.graph, priced.problem, priced.node_ids, fed, run.backend, o.threads, prepared.cache,
                o.ilp_time_limit, o.mip_gap)
     s.on_graph = lambda n: (run.tick(n, None), run.status(f"profiling whole graphs in context: graph {n}"))
+    s.simplify = o.simplify
     s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
           input_nodes=len(model.graph.node))
     _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
@@ -645,6 +646,8 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         notices.append(
             f"the in-context prediction of the original is {fid['original_prediction_ratio']:.2f}x its measured "
             f"latency, beyond the noise ({fid['original_tolerance']:.0%}): the timings moved during this run")
+    if picked is not None and (latency_report or {}).get("simplified"):
+        notices.append(simplified_notice(picked.label, latency_report["simplified"], latency_report))
     orig = extracted.orig
     choice = picked.choice if picked is not None else orig
     _extraction_table(imported.g, choice, orig)
@@ -670,6 +673,17 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         _op_counts(shown.model if shown is not None else model),
         None if saturated.backtracked else s.predicted(orig) - s.call_overhead_ms,
         s.predicted(choice) - s.call_overhead_ms, tuple(notices), shown.choice if shown is not None else None)
+
+
+def simplified_notice(label: str, less: dict, guard: dict) -> str:
+    """What a simplified graph (``Search._simplified``) is and is not: the kernels it leaves out, and its timing
+    within the noise."""
+    k0, k1 = less["kernels"]
+    fewer = ", ".join(f"{c} {a}->{b}" for c, (a, b) in less["fewer"].items())
+    a, b = guard["paired_ms"][guard["metric"]]
+    return (f"the {label} graph is written simplified: ONNX Runtime runs it with {k0 - k1} fewer kernels ({k0}->{k1}: "
+            f"{fewer}) and no more of any kind; timed again it was not slower ({b:.3f} ms vs {a:.3f} ms), but not "
+            f"faster beyond noise (threshold {guard['threshold']:.0%} in every block): not claimed faster")
 
 
 # ---------------------------------------------------------------- otherwise: export, verify, latency

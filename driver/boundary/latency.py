@@ -304,6 +304,15 @@ def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
                        backend.name, sp)
 
 
+def not_slower(held: GuardResult) -> bool:
+    """Whether a timing (``judge``'s result, kept or not) leaves the optimized model no slower than the original:
+    as fast or faster by the compared medians (``paired_ms``), and slower by no more than the threshold in any
+    block. What a graph that does less needs (``relsat.driver.search.candidates``: a *simplified* graph), where
+    it is not faster beyond the noise."""
+    a, b = paired_ms(held.original, held.optimized, held.metric)
+    return b <= a and all(r >= 1.0 - held.threshold for r in held.spread["ratios"] or [1.0])
+
+
 def promising(held: GuardResult) -> bool:
     """Whether a timing that ``judge`` did not keep (``held``) is worth one more: the optimized model is faster
     beyond the threshold by the compared medians and faster in every block, only not by the threshold in all of

@@ -5,9 +5,9 @@ timing them against the input model again (two sessions of each, interleaved; Vi
 warm run) repeats a verdict that an interleaved timing already gave. The verdict of a measured choice is stored
 as a row of the cost cache (op_type ``COMPARISON_OP``): its key names the input model (the SHA-256 of its
 bytes), every candidate graph (the cache key of its whole-graph profile, or the key it would have: the graph,
-the timing kind, the threads and the shapes it ran at), the guard threshold and the ONNX Runtime version; the
-row holds every model's timing, the candidates' statuses (the one written: ``written``) and the guard's report,
-and the conditions it was taken under.
+the timing kind, the threads and the shapes it ran at), the guard threshold, whether the choice writes simplified
+graphs and the ONNX Runtime version; the row holds every model's timing, the candidates' statuses (the one written:
+``written``, or ``simplified``) and the guard's report, and the conditions it was taken under.
 
 Recalling one (``relsat.driver.search.candidates.Search.choose``) still times the input model and checks the
 original's cached profile against it, so a cache poisoned by a loaded machine is found as before (the check's
@@ -36,12 +36,13 @@ COMPARISON_OP = "__comparison__"  # the op_type of a cached comparison's row
 
 
 def comparison_key(input_sha256: str, graph_keys: list[str], kind: str, threads: int, threshold: float,
-                   shapes, ort_version: str | None = None) -> str:
+                   shapes, ort_version: str | None = None, simplify: bool = False) -> str:
     """The cache key of the comparison of the input model (``input_sha256``) with the graphs ``graph_keys``
-    (order aside) timed as ``kind`` at ``threads`` and ``shapes``, judged at ``threshold``."""
+    (order aside) timed as ``kind`` at ``threads`` and ``shapes``, judged at ``threshold``, by a choice that writes
+    a simplified graph (``simplify``) or not."""
     head = ["comparison", input_sha256, sorted(graph_keys), kind, threads, round(float(threshold), 6),
             sorted((str(k), [str(d) for d in v]) for k, v in (shapes or {}).items()), ort_version or ort.__version__,
-            machine()]
+            machine()] + (["simplify"] if simplify else [])
     return hashlib.sha256(json.dumps(head).encode()).hexdigest()
 
 

@@ -1,0 +1,121 @@
+"""The graph ONNX Runtime actually runs for a model, and whether one such graph does less work than another.
+
+This module owns reading back ONNX Runtime's own optimized model (the graph after its level-ALL fusions and
+layout changes, as saved by ``SessionOptions.optimized_model_filepath``), counting its kernels, and telling
+whether a candidate graph's kernels are the input model's with some taken away:
+
+    optimized_graph(model, threads=1, backend=CPU) -> onnx.GraphProto   (None-free: raises where it cannot)
+    histogram(graph) -> Counter            domain-qualified op counts, subgraphs included
+    work(graph) -> Counter                 the same graph as classes of work (fused kernels split up)
+    does_less(before, after) -> dict|None  ``after`` runs fewer kernels and no more of any class of work
+
+The session is made as timing sessions are (``relsat.relations.runtime.session_options``: level ALL,
+``threads`` intra-op threads, sequential, on the backend's provider), so the graph read is the one timed:
+ONNX Runtime's choices depend on the thread count (NCHWc blocking) and the provider. The optimized model's
+weights go to a side file that is never read (only the graph is).
+
+**Classes of work** (``work``): a kernel ONNX Runtime fused from several ONNX ops counts as the ops it computes, so
+that a graph is not said to do less for running one fused kernel where the other runs its parts, nor more for the
+reverse: ``com.microsoft.Fused<Op>`` and the NCHWc ``<Op>`` count as ``<Op>`` and their ``activation`` (and an
+``Add`` where a Conv takes a summand), ``Gemm`` as ``MatMul`` (and ``Add`` with a bias), ``BiasGelu`` as ``Add``
+and ``Gelu``, ``SkipLayerNormalization`` as ``Add`` and ``LayerNormalization``, a two-input ``Sum`` as ``Add``,
+``com.microsoft.Gelu`` as ``Gelu``. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
+CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
+copy) are kernels but no work. Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
+the structural half of what ``relsat.driver.search.candidates`` asks before it writes a graph that is not
+measured faster (a *simplified* graph); the timing is the other half.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from relsat.relations import runtime
+from relsat.relations.backend import CPU, Backend
+
+MS = "com.microsoft"
+FUSED_PREFIX = f"{MS}.Fused"  # ONNX Runtime's FusedConv, FusedGemm, ...: the op after the prefix and an activation
+NCHWC = f"{MS}.nchwc."  # its NCHWc kernels (Conv, pools): the op after the prefix; its reorders are their own class
+# an op (domain-qualified, after those prefixes) -> the classes of work it stands for, beside its activation attribute
+PARTS = {
+    "Gemm": ("MatMul",), f"{MS}.BiasGelu": ("Add", "Gelu"), f"{MS}.FastGelu": ("Gelu",), f"{MS}.Gelu": ("Gelu",),
+    f"{MS}.SkipLayerNormalization": ("Add", "LayerNormalization"),
+    f"{MS}.SkipSimplifiedLayerNormalization": ("Add", f"{MS}.SimplifiedLayerNormalization"),
+    f"{MS}.BiasSoftmax": ("Add", "Softmax"),
+}
+SUMMAND = {"Conv": 3, "Gemm": 2}  # the input index of a summand these kernels add (a fused Conv's residual, a bias)
+VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # ONNX Runtime's CPU kernels of
+# these alias their input (no copy, no arithmetic): kernels, but no work
+
+
+def op_key(node: onnx.NodeProto) -> str:
+    """``op_type`` qualified by its domain unless it is the default ONNX domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def _nodes(graph: onnx.GraphProto):
+    """The nodes of ``graph`` and of every subgraph in its nodes' attributes."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _nodes(sub)
+
+
+def histogram(graph: onnx.GraphProto) -> Counter:
+    """Domain-qualified op counts of ``graph`` and of every subgraph in its nodes' attributes."""
+    return Counter(op_key(n) for n in _nodes(graph))
+
+
+def _classes(node: onnx.NodeProto) -> list[str]:
+    key = op_key(node)
+    if key == "Sum" and len(node.input) == 2:
+        return ["Add"]
+    for prefix in (FUSED_PREFIX, NCHWC):
+        if key.startswith(prefix) and not key.startswith(NCHWC + "Reorder"):
+            key = key[len(prefix):]
+    if key in VIEWS:
+        return []
+    out = list(PARTS.get(key, (key,)))
+    out += [a.s.decode() for a in node.attribute if a.name == "activation" and a.s]
+    i = SUMMAND.get(key)
+    if i is not None and len(node.input) > i and node.input[i]:
+        out.append("Add")
+    return out
+
+
+def work(graph: onnx.GraphProto) -> Counter:
+    """``graph``'s kernels as classes of work (module docstring), subgraphs included."""
+    return Counter(c for n in _nodes(graph) for c in _classes(n))
+
+
+def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:
+    """Whether ``after`` (the graph ONNX Runtime runs for a candidate) does less than ``before`` (for the input
+    model): fewer kernels (views among them), and no class of work (``work``) more often. Returns what it does less (``kernels``:
+    [before, after]; ``fewer``: class -> [before, after] for each class that went down), or None."""
+    k0, k1 = sum(1 for _ in _nodes(before)), sum(1 for _ in _nodes(after))
+    w0, w1 = work(before), work(after)
+    if k1 >= k0 or any(w1[c] > w0[c] for c in w1):
+        return None
+    return {"kernels": [k0, k1], "fewer": {c: [w0[c], w1[c]] for c in sorted(w0) if w1[c] < w0[c]}}
+
+
+def optimized_graph(model, *, threads: int = 1, backend: Backend = CPU) -> onnx.GraphProto:
+    """The graph ONNX Runtime runs for ``model`` (a path, a ModelProto, its bytes or a ``runtime.Runnable``) at
+    level ALL on ``backend`` with ``threads`` intra-op threads."""
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "ort_optimized.onnx"
+        so = runtime.session_options(threads=threads)
+        so.optimized_model_filepath = str(out)
+        # weights to a side file: the saved model stays small (and under protobuf's 2 GiB) and is never read
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                    "ort_optimized.data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "0")
+        if isinstance(model, Path):
+            model = str(model)
+        backend.session(model, options=so)
+        return onnx.load_model(str(out), load_external_data=False).graph

@@ -1,0 +1,139 @@
+"""A simplified graph (relsat.driver.search.candidates.Search._simplified): where no candidate is faster beyond the
+noise, one that ONNX Runtime runs with fewer kernels and no more work of any kind (relsat.driver.boundary.ort_graph)
+and that is not slower when timed again is written, verified, and not called faster. Real ONNX Runtime sessions
+(their optimized graphs read back), real DuckDB cost caches, real HiGHS."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from relsat.driver.app.optimize import optimize
+from relsat.driver.boundary import ort_graph
+from relsat.driver.boundary.latency import GuardResult, Latency, judge, not_slower
+from relsat.relations.backend import CPU
+
+RNG = np.random.default_rng(0)
+NEVER = 0.9  # a guard threshold no candidate beats (90 % faster): only a simplified graph can be written
+LINKS = 6
+
+
+def _model(nodes, inputs, outputs, inits, opset: int = 17) -> onnx.ModelProto:
+    f = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    g = helper.make_graph(nodes, "g", [f(*i) for i in inputs], [f(*o) for o in outputs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    onnx.checker.check_model(m)
+    return m
+
+
+def zero_biases(links: int = LINKS, width: int = 256) -> onnx.ModelProto:
+    """``links`` times ``t = Sigmoid(t) + 0`` over [64, width]: each Add of a zero vector is work ONNX Runtime does
+    and relsat's ``add-zero-vector`` takes away."""
+    nodes, t = [], "x"
+    for i in range(links):
+        nodes += [helper.make_node("Sigmoid", [t], [f"s{i}"]), helper.make_node("Add", [f"s{i}", "zero"], [f"t{i}"])]
+        t = f"t{i}"
+    nodes.append(helper.make_node("Identity", [t], ["y"]))
+    zero = numpy_helper.from_array(np.zeros(width, np.float32), "zero")
+    return _model(nodes, [("x", [64, width])], [("y", [64, width])], [zero])
+
+
+def _graph(nodes, inputs=(("x", [1, 8, 16, 16]),), outputs=(("y", [1, 8, 16, 16]),), inits=()):
+    f = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    return helper.make_graph(nodes, "g", [f(*i) for i in inputs], [f(*o) for o in outputs], list(inits))
+
+
+def test_a_fused_kernel_counts_as_the_ops_it_computes():
+    """ONNX Runtime's FusedConv with a Relu is the same work as a Conv and a Relu; a Gemm with a bias is a MatMul and
+    an Add; a two-input Sum is an Add; a Reshape is a kernel but no work."""
+    fused = _graph([helper.make_node("FusedConv", ["x", "W"], ["y"], domain="com.microsoft", activation="Relu")])
+    apart = _graph([helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Relu", ["c"], ["y"])])
+    assert ort_graph.work(fused) == ort_graph.work(apart) == {"Conv": 1, "Relu": 1}
+    gemm = _graph([helper.make_node("Gemm", ["x", "W", "b"], ["y"])])
+    matmul_add = _graph([helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Sum", ["m", "b"], ["y"])])
+    assert ort_graph.work(gemm) == ort_graph.work(matmul_add) == {"MatMul": 1, "Add": 1}
+    assert ort_graph.work(_graph([helper.make_node("Reshape", ["x", "s"], ["y"])])) == {}
+    # one fused kernel for two ops: fewer kernels, the same work
+    assert ort_graph.does_less(apart, fused) == {"kernels": [2, 1], "fewer": {}}
+    assert ort_graph.does_less(fused, apart) is None  # more kernels
+
+
+def test_a_graph_that_runs_any_class_of_work_more_often_does_not_do_less():
+    """T5's case: dropping a norm's weight Mul (ones) unfuses ONNX Runtime's SimplifiedLayerNormalization into
+    Pow, ReduceMean, Add, Sqrt, Div: fewer Muls but more of other kinds, so not less, whatever the kernel count."""
+    norm = _graph([helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], domain="com.microsoft"),
+                   helper.make_node("Mul", ["y", "one"], ["z"]), helper.make_node("Mul", ["z", "one"], ["w"])])
+    unfused = _graph([helper.make_node(op, ["x"], [f"o{i}"]) for i, op in enumerate(["Pow", "ReduceMean"])])
+    assert ort_graph.does_less(norm, unfused) is None
+    shorter = _graph([helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"], domain="com.microsoft"),
+                      helper.make_node("Mul", ["y", "one"], ["z"])])
+    assert ort_graph.does_less(norm, shorter) == {"kernels": [3, 2], "fewer": {"Mul": [2, 1]}}
+
+
+def test_the_graph_onnx_runtime_runs_is_read_and_compared():
+    """The Adds of zeros are kernels ONNX Runtime runs (it does not drop them itself); the same chain without them
+    does less."""
+    m = zero_biases()
+    before = ort_graph.optimized_graph(m)
+    assert ort_graph.histogram(before)["Add"] == LINKS
+    plain = zero_biases()
+    keep = [n for n in plain.graph.node if n.op_type != "Add"]
+    for n in keep:  # Sigmoid(t_i) reads s_(i-1) now
+        n.input[:] = [i.replace("t", "s") for i in n.input]
+    del plain.graph.node[:]
+    plain.graph.node.extend(keep)
+    after = ort_graph.optimized_graph(plain)
+    less = ort_graph.does_less(before, after)
+    assert less is not None and less["fewer"] == {"Add": [LINKS, 0]}
+
+
+def _latency(blocks):
+    return Latency(float(np.median(blocks)), min(blocks), max(blocks), 16, float(np.median(blocks)), list(blocks),
+                   list(blocks))
+
+
+def test_not_slower_means_no_slower_by_the_medians_and_in_no_block_beyond_the_threshold():
+    a = _latency([10.0, 10.2, 9.9, 10.1])
+    assert not_slower(judge(a, _latency([9.95, 10.1, 9.9, 10.0]), threads=1, backend=CPU, threshold=0.03))
+    assert not not_slower(judge(a, _latency([10.3, 10.3, 10.0, 10.2]), threads=1, backend=CPU, threshold=0.03))
+    # faster by the medians, but one block slower beyond the threshold
+    assert not not_slower(judge(a, _latency([9.0, 9.1, 10.5, 9.0]), threads=1, backend=CPU, threshold=0.03))
+    assert isinstance(judge(a, a, threads=1, backend=CPU), GuardResult)
+
+
+def test_a_graph_that_does_less_is_written_simplified_and_not_called_faster(tmp_path):
+    """With a threshold no candidate beats, the graph without the zero Adds (ONNX Runtime runs 2 x LINKS + 1
+    kernels of the input model, LINKS + 1 of it) is written as a simplified graph: verified, its outputs equal
+    the input model's under ONNX Runtime, its report saying what it leaves out and not that it is faster; a second
+    run recalls that comparison and writes it again after timing it again. With ``simplify=False`` the input
+    model is written."""
+    import onnxruntime as ort
+
+    src = tmp_path / "zb.onnx"
+    onnx.save(zero_biases(), src)
+    cache = tmp_path / "costs.duckdb"
+    out = tmp_path / "out.onnx"
+    rep = optimize(str(src), output=str(out), threads=1, cost_cache=cache, guard_threshold=NEVER).report
+    assert rep["written"] == "optimized", rep["verdict"]
+    assert rep["verdict"].startswith("wrote the simplified model") and "not claimed faster" in rep["verdict"]
+    assert rep["measured"]["beyond_noise"] is False and rep["measured"]["simplified"]["fewer"]["Add"] == [LINKS, 0]
+    assert any("written simplified" in n for n in rep["notices"])
+    assert [c["status"] for c in rep["candidates"]].count("simplified") == 1
+    assert rep["verification"]["ok"]
+    written = onnx.load(out)
+    assert sum(n.op_type == "Add" for n in written.graph.node) == 0
+    x = RNG.standard_normal((64, 256)).astype(np.float32)
+    run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(run(out), run(src), rtol=0, atol=1e-6)
+
+    again = optimize(str(src), output=str(out), threads=1, cost_cache=cache, guard_threshold=NEVER).report
+    assert again["fidelity"]["comparison_recalled"] is not None
+    assert again["written"] == "optimized" and again["measured"]["simplified"] is not None
+    assert again["fidelity"]["comparison_found"]["written"] == next(
+        c["label"] for c in rep["candidates"] if c["status"] == "simplified")
+
+    kept = optimize(str(src), output=str(tmp_path / "kept.onnx"), threads=1, cost_cache=cache,
+                    guard_threshold=NEVER, simplify=False).report
+    assert kept["written"] == "original" and kept["fidelity"]["comparison_recalled"] is None  # (a key of its own)
+    assert "simplified" not in [c["status"] for c in kept["candidates"]]
