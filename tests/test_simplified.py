@@ -137,3 +137,12 @@ def test_a_graph_that_does_less_is_written_simplified_and_not_called_faster(tmp_
                     guard_threshold=NEVER, simplify=False).report
     assert kept["written"] == "original" and kept["fidelity"]["comparison_recalled"] is None  # (a key of its own)
     assert "simplified" not in [c["status"] for c in kept["candidates"]]
+
+
+def test_a_batch_row_says_simplified_not_optimized():
+    from relsat.driver.app.batch_model import row_from_report
+
+    less = {"kernels": [146, 103], "fewer": {"Add": [29, 13]}}
+    rep = {"written": "optimized", "measured": {"input_ms": 2.0, "candidate_ms": 1.98, "simplified": less}}
+    assert row_from_report(rep)["written"] == "simplified"
+    assert row_from_report({**rep, "measured": {"input_ms": 2.0, "candidate_ms": 1.5}})["written"] == "optimized"

@@ -41,7 +41,8 @@ COLUMNS = [
     ("cost_before", "DOUBLE"),
     ("cost_after", "DOUBLE"),
     ("cost_model", "VARCHAR"),
-    ("written", "VARCHAR"),  # optimized | original (the latency guard kept the original graph)
+    ("written", "VARCHAR"),  # optimized | simplified (does less, not faster beyond noise) | original (the latency
+    # guard kept the original graph)
     ("optimizer_s", "DOUBLE"),  # the pipeline's phases summed (import .. verify)
     ("wall_s", "DOUBLE"),  # the worker from start to end, process start included
     ("enodes", "BIGINT"),
@@ -249,7 +250,7 @@ def row_from_report(rep: dict) -> dict:
     return {
         "speedup": speedup, "speedup_source": source, "latency_before_ms": before, "latency_after_ms": after,
         "cost_before": rep.get("cost_before"), "cost_after": rep.get("cost_after"), "cost_model": cost_model,
-        "written": rep.get("written", "optimized"),
+        "written": "simplified" if (rep.get("measured") or {}).get("simplified") else rep.get("written", "optimized"),
         "optimizer_s": float(sum(phases.values())) if phases else None,
         "enodes": rep.get("enodes"), "eclasses": rep.get("eclasses"),
         "rounds": len(rep.get("iterations") or []), "stop_reason": rep.get("stop_reason"),
