@@ -58,7 +58,7 @@ from relsat.relations.egraph import EGraph
 
 from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
 from relsat.driver.boundary.bindings import Binding
-from relsat.driver.search.candidates import REOPENED_MOST, Candidate, Search
+from relsat.driver.search.candidates import REOPENED_MOST, SLOWER_SIMPLIFIED, Candidate, Search
 from relsat.driver.errors import RelsatError, error_line
 from relsat.driver.boundary.onnx_export import export_model
 from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
@@ -592,8 +592,9 @@ class Chosen:
 
 def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, extracted: Extracted,
            candidates: Candidates) -> Chosen:
-    """Steps 4 and 5 of ``relsat.driver.search.candidates``: the candidates timed against the input model (stale
-    profiles re-taken), the fastest that verifies picked when it beats the input model beyond noise."""
+    """Steps 4 to 6 of ``relsat.driver.search.candidates``: the candidates timed against the input model (stale
+    profiles re-taken), the fastest that verifies picked when it beats the input model beyond noise, else one that
+    does less and is not slower (a simplified graph) where there is one."""
     o, s, model, notices = run.opts, candidates.search, imported.model, []
     picked, check, latency_report = s.choose(model, bindings=imported.binding.all, input_sets=imported.input_sets,
                                              threshold=o.guard_threshold, status=run.status)
@@ -616,6 +617,12 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         notices.append(
             f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
             f"same input model and graphs); the {picked.label} graph {how}, the other candidates were not timed again")
+    elif fid.get("comparison_recalled") and found.get("written") and found.get("simplified"):
+        notices.append(
+            f"the candidate graphs are those a measured comparison of {fid['comparison_recalled']} timed (cached: the "
+            f"same input model and graphs); the {found['written']} graph it wrote simplified (fewer kernels, no more "
+            f"work) was timed again against the input model now and was slower, so the input model is kept; the "
+            f"other candidates were not timed again")
     elif fid.get("comparison_recalled") and found.get("written"):
         what = ("it found fastest (a close miss when last timed, timed again by at most "
                 f"{REOPENED_MOST} recalls)" if found.get("reopened") else
@@ -648,6 +655,9 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
             f"latency, beyond the noise ({fid['original_tolerance']:.0%}): the timings moved during this run")
     if picked is not None and (latency_report or {}).get("simplified"):
         notices.append(simplified_notice(picked.label, latency_report["simplified"], latency_report))
+    elif rejected := next((c for c in s.candidates if (c.confirm or {}).get("simplified")
+                           and c.status.startswith(SLOWER_SIMPLIFIED)), None):
+        notices.append(f"the {rejected.label} graph {rejected.status}: not written simplified")
     orig = extracted.orig
     choice = picked.choice if picked is not None else orig
     _extraction_table(imported.g, choice, orig)
@@ -656,7 +666,8 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
     shown = picked or fastest  # the extracted graph, also when the input model is written
     if fastest is None:
         notices.append("no candidate graph differs from the original: " + UNCHANGED)
-    elif picked is None and (held := next((c for c in s.candidates if c.confirm is not None), None)):
+    elif picked is None and (held := next((c for c in s.candidates if c.confirm is not None
+                                           and not c.confirm.get("simplified")), None)):
         notices.append(
             f"the {held.label} graph was faster beyond noise in the first timing but not when timed again "
             f"against the input model ({held.status.split('(', 1)[-1].rstrip(')')}, threshold "
@@ -680,9 +691,9 @@ def simplified_notice(label: str, less: dict, guard: dict) -> str:
     within the noise."""
     k0, k1 = less["kernels"]
     fewer = ", ".join(f"{c} {a}->{b}" for c, (a, b) in less["fewer"].items())
+    counts = f"{k0 - k1} fewer kernels ({k0}->{k1}: {fewer})" if k0 is not None else "fewer kernels"
     a, b = guard["paired_ms"][guard["metric"]]
-    return (f"the {label} graph is written simplified: ONNX Runtime runs it with {k0 - k1} fewer kernels ({k0}->{k1}: "
-            f"{fewer}) and no more of any kind; timed again it was not slower ({b:.3f} ms vs {a:.3f} ms), but not "
+    return (f"the {label} graph is written simplified: ONNX Runtime runs it with {counts} and no more of any kind; timed again it was not slower ({b:.3f} ms vs {a:.3f} ms), but not "
             f"faster beyond noise (threshold {guard['threshold']:.0%} in every block): not claimed faster")
 
 

@@ -42,6 +42,8 @@ from relsat.driver.version import __version__
 
 GENERATOR = "relsat report-html"  # the page's <meta name="generator">: the mark of a page relsat may replace
 DEFAULT_NAME = "report.html"  # the page's name in a batch folder
+WRITTEN = ("written", "simplified")  # the statuses of the candidate a report's model was written from
+# (``relsat.driver.search.candidates``: faster beyond noise, or doing less and not slower)
 PHASE_ORDER = ("import", "profile", "saturate", "extract", "context", "choose", "export", "verify", "latency")
 # colour-blind-safe (Okabe-Ito and Tol's muted), one per series
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#332288",
@@ -597,11 +599,11 @@ def scatter_plot(models: list[Model]) -> str:
     for m, i, c, p, q in pts:
         colour = PALETTE[i % len(PALETTE)]
         status = str(c.get("status") or "")
-        shape = "square" if status == "input" else "diamond" if status == "written" else "circle"
+        shape = "square" if status == "input" else "diamond" if status in WRITTEN else "circle"
         tip = (f"{m.name}, {c.get('label')}: predicted {p:.4g} ms, measured {q:.4g} ms "
                f"(x{q / p:.2f}), {status}")
         body.append(_marker(shape, X(p), Y(q), colour, 5 if shape != "diamond" else 6, status not in
-                            ("input", "written"), tip))
+                            ("input", *WRITTEN), tip))
     return _svg(width, height, body, "Predicted against measured latency of every candidate")
 
 
@@ -704,7 +706,7 @@ def _candidates_table(m: Model) -> str:
         p, q = _num(c.get("predicted_ms")), _num(c.get("measured_ms"))
         ratio = f"{q / p:.2f}" if p and q else "&ndash;"
         st = str(c.get("status") or "")
-        cls = ' class="good"' if st == "written" else ""
+        cls = ' class="good"' if st in WRITTEN else ""
         rows.append(f"<tr><td>{_e(c.get('label'))}</td><td class=\"n\">{_e(c.get('nodes'))}</td>"
                     f'<td class="n">{_ms(p)}</td><td class="n">{_ms(c.get("profiled_ms"))}</td>'
                     f'<td class="n">{_ms(q)}</td><td class="n">{_ms(c.get("wall_ms"))}</td>'
@@ -777,7 +779,7 @@ def render(src: Source, *, title: str | None = None, now: _dt.datetime | None = 
     threshold = next((_num((m.latency or {}).get("threshold")) for m in ok if m.latency), None) or 0.03
     measured = [speedup(m)[0] for m in ok if speedup(m)[3] in ("measured", "kept")]  # kept: exactly 1x
     geo = _geomean(measured)
-    written = sum(1 for m in ok if m.row.get("written") == "optimized")
+    written = sum(1 for m in ok if m.row.get("written") in ("optimized", "simplified"))
     now = now or _dt.datetime.now(_dt.timezone.utc)
     title = title or f"relsat report: {src.path.name or src.path}"
     total_s = sum(_num(m.row.get("optimizer_s")) or 0 for m in ok)

@@ -16,10 +16,12 @@ weights go to a side file that is never read (only the graph is).
 
 **Classes of work** (``work``): a kernel ONNX Runtime fused from several ONNX ops counts as the ops it computes, so
 that a graph is not said to do less for running one fused kernel where the other runs its parts, nor more for the
-reverse: ``com.microsoft.Fused<Op>`` and the NCHWc ``<Op>`` count as ``<Op>`` and their ``activation`` (and an
-``Add`` where a Conv takes a summand), ``Gemm`` as ``MatMul`` (and ``Add`` with a bias), ``BiasGelu`` as ``Add``
-and ``Gelu``, ``SkipLayerNormalization`` as ``Add`` and ``LayerNormalization``, a two-input ``Sum`` as ``Add``,
-``com.microsoft.Gelu`` as ``Gelu``. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
+reverse: ``com.microsoft.Fused<Op>`` counts as ``<Op>`` and its ``activation`` (and an ``Add`` where a Conv takes
+a summand), ``Gemm`` as ``MatMul`` (and ``Add`` with a bias), ``BiasGelu`` as ``Add`` and ``Gelu``,
+``SkipLayerNormalization`` as ``Add`` and ``LayerNormalization`` (and ``Add`` with a bias), a two-input ``Sum`` as
+``Add``, ``com.microsoft.Gelu`` as ``Gelu``. The NCHWc kernels (``com.microsoft.nchwc.Conv`` and its activation, the
+reorders) stay classes of their own: a graph run with plain Convs where the input model's ran blocked ones does not
+do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
 CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
 copy) are kernels but no work. Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
 the structural half of what ``relsat.driver.search.candidates`` asks before it writes a graph that is not
@@ -39,7 +41,8 @@ from relsat.relations.backend import CPU, Backend
 
 MS = "com.microsoft"
 FUSED_PREFIX = f"{MS}.Fused"  # ONNX Runtime's FusedConv, FusedGemm, ...: the op after the prefix and an activation
-NCHWC = f"{MS}.nchwc."  # its NCHWc kernels (Conv, pools): the op after the prefix; its reorders are their own class
+NCHWC = f"{MS}.nchwc."  # its NCHWc kernels (Conv, pools) stay classes of their own: a graph the runtime runs with
+# plain Convs where the input model's ran blocked ones (and the reorders around them) does not do less
 # an op (domain-qualified, after those prefixes) -> the classes of work it stands for, beside its activation attribute
 PARTS = {
     "Gemm": ("MatMul",), f"{MS}.BiasGelu": ("Add", "Gelu"), f"{MS}.FastGelu": ("Gelu",), f"{MS}.Gelu": ("Gelu",),
@@ -47,7 +50,9 @@ PARTS = {
     f"{MS}.SkipSimplifiedLayerNormalization": ("Add", f"{MS}.SimplifiedLayerNormalization"),
     f"{MS}.BiasSoftmax": ("Add", "Softmax"),
 }
-SUMMAND = {"Conv": 3, "Gemm": 2}  # the input index of a summand these kernels add (a fused Conv's residual, a bias)
+SUMMAND = {"Conv": 3, f"{NCHWC}Conv": 3, "Gemm": 2, f"{MS}.FastGelu": 1, f"{MS}.SkipLayerNormalization": 4,
+           f"{MS}.SkipSimplifiedLayerNormalization": 3}  # the input index of a summand these kernels add (a fused
+# Conv's residual, a bias)
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # ONNX Runtime's CPU kernels of
 # these alias their input (no copy, no arithmetic): kernels, but no work
 
@@ -75,9 +80,8 @@ def _classes(node: onnx.NodeProto) -> list[str]:
     key = op_key(node)
     if key == "Sum" and len(node.input) == 2:
         return ["Add"]
-    for prefix in (FUSED_PREFIX, NCHWC):
-        if key.startswith(prefix) and not key.startswith(NCHWC + "Reorder"):
-            key = key[len(prefix):]
+    if key.startswith(FUSED_PREFIX):
+        key = key[len(FUSED_PREFIX):]
     if key in VIEWS:
         return []
     out = list(PARTS.get(key, (key,)))

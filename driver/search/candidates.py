@@ -119,6 +119,7 @@ FEWEST = "fewest nodes"  # the candidate whose graph runs the fewest nodes (``Se
 NOT_HELD = "not faster when timed again"  # the status of a candidate its second timing kept out (``Search._confirmed``)
 CLOSE_MISS = NOT_HELD + ", close"  # ... where that timing was a close miss
 SIMPLIFIED = "simplified"  # the status of a candidate written for doing less, not faster beyond noise (``_simplified``)
+SLOWER_SIMPLIFIED = "runs fewer kernels, but was slower when timed again"  # ... of one its second timing kept out
 
 
 @dataclass
@@ -133,7 +134,7 @@ class Candidate:
     measured_ms: float | None = None  # median in the final interleaved timing (the guard's metric)
     wall_ms: float | None = None
     timing: Latency | None = None
-    status: str = "candidate"  # candidate | timed | written | slower | not verified: ... | cannot export: ...
+    status: str = "candidate"  # candidate | timed | written | simplified | slower | not verified: ... | ...
     nodes: int = 0
     profile_key: str | None = None  # the cost cache key of its whole-graph profile
     profile_source: str | None = None  # cache | measured | re-taken (None: not profiled)
@@ -648,17 +649,11 @@ class Search:
         if not order:
             return None
         status("reading the graphs ONNX Runtime runs for the input model and the candidates ...")
-        try:
-            before = ort_graph.optimized_graph(self._blobs([input_model])[0], threads=self.threads,
-                                               backend=self.backend)
-        except Exception:
+        before = self._runtime_graph(input_model)
+        if before is None:
             return None
         for c in order:
-            try:
-                less = ort_graph.does_less(before, ort_graph.optimized_graph(
-                    self._blobs([c.model])[0], threads=self.threads, backend=self.backend))
-            except Exception:
-                continue
+            less = self._does_less(input_model, c, before)
             if less is None:
                 continue
             status(f"verifying the {c.label} graph (it runs fewer kernels) ...")
@@ -673,6 +668,20 @@ class Search:
             return c, result, held, less
         return None
 
+    def _runtime_graph(self, model: onnx.ModelProto) -> onnx.GraphProto | None:
+        """The graph ONNX Runtime runs for ``model`` here (``ort_graph.optimized_graph``), None where it cannot be read."""
+        try:
+            return ort_graph.optimized_graph(self._blobs([model])[0], threads=self.threads, backend=self.backend)
+        except Exception:
+            return None
+
+    def _does_less(self, input_model: onnx.ModelProto, c: Candidate, before=None) -> dict | None:
+        """What ``c`` leaves out of the input model's work as ONNX Runtime runs both (``ort_graph.does_less``;
+        ``before``: the input model's graph, read already), or None."""
+        before = before if before is not None else self._runtime_graph(input_model)
+        after = self._runtime_graph(c.model) if before is not None else None
+        return ort_graph.does_less(before, after) if after is not None else None
+
     def _not_slower(self, input_model: onnx.ModelProto, c: Candidate, bindings, threshold: float,
                     status) -> tuple[bool, GuardResult]:
         """Time the input model and ``c`` again, by themselves, as the first timing did (``MIN_RUNS`` at least: the
@@ -683,10 +692,11 @@ class Search:
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=1)
         held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
-        c.confirm = dict(held.as_dict(), timings=1, simplified=True)
+        earlier = [c.confirm] if c.confirm else []  # (a second timing ``_confirmed`` gave it as a faster graph)
+        c.confirm = dict(held.as_dict(), timings=1, simplified=True, earlier=earlier)
         if not not_slower(held):
-            c.status = (f"runs fewer kernels, but slower when timed again ({judged_ms(again, self.threads, self.backend):.3f}"
-                        f" ms vs {judged_ms(orig, self.threads, self.backend):.3f} ms)")
+            c.status = (f"{SLOWER_SIMPLIFIED} ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
+                        f"{judged_ms(orig, self.threads, self.backend):.3f} ms)")
             return False, held
         held.keep_optimized = True
         return True, held
@@ -792,6 +802,7 @@ class Search:
         self._found_comparison = {"key": key, "measured_at": when, "checked": checks, "recalled": not stale,
                                   **({"remeasured": again} if again else {}),
                                   **({"written": written.label, "held": held} if written is not None else {}),
+                                  **({"simplified": True} if simple is not None else {}),
                                   **({"second_chance": True} if chance else {}),
                                   **({"reopened": record.get("reopened", 0) + 1} if reopen else {})}
         if stale:  # the prices may be poisoned: time everything (``_choose``)
@@ -826,8 +837,11 @@ class Search:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         # (the last timing ``_confirmed`` judged: ``guard.keep_optimized`` is ``held``; not held, its status says so)
-        less = (record["guard"] or {}).get("simplified") if simple is not None else None
-        if less is not None:  # written for doing less: kept where not slower (``_not_slower``)
+        less = None
+        if simple is not None:  # what it leaves out: as stored (read again from the runtime's graphs if not)
+            less = (record["guard"] or {}).get("simplified") or self._does_less(input_model, simple) or {
+                "kernels": [None, None], "fewer": {}}
+        if simple is not None:  # written for doing less: kept where not slower (``_not_slower``)
             guard.keep_optimized = held
         if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
             comparisons.remember(
