@@ -59,6 +59,18 @@ def test_a_fused_kernel_counts_as_the_ops_it_computes():
     assert ort_graph.does_less(fused, apart) is None  # more kernels
 
 
+def test_a_graph_that_loses_the_blocked_layout_does_not_do_less():
+    """ONNX Runtime's NCHWc Conv between two reorders against a plain Conv: fewer kernels, but a Conv where there
+    was none (the blocked kernels are a class of their own), so not less."""
+    ms = "com.microsoft.nchwc"
+    blocked = _graph([helper.make_node("ReorderInput", ["x"], ["a"], domain=ms),
+                      helper.make_node("Conv", ["a", "W"], ["b"], domain=ms, activation="Relu"),
+                      helper.make_node("ReorderOutput", ["b"], ["y"], domain=ms)])
+    plain = _graph([helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Relu", ["c"], ["y"])])
+    assert ort_graph.does_less(blocked, plain) is None
+    assert ort_graph.work(blocked)[f"{ms}.Conv"] == 1 and ort_graph.work(blocked)["Relu"] == 1
+
+
 def test_a_graph_that_runs_any_class_of_work_more_often_does_not_do_less():
     """T5's case: dropping a norm's weight Mul (ones) unfuses ONNX Runtime's SimplifiedLayerNormalization into
     Pow, ReduceMean, Add, Sqrt, Div: fewer Muls but more of other kinds, so not less, whatever the kernel count."""
