@@ -99,8 +99,8 @@ def work(graph: onnx.GraphProto) -> Counter:
 
 def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:
     """Whether ``after`` (the graph ONNX Runtime runs for a candidate) does less than ``before`` (for the input
-    model): fewer kernels (views among them), and no class of work (``work``) more often. Returns what it does less (``kernels``:
-    [before, after]; ``fewer``: class -> [before, after] for each class that went down), or None."""
+    model): fewer kernels (views among them), and no class of work (``work``) more often. Returns what it does less
+    (``kernels``: [before, after]; ``fewer``: class -> [before, after] for each class that went down), or None."""
     k0, k1 = sum(1 for _ in _nodes(before)), sum(1 for _ in _nodes(after))
     w0, w1 = work(before), work(after)
     if k1 >= k0 or any(w1[c] > w0[c] for c in w1):

@@ -145,6 +145,7 @@ class Candidate:
     weights: dict | None = None  # its weights' arrays while the model holds them as shells (``Search._fill``): runs
     # take them as they are (``Search._blobs``), and only the graph written is filled
     graph_key: str | None = None  # its profile's cache key, or the key it would have (a cached comparison names it)
+    verified: VerifyResult | None = None  # its verification in this choice (``Search._verify``: made once)
 
     def as_dict(self) -> dict:
         return {"label": self.label, "predicted_ms": self.predicted_ms, "profiled_ms": self.profiled_ms,
@@ -604,10 +605,8 @@ class Search:
             if not held.keep_optimized and not chance:
                 c.status = "slower" if self._gain(c) <= 1.0 else "not faster beyond noise"
             elif picked is None:
-                status(f"verifying the {c.label} graph ...")
-                result = verify(input_model, self._blobs([c.model])[0], bindings=bindings, input_sets=input_sets)
+                result = self._verify(input_model, c, bindings, input_sets, status)
                 if not result.ok:
-                    c.status = f"not verified: {result.message}"
                     continue
                 ok, o_t, c_t = self._confirmed(input_model, c, bindings, threshold, status)
                 if ok:
@@ -656,10 +655,8 @@ class Search:
             less = self._does_less(input_model, c, before)
             if less is None:
                 continue
-            status(f"verifying the {c.label} graph (it runs fewer kernels) ...")
-            result = verify(input_model, self._blobs([c.model])[0], bindings=bindings, input_sets=input_sets)
+            result = self._verify(input_model, c, bindings, input_sets, status)
             if not result.ok:
-                c.status = f"not verified: {result.message}"
                 continue
             ok, held = self._not_slower(input_model, c, bindings, threshold, status)
             if not ok:
@@ -668,8 +665,19 @@ class Search:
             return c, result, held, less
         return None
 
+    def _verify(self, input_model: onnx.ModelProto, c: Candidate, bindings, input_sets, status) -> VerifyResult:
+        """``c`` verified against the input model, once a choice (``_pick`` verifies the fastest; ``_simplified`` may
+        take the same candidate after its second timing failed); a failure is its status."""
+        if c.verified is None:
+            status(f"verifying the {c.label} graph ...")
+            c.verified = verify(input_model, self._blobs([c.model])[0], bindings=bindings, input_sets=input_sets)
+            if not c.verified.ok:
+                c.status = f"not verified: {c.verified.message}"
+        return c.verified
+
     def _runtime_graph(self, model: onnx.ModelProto) -> onnx.GraphProto | None:
-        """The graph ONNX Runtime runs for ``model`` here (``ort_graph.optimized_graph``), None where it cannot be read."""
+        """The graph ONNX Runtime runs for ``model`` here (``ort_graph.optimized_graph``), None where it cannot be
+        read."""
         try:
             return ort_graph.optimized_graph(self._blobs([model])[0], threads=self.threads, backend=self.backend)
         except Exception:
@@ -685,8 +693,9 @@ class Search:
     def _not_slower(self, input_model: onnx.ModelProto, c: Candidate, bindings, threshold: float,
                     status) -> tuple[bool, GuardResult]:
         """Time the input model and ``c`` again, by themselves, as the first timing did (``MIN_RUNS`` at least: the
-        claim is not slower, and a recalled one is timed so again in every warm run): whether ``c`` is not slower there (``latency.not_slower``; if not, ``c``'s status
-        says so), and the guard of that timing (``keep_optimized`` set where it is not slower)."""
+        claim is not slower, and a recalled one is timed so again in every warm run): whether ``c`` is not slower
+        there (``latency.not_slower``; if not, ``c``'s status says so), and the guard of that timing
+        (``keep_optimized`` set where it is not slower)."""
         shapes = bindings[0]
         status(f"timing the {c.label} graph against the input model again (it runs fewer kernels) ...")
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
@@ -775,15 +784,19 @@ class Search:
         if chance:  # its fastest candidate was not given its second timing (``_pick``): given now, as a written one
             written = chance
         written = written or simple
+        less = None  # what a simplified one leaves out (``_not_slower``'s timing below)
         if written is None:
             status("timing the input model (the candidates' comparison is cached) ...")
             self._time(input_model, [], bindings, threshold)
             held = True
         else:
             try:
-                if simple is not None:  # written for doing less: written again where it is not slower now
+                if simple is not None:  # written for doing less: written again where it is not slower now and
+                    # still does less (as the row stored it; read again from the runtime's graphs where it did not)
                     held, timed = self._not_slower(input_model, simple, bindings, threshold, status)
                     orig.timing, written.timing = timed.original, timed.optimized
+                    less = (record["guard"] or {}).get("simplified") or self._does_less(input_model, simple)
+                    held = held and less is not None
                 else:
                     held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold,
                                                                         status)
@@ -837,10 +850,6 @@ class Search:
             return None, None, {**(record["guard"] or {}), "recalled": when}
         guard = judge(orig.timing, written.timing, threads=self.threads, backend=self.backend, threshold=threshold)
         # (the last timing ``_confirmed`` judged: ``guard.keep_optimized`` is ``held``; not held, its status says so)
-        less = None
-        if simple is not None:  # what it leaves out: as stored (read again from the runtime's graphs if not)
-            less = (record["guard"] or {}).get("simplified") or self._does_less(input_model, simple) or {
-                "kernels": [None, None], "fewer": {}}
         if simple is not None:  # written for doing less: kept where not slower (``_not_slower``)
             guard.keep_optimized = held
         if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
@@ -849,7 +858,7 @@ class Search:
                 [(r["label"], r["timing"], ("written" if held else written.status) if c is written else r["status"])
                  for c, r in zip(cands, record["candidates"])], guard.as_dict(),
                 reopened=record.get("reopened", 0) + reopen)
-        report = {**guard.as_dict(), "recalled": when, **({"simplified": less} if less is not None and held else {})}
+        report = {**guard.as_dict(), "recalled": when, **({"simplified": less} if simple is not None and held else {})}
         if not held:
             return None, None, report
         return written, check, report
