@@ -620,3 +620,31 @@ def test_element_wise_outputs_keep_their_inputs_dims_where_symbolic_inference_do
                         "(Constant :value_float 6.0)) => (HardSwish ?x)\n").rules
     Runner(g, rules, Limits(iterations=3, enodes=1000, seconds=60)).run()
     assert g.sql("SELECT count(*) FROM op_hardswish")[0][0] == 1
+
+
+def test_one_part_splits_one_input_concats_and_2d_flattens_go():
+    """A detector's exports split into one part and concatenate a list of one feature level; ONNX Runtime runs
+    each as a copy. fold.rules' split-one, concat-one and flatten-2d remove them (default set), over a dynamic
+    batch, and the written model computes the same outputs under ONNX Runtime."""
+    x = helper.make_tensor_value_info("x", F, ["batch", 6])
+    y = helper.make_tensor_value_info("y", F, ["batch", 6])
+    nodes = [
+        helper.make_node("Split", ["x", "six"], ["s"], axis=1),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("Concat", ["r"], ["c"], axis=1),
+        helper.make_node("Sigmoid", ["c"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["y"], axis=1),
+    ]
+    g = helper.make_graph(nodes, "one_part", [x], [y], [numpy_helper.from_array(np.array([6], np.int64), "six")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    r = optimize(m, cost_model="analytic", measure=False)
+    assert r.report["written"] == "optimized"
+    ops = r.report["extracted"]["ops"]
+    assert not {"Split", "Concat", "Flatten"} & set(ops), ops
+    assert {k: r.report["rules_applied"][k] >= 1 for k in ("split-one", "concat-one", "flatten-2d")} == {
+        "split-one": True, "concat-one": True, "flatten-2d": True}
+    assert dims(r.model.graph.input[0]) == ["batch", 6]
+    ref, got = session(m), session(r.model)
+    for n in (1, 4):
+        v = np.random.default_rng(n).standard_normal((n, 6)).astype(np.float32)
+        np.testing.assert_array_equal(got.run(None, {"x": v})[0], ref.run(None, {"x": v})[0])

@@ -18,7 +18,8 @@ DEFAULT_BLOCKS = [
     ("fold", ["bn-fold-conv-bias", "bn-fold-conv", "bn-fold-convtranspose-bias", "bn-fold-convtranspose",
               "bn-fold-gemm-t", "bn-fold-gemm"]),
     ("taso", ["matmul-add-distrib-right-rev", "conv-weight-distrib-rev"]),
-    ("fold", ["identity", "reshape-reshape", "reshape-noop", "squeeze-unsqueeze", "pad-zero-3", "pad-zero-4",
+    ("fold", ["identity", "reshape-reshape", "reshape-noop", "squeeze-unsqueeze", "split-one", "concat-one",
+              "flatten-2d", "pad-zero-3", "pad-zero-4",
               "add-zero-one", "add-zero-vector", "add-zero-channel-last", "add-zero-channel", "add-zero-same",
               "matmul-zero-add", "add-matmul-zero",
               "mul-one-one", "mul-one-vector", "mul-one-same", "transpose-identity-2",
@@ -44,7 +45,8 @@ def test_default_is_the_concatenation_of_what_it_includes():
 def test_default_is_unchanged_by_the_move_to_includes():
     """tests/fixtures/default_before_include.rules is default.rules as it was, its rules copied verbatim."""
     merge = {r.name for r in load_rules(RULES_DIR / "merge.rules").rules}  # left out since issue 25
-    later = {"pad-zero-3", "pad-zero-4", "add-zero-one", "add-zero-vector", "add-zero-same", "mul-one-one",
+    later = {"split-one", "concat-one", "flatten-2d",  # (issue 25: a detector's one-part Splits and Concats)
+             "pad-zero-3", "pad-zero-4", "add-zero-one", "add-zero-vector", "add-zero-same", "mul-one-one",
              "mul-one-vector", "mul-one-same",  # added since (issue 25: Swin's zero padding, zero biases)
              "add-zero-channel-last", "add-zero-channel",  # (ConvNeXt V2's zero GRN beta)
              "matmul-zero-add", "add-matmul-zero",  # (NasRNN's zero initial state)
