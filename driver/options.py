@@ -167,6 +167,10 @@ class Options:
         "write a candidate only when it is faster beyond noise, not also one that ONNX Runtime runs with fewer "
         "kernels and no more work of any kind and that is not slower (a simplified graph)", name="--no-simplify",
         negate=True))  # relsat.driver.search.candidates.Search._simplified
+    shape_notes: bool = field(default=True, metadata=flag(
+        "write the graphs' values without their inferred shapes (value_info); by default they are named where ONNX "
+        "Runtime then runs no op more often (its memory planner reuses buffers it can prove of one size)",
+        name="--no-shape-notes", negate=True))  # relsat.driver.boundary.shape_notes
     check_rules: bool = True  # verify user rule files on random tensors before use
     candidates: int = field(default=3, metadata=flag(
         "candidate graphs timed as whole models for the final choice, with costs refined in context (0: one-node "

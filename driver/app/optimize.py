@@ -119,6 +119,9 @@ class Report(Mapping):
     # the in-context prediction of the original against its fresh timing, the cached profiles found stale and
     # re-taken, and the call overhead's check (relsat.driver.search.candidates, step 4); None without the in-context search
     fidelity: dict | None = None
+    # whether the candidate graphs name their values' inferred shapes (value_info), and what that changes in ONNX
+    # Runtime's graph (relsat.driver.boundary.shape_notes.decide); None where no candidate was exported
+    shape_notes: dict | None = None
     # what was predicted, kept apart from what was measured: the input and the extracted graph priced by the one
     # cost table of the run (the same figure for the same graph in every run and strategy), and the in-context
     # prediction where the final choice was measured (``_predicted``)
@@ -351,6 +354,7 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
                  + list(prepared.notices) + list(priced.notices) + list(outcome.notices)),
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
         fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None,
+        shape_notes=search.notes if search is not None else None,
         predicted=_predicted(run, prepared, priced, input_cost, outcome, search),
         measured=measured, limits=_limits(o, sat, searched, best, saturated.node_limit), verdict=_verdict(outcome, measured),
         derivations=derived.as_dict() if derived is not None else {})

@@ -562,7 +562,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
     s = Search(imported.graph, priced.problem, priced.node_ids, fed, run.backend, o.threads, prepared.cache,
                o.ilp_time_limit, o.mip_gap)
     s.on_graph = lambda n: (run.tick(n, None), run.status(f"profiling whole graphs in context: graph {n}"))
-    s.simplify = o.simplify
+    s.simplify, s.shape_notes = o.simplify, o.shape_notes
     s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
           input_nodes=len(model.graph.node))
     _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))
@@ -658,6 +658,8 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
     elif rejected := next((c for c in s.candidates if (c.confirm or {}).get("simplified")
                            and c.status.startswith(SLOWER_SIMPLIFIED)), None):
         notices.append(f"the {rejected.label} graph {rejected.status}: not written simplified")
+    if picked is not None and s.notes is not None:
+        notices.append(notes_notice(s.notes))
     orig = extracted.orig
     choice = picked.choice if picked is not None else orig
     _extraction_table(imported.g, choice, orig)
@@ -695,6 +697,20 @@ def simplified_notice(label: str, less: dict, guard: dict) -> str:
     return (f"the {label} graph is written simplified: ONNX Runtime runs it with {k0 - k1} fewer kernels ({k0}->{k1}: "
             f"{fewer}) and no more of any kind; timed again it was not slower ({b:.3f} ms vs {a:.3f} ms), but not "
             f"faster beyond noise (threshold {guard['threshold']:.0%} in every block): not claimed faster")
+
+
+def notes_notice(notes: dict) -> str:
+    """Whether the written graph names its values' shapes (``shape_notes.decide``'s report) and why."""
+    def ops(d: dict) -> str:
+        return ", ".join(f"{op} {a}->{b}" for op, (a, b) in d.items())
+    if notes["named"]:
+        fewer = f"; with them ONNX Runtime runs {ops(notes['fewer'])}" if notes["fewer"] else ""
+        return (f"the written graph names the inferred shapes of {notes['values']} values (value_info), so that ONNX "
+                f"Runtime's memory planner can prove buffers of one size{fewer}; no op runs more often")
+    if notes["more"]:
+        return ("the written graph does not name its values' shapes: with them ONNX Runtime would run "
+                + ops(notes["more"]))
+    return "the written graph does not name its values' shapes: " + notes.get("why", "inference names none")
 
 
 # ---------------------------------------------------------------- otherwise: export, verify, latency

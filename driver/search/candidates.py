@@ -88,7 +88,7 @@ from relsat.extract.extraction import Extraction, ExtractionProblem, ilp_extract
 from relsat.relations import runtime
 from relsat.relations.backend import Backend
 
-from relsat.driver.boundary import feeds, ort_graph
+from relsat.driver.boundary import feeds, ort_graph, shape_notes
 from relsat.driver.search import comparisons
 from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, GuardResult, Latency, gain, judge, judged_ms, not_slower,
@@ -174,6 +174,8 @@ class Search:
     fidelity: dict = field(default_factory=dict)  # step 4's report (:meth:`choose`)
     on_graph: object = None  # callback(n): the n-th graph (the original first) found and priced, for progress
     simplify: bool = False  # write a graph that does less and is not slower (``_simplified``; Options.simplify)
+    shape_notes: bool = False  # name the shapes of the exported graphs' values where harmless (``_export``;
+    # Options.shape_notes)
 
     def __post_init__(self) -> None:
         self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
@@ -190,6 +192,7 @@ class Search:
         self._input_sha256: tuple | None = None  # (the input model, the SHA-256 of its bytes) during :meth:`choose`
         self._memo = ExportMemo()  # what the graphs exported share: folded constants, weights and their digests
         self._found_comparison: dict | None = None  # the cached comparison of these graphs, and its check
+        self.notes: dict | None = None  # whether the exported graphs carry their inferred shapes (``_export``)
 
     def _reset_prices(self) -> None:
         self.ctx = np.full(len(self.alone), np.nan)
@@ -252,7 +255,24 @@ class Search:
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
         cand.nodes = len(cand.model.graph.node)
+        if self.shape_notes:
+            if self.notes is None:  # the first graph exported, the original choice's, decides for all of them
+                self.notes = self._decide_notes(cand)
+            if self.notes["named"]:
+                shape_notes.annotated(cand.model, shape_notes.notes(cand.model))
         return origins
+
+    def _decide_notes(self, cand: Candidate) -> dict:
+        """``shape_notes.decide`` on ``cand``'s graph (module docstring there); not named where ONNX Runtime does not
+        run the graphs here or cannot load this one."""
+        if not self.backend.ort_providers:
+            return {"named": False, "values": 0, "more": {}, "fewer": {}, "why": "not run by ONNX Runtime here"}
+        try:
+            key = graph_key(cand.model, self.feeds, backend=self.backend, threads=self.threads, digests=cand.digests)
+            return shape_notes.decided(self.cache, key, cand.model, cand.weights, threads=self.threads,
+                                       backend=self.backend)
+        except Exception as e:  # the candidate's own load reports it; the graphs go without notes
+            return {"named": False, "values": 0, "more": {}, "fewer": {}, "why": error_line(e)}
 
     @staticmethod
     def _fill(c: Candidate | None) -> None:
@@ -338,7 +358,8 @@ class Search:
         """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction. ``input_nodes``:
         the input model's node count; when the original choice exports to fewer nodes (a rewrite proved a
         node equal to an older value, so the original e-classes already skip it; identical nodes shared;
-        constants folded), that graph is a candidate too."""
+        constants folded), or where its shape notes let ONNX Runtime take kernels away (``shape_notes.decide``:
+        Faster R-CNN's shape chains), that graph is a candidate too."""
         if self._run_args is None:
             self._run_args = (original, first, rounds, candidates, input_nodes)
         first = self.ids(first)
@@ -347,7 +368,8 @@ class Search:
         self._found()
         seen = [original]
         o = self.original
-        if o.model is not None and input_nodes is not None and len(o.model.graph.node) < input_nodes:
+        notes_less = bool(self.notes and self.notes["named"] and self.notes["fewer"])
+        if o.model is not None and input_nodes is not None and (len(o.model.graph.node) < input_nodes or notes_less):
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
                                              profile_source=o.profile_source, blob=o.blob, digests=o.digests,
