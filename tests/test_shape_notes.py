@@ -107,7 +107,7 @@ fuse nothing there: the refusal is the test above's.)"""
 
     bare = optimize(str(src), output=str(tmp_path / "bare.onnx"), threads=1, cost_cache=cache, guard_threshold=0.9,
                     shape_notes=False).report
-    assert bare["shape_notes"] is None or bare["shape_notes"] == {}
+    assert bare["written"] == "optimized" and bare["shape_notes"] is None
     assert not onnx.load(tmp_path / "bare.onnx").graph.value_info
 
 
@@ -116,7 +116,34 @@ def test_the_notice_says_what_the_notes_would_change():
     from relsat.driver.app.phases import notes_notice
 
     said = notes_notice({"named": False, "values": 9, "more": {"com.microsoft.SkipLayerNormalization": [0, 6]},
-                         "fewer": {"Add": [20, 14]}})
+                         "fewer": {"Add": [20, 14]}}, 0)
     assert said.endswith("would run com.microsoft.SkipLayerNormalization 0->6")
-    said = notes_notice({"named": True, "values": 811, "more": {}, "fewer": {"Gather": [85, 82]}})
-    assert "811 values" in said and "Gather 85->82" in said
+    said = notes_notice({"named": True, "values": 811, "more": {}, "fewer": {"Gather": [85, 82]}}, 808)
+    assert "808 values" in said and "Gather 85->82" in said  # (the written graph's count, not the original's)
+    said = notes_notice({"named": True, "values": 811, "more": {}, "fewer": {}}, 0)  # inference failed on it
+    assert "does not name" in said
+
+
+def test_a_decision_is_read_back_only_under_its_own_key(tmp_path):
+    """``decided`` stores its answer under the graph's profile key (graph, timing kind, threads, shapes) and the
+    ONNX Runtime and ONNX versions: the same key reads it back, another key (another thread count) decides anew."""
+    from relsat.extract.cost_cache import CostCache
+
+    cache, m = CostCache(tmp_path / "c.duckdb"), reshaped(norm=True)
+    first = shape_notes.decided(cache, "graph-at-1-thread", m, threads=1)
+    assert first["cached"] is False and first["named"] is False
+    again = shape_notes.decided(cache, "graph-at-1-thread", m, threads=1)
+    assert again["cached"] is True and {k: v for k, v in again.items() if k != "cached"} == {
+        k: v for k, v in first.items() if k != "cached"}
+    other = shape_notes.decided(cache, "graph-at-2-threads", m, threads=2)
+    assert other["cached"] is False
+
+
+def test_shells_without_data_are_given_to_inference_as_typed_inputs():
+    """An export's weight shells (dims, no data) of few elements are typed inputs too, not empty initializers."""
+    shell = onnx.TensorProto(name="s", data_type=F, dims=[4])  # 4 elements, no data
+    g = helper.make_graph([helper.make_node("Add", ["x", "s"], ["a"]), helper.make_node("Relu", ["a"], ["y"])],
+                          "sh", [helper.make_tensor_value_info("x", F, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", F, [None, 4])], [shell])
+    light = shape_notes._light(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
+    assert not light.graph.initializer and "s" in {v.name for v in light.graph.input}

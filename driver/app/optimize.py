@@ -120,7 +120,8 @@ class Report(Mapping):
     # re-taken, and the call overhead's check (relsat.driver.search.candidates, step 4); None without the in-context search
     fidelity: dict | None = None
     # whether the candidate graphs name their values' inferred shapes (value_info), and what that changes in ONNX
-    # Runtime's graph (relsat.driver.boundary.shape_notes.decide); None where no candidate was exported
+    # Runtime's graph (relsat.driver.boundary.shape_notes.decide); None with --no-shape-notes, or where the original
+    # choice was not exported (no in-context search)
     shape_notes: dict | None = None
     # what was predicted, kept apart from what was measured: the input and the extracted graph priced by the one
     # cost table of the run (the same figure for the same graph in every run and strategy), and the in-context

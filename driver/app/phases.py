@@ -659,7 +659,7 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
                            and c.status.startswith(SLOWER_SIMPLIFIED)), None):
         notices.append(f"the {rejected.label} graph {rejected.status}: not written simplified")
     if picked is not None and s.notes is not None:
-        notices.append(notes_notice(s.notes))
+        notices.append(notes_notice(s.notes, len(picked.model.graph.value_info)))
     orig = extracted.orig
     choice = picked.choice if picked is not None else orig
     _extraction_table(imported.g, choice, orig)
@@ -699,18 +699,19 @@ def simplified_notice(label: str, less: dict, guard: dict) -> str:
             f"faster beyond noise (threshold {guard['threshold']:.0%} in every block): not claimed faster")
 
 
-def notes_notice(notes: dict) -> str:
-    """Whether the written graph names its values' shapes (``shape_notes.decide``'s report) and why."""
+def notes_notice(notes: dict, written: int) -> str:
+    """Whether the written graph names its values' shapes (``shape_notes.decide``'s report, made on the original
+    choice's graph; ``written``: the values the written graph names) and why."""
     def ops(d: dict) -> str:
         return ", ".join(f"{op} {a}->{b}" for op, (a, b) in d.items())
-    if notes["named"]:
+    if notes["named"] and written:
         fewer = f"; with them ONNX Runtime runs {ops(notes['fewer'])}" if notes["fewer"] else ""
-        return (f"the written graph names the inferred shapes of {notes['values']} values (value_info), so that ONNX "
+        return (f"the written graph names the inferred shapes of {written} values (value_info), so that ONNX "
                 f"Runtime's memory planner can prove buffers of one size{fewer}; no op runs more often")
     if notes["more"]:
         return ("the written graph does not name its values' shapes: with them ONNX Runtime would run "
                 + ops(notes["more"]))
-    return "the written graph does not name its values' shapes: " + notes.get("why", "inference names none")
+    return "the written graph does not name its values' shapes: " + notes.get("why", "ONNX's inference names none")
 
 
 # ---------------------------------------------------------------- otherwise: export, verify, latency

@@ -15,10 +15,10 @@ taking kernels away:
 
     notes(model) -> list[ValueInfoProto]   the inferred shapes of the values the graph's nodes make (no data
                                           propagation: a shape, not a value, is named)
-    annotated(model, notes) -> ModelProto  a copy of ``model`` with them (its weights shared, not copied)
+    annotated(model, notes) -> ModelProto  ``model`` with them added, in place (returned for chaining)
     harmless(before, after) -> bool        ``after``'s runtime graph runs no op (domain-qualified) more often
     decide(model, arrays, ...) -> dict     ``harmless`` asked of ``model``'s runtime graph without and with its notes
-    decided(cache, key, ...) -> dict       ``decide`` once per graph, threads, backend and ONNX Runtime version: the
+    decided(cache, key, ...) -> dict       ``decide`` once per graph, threads, backend, ONNX Runtime and ONNX version: the
                                           answer is a row of the cost cache (op_type ``NOTES_OP``); two ONNX
                                           Runtime sessions of the graph (DistilBERT: 2.3 s) a run otherwise
 
@@ -54,7 +54,7 @@ SMALL = 1024  # initializers up to this many elements are given to inference wit
 def _light(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model``'s graph with its big initializers as typed inputs and no subgraph changed: what inference reads."""
     g = model.graph
-    big = [t for t in g.initializer if _numel(t) > SMALL]
+    big = [t for t in g.initializer if _numel(t) > SMALL or not _has_data(t)]  # (an export's shells: no data)
     listed = {i.name for i in g.input}
     inputs = list(g.input) + [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                               for t in big if t.name not in listed]
@@ -64,6 +64,11 @@ def _light(model: onnx.ModelProto) -> onnx.ModelProto:
                               sparse_initializer=g.sparse_initializer)
     return helper.make_model(light, opset_imports=model.opset_import, ir_version=model.ir_version,
                              functions=model.functions)
+
+
+def _has_data(t: onnx.TensorProto) -> bool:
+    return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
+                or t.string_data or t.data_location == onnx.TensorProto.EXTERNAL)
 
 
 def _numel(t: onnx.TensorProto) -> int:
@@ -121,9 +126,9 @@ def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int =
 def decided(cache, graph_key: str, model: onnx.ModelProto, arrays: dict | None = None, *, threads: int = 1,
             backend: Backend = CPU) -> dict:
     """``decide``'s answer for the graph whose profile key is ``graph_key`` (``extract.context.graph_key``: the
-    graph, timing kind, threads and shapes), from ``cache`` where it was decided under this ONNX Runtime version
-    (``"cached": True``), else decided and stored."""
-    key = hashlib.sha256(json.dumps([NOTES_OP, graph_key, ort.__version__]).encode()).hexdigest()
+    graph, timing kind, threads and shapes), from ``cache`` where it was decided under these ONNX Runtime and ONNX
+    versions (the notes are ONNX's inference's: ``"cached": True``), else decided and stored."""
+    key = hashlib.sha256(json.dumps([NOTES_OP, graph_key, ort.__version__, onnx.__version__]).encode()).hexdigest()
     row = cache.rows([key]).get(key) if cache is not None else None
     if row is not None and row[1].get("op_type") == NOTES_OP and isinstance(row[1].get("decision"), dict):
         return {**row[1]["decision"], "cached": True}

@@ -256,9 +256,9 @@ class Search:
             return None
         cand.nodes = len(cand.model.graph.node)
         if self.shape_notes:
-            if self.notes is None:  # the first graph exported, the original choice's, decides for all of them
+            if self.notes is None and cand.label == "original":  # the original choice's graph decides for all
                 self.notes = self._decide_notes(cand)
-            if self.notes["named"]:
+            if self.notes and self.notes["named"]:
                 shape_notes.annotated(cand.model, shape_notes.notes(cand.model))
         return origins
 
