@@ -66,6 +66,32 @@ def test_notes_that_let_onnx_runtime_fuse_a_slower_kernel_are_not_written():
     assert not shape_notes.harmless({"Add": 2}, {"Add": 1, "com.microsoft.SkipLayerNormalization": 1})
 
 
+def residual_of_input() -> onnx.ModelProto:
+    """x [batch, seq, 64] reshaped to a shape read from its own Shape, added to x, then normalized: with data
+    propagation the reshaped value is [batch, seq, 64] and ONNX Runtime fuses the Add and the norm; without it the
+    value's dims are other names and it does not."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero_i", "two"], ["bs"]),
+             helper.make_node("Concat", ["bs", "c64"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Add", ["r", "x"], ["a"]),
+             helper.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1)]
+    inits = [I64("zero_i", [0]), I64("two", [2]), I64("c64", [64]),
+             numpy_helper.from_array(np.ones(64, np.float32), "g"), numpy_helper.from_array(np.zeros(64, np.float32), "b")]
+    g = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", F, ["batch", "seq", 64])],
+                          [helper.make_tensor_value_info("y", F, [None, None, 64])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_notes_with_data_propagation_are_tried_first_and_those_without_where_they_would_fuse():
+    m = residual_of_input()
+    assert {v.name: dims(v) for v in shape_notes.notes(m, data_prop=True)}["r"] == ["batch", "seq", 64]
+    assert {v.name: dims(v) for v in shape_notes.notes(m, data_prop=False)}["r"][0] != "batch"
+    got = shape_notes.decide(m)
+    assert got["named"] is True and got["data_prop"] is False and got["more"] == {}
+    plain = shape_notes.decide(reshaped(norm=False))  # nothing to fuse: the notes with data propagation
+    assert plain["named"] is True and plain["data_prop"] is True
+
+
 def test_big_weights_are_given_to_inference_as_typed_inputs():
     w = numpy_helper.from_array(np.ones((64, 32), np.float32), "w")  # 2,048 elements: over SMALL
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],

@@ -13,14 +13,15 @@ SkipLayerNormalization (0 -> 12), whose CPU kernel ran 8.7x slower than the two 
 session), and the model 0.92x. So the names are written only where they do not change what ONNX Runtime runs beyond
 taking kernels away:
 
-    notes(model) -> list[ValueInfoProto]   the inferred shapes of the values the graph's nodes make (no data
-                                          propagation: a shape, not a value, is named)
+    notes(model, data_prop) -> list        the inferred shapes (ValueInfoProtos) of the values the graph's nodes
+                                          make, with or without ONNX's data propagation
     annotated(model, notes) -> ModelProto  ``model`` with them added, in place (returned for chaining)
     harmless(before, after) -> bool        ``after``'s runtime graph runs no op (domain-qualified) more often
     decide(model, arrays, ...) -> dict     ``harmless`` asked of ``model``'s runtime graph without and with its notes
+                                          (with data propagation first, then without)
     decided(cache, key, ...) -> dict       ``decide`` once per graph, threads, backend, ONNX Runtime and ONNX version: the
-                                          answer is a row of the cost cache (op_type ``NOTES_OP``); two ONNX
-                                          Runtime sessions of the graph (DistilBERT: 2.3 s) a run otherwise
+                                          answer is a row of the cost cache (op_type ``NOTES_OP``); two or three
+                                          ONNX Runtime sessions of the graph (DistilBERT: 2.3 s) a run otherwise
 
 ``relsat.driver.search.candidates`` decides once a search, on the first graph it exports (the original choice: the
 input model's graph as relsat writes it), and then writes the notes into every candidate graph it exports, so that
@@ -48,6 +49,7 @@ from relsat.relations.backend import CPU, Backend
 from relsat.driver.boundary.ort_graph import histogram, optimized_graph
 
 NOTES_OP = "__shape_notes__"  # the op_type of a cached decision's row
+DECISION = 2  # how ``decide`` decides, in its rows' keys (2: with data propagation first)
 SMALL = 1024  # initializers up to this many elements are given to inference with their values (a Reshape's shape)
 
 
@@ -78,11 +80,12 @@ def _numel(t: onnx.TensorProto) -> int:
     return n
 
 
-def notes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+def notes(model: onnx.ModelProto, data_prop: bool = False) -> list[onnx.ValueInfoProto]:
     """The shapes ONNX's inference gives the values ``model``'s top-level nodes make, with their unknown dims named
-    (``unk__N``), except its graph outputs (declared already); [] where inference fails."""
+    (``unk__N``), except its graph outputs (declared already); [] where inference fails. ``data_prop``: with ONNX's
+    data propagation (a size computed from a ``Shape`` through ``Gather``/``Concat`` known where its parts are)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(_light(model), strict_mode=False, data_prop=False)
+        inferred = onnx.shape_inference.infer_shapes(_light(model), strict_mode=False, data_prop=data_prop)
     except Exception:  # an op inference does not know, a malformed graph: no notes, the graph as it is
         return []
     made = {o for n in model.graph.node for o in n.output if o}
@@ -104,23 +107,34 @@ def harmless(before: Counter, after: Counter) -> bool:
 
 
 def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int = 1, backend: Backend = CPU) -> dict:
-    """Whether graphs like ``model`` (an export's shells and their ``arrays``, or a whole model) carry their notes:
-    ``{"named", "values", "more", "fewer", "seconds"}`` (``more``/``fewer``: op -> [without, with] where the
-    runtime graph's counts differ). Raises where ONNX Runtime cannot load the graph."""
+    """Whether graphs like ``model`` (an export's shells and their ``arrays``, or a whole model) carry their notes,
+    and which: ``{"named", "data_prop", "values", "more", "fewer", "seconds"}`` (``more``/``fewer``: op -> [without,
+    with] where the runtime graph's counts differ). The notes with data propagation are tried first (ONNX Runtime
+    then folds more of a shape computation: YOLOv8n's graph 310 -> 303 kernels, onnxslim's count; without it the same
+    ops), those without where the first would make ONNX Runtime run an op more often; the report is of the notes
+    written, else of the first tried. Raises where ONNX Runtime cannot load the graph."""
     t0 = time.perf_counter()
-    found = notes(model)
-    if not found:
-        return {"named": False, "values": 0, "more": {}, "fewer": {}, "seconds": time.perf_counter() - t0}
-    named = onnx.ModelProto()
-    named.CopyFrom(model)
-    before = histogram(optimized_graph(runtime.runnable(model, arrays), threads=threads, backend=backend))
-    after = histogram(optimized_graph(runtime.runnable(annotated(named, found), arrays), threads=threads,
-                                      backend=backend))
-    diff = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))
-            if before.get(op, 0) != after.get(op, 0)}
-    return {"named": harmless(before, after), "values": len(found),
-            "more": {op: c for op, c in diff.items() if c[1] > c[0]},
-            "fewer": {op: c for op, c in diff.items() if c[1] < c[0]}, "seconds": time.perf_counter() - t0}
+    before, first = None, None
+    for data_prop in (True, False):
+        found = notes(model, data_prop)
+        if not found:
+            continue
+        if before is None:
+            before = histogram(optimized_graph(runtime.runnable(model, arrays), threads=threads, backend=backend))
+        named = onnx.ModelProto()
+        named.CopyFrom(model)
+        after = histogram(optimized_graph(runtime.runnable(annotated(named, found), arrays), threads=threads,
+                                          backend=backend))
+        diff = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))
+                if before.get(op, 0) != after.get(op, 0)}
+        report = {"named": harmless(before, after), "data_prop": data_prop, "values": len(found),
+                  "more": {op: c for op, c in diff.items() if c[1] > c[0]},
+                  "fewer": {op: c for op, c in diff.items() if c[1] < c[0]}}
+        first = first or report
+        if report["named"]:
+            return {**report, "seconds": time.perf_counter() - t0}
+    return {**(first or {"named": False, "data_prop": False, "values": 0, "more": {}, "fewer": {}}),
+            "seconds": time.perf_counter() - t0}
 
 
 def decided(cache, graph_key: str, model: onnx.ModelProto, arrays: dict | None = None, *, threads: int = 1,
@@ -128,7 +142,8 @@ def decided(cache, graph_key: str, model: onnx.ModelProto, arrays: dict | None =
     """``decide``'s answer for the graph whose profile key is ``graph_key`` (``extract.context.graph_key``: the
     graph, timing kind, threads and shapes), from ``cache`` where it was decided under these ONNX Runtime and ONNX
     versions (the notes are ONNX's inference's: ``"cached": True``), else decided and stored."""
-    key = hashlib.sha256(json.dumps([NOTES_OP, graph_key, ort.__version__, onnx.__version__]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([NOTES_OP, DECISION, graph_key, ort.__version__, onnx.__version__]).encode()
+                         ).hexdigest()
     row = cache.rows([key]).get(key) if cache is not None else None
     if row is not None and row[1].get("op_type") == NOTES_OP and isinstance(row[1].get("decision"), dict):
         return {**row[1]["decision"], "cached": True}

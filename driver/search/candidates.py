@@ -259,7 +259,7 @@ class Search:
             if self.notes is None and cand.label == "original":  # the original choice's graph decides for all
                 self.notes = self._decide_notes(cand)
             if self.notes and self.notes["named"]:
-                shape_notes.annotated(cand.model, shape_notes.notes(cand.model))
+                shape_notes.annotated(cand.model, shape_notes.notes(cand.model, self.notes.get("data_prop", False)))
         return origins
 
     def _decide_notes(self, cand: Candidate) -> dict:
