@@ -52,6 +52,9 @@ def test_an_unknown_dim_is_named_once_and_carried_to_every_value_of_that_size():
     h = found["h"]
     assert len(h) == 3 and all(isinstance(d, str) and d for d in h)  # named, not left empty (no data propagated)
     assert found["r"] == h and found["a"] == h  # the same names: ONNX Runtime's planner can prove one size
+    assert shape_notes.unknown_dims(shape_notes.notes(reshaped(norm=False))) == set(h)  # made up: unk__N
+    # with data propagation the reshape's dims are the input's own names, which ONNX Runtime knows too
+    assert not shape_notes.unknown_dims(shape_notes.notes(reshaped(norm=False), data_prop=True))
 
 
 def test_notes_that_let_onnx_runtime_fuse_a_slower_kernel_are_not_written():
@@ -173,3 +176,35 @@ def test_shells_without_data_are_given_to_inference_as_typed_inputs():
                           [helper.make_tensor_value_info("y", F, [None, 4])], [shell])
     light = shape_notes._light(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10))
     assert not light.graph.initializer and "s" in {v.name for v in light.graph.input}
+
+
+def test_an_exported_graph_is_put_in_the_input_models_order():
+    """``in_order``: a topological order taking, of the nodes ready, the one the input model ran first; a node the
+    input model has not follows the nodes it reads; a node whose branch reads an outer value comes after its
+    producer."""
+    from relsat.driver.boundary.onnx_export import in_order, node_positions
+
+    x = helper.make_tensor_value_info("x", F, [4])
+    src = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="A"),
+                             helper.make_node("Sigmoid", ["x"], ["b"], name="B"),
+                             helper.make_node("Add", ["a", "b"], ["y"], name="C")], "src", [x],
+                            [helper.make_tensor_value_info("y", F, [4])])
+    positions = node_positions(helper.make_model(src))
+    then = helper.make_graph([helper.make_node("Identity", ["b"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", F, [4])])
+    exported = helper.make_graph([  # the e-graph's order: B's consumer first, a new node (N), an If reading b
+        helper.make_node("Sigmoid", ["x"], ["b"], name="B"),
+        helper.make_node("Neg", ["b"], ["n"], name="N"),
+        helper.make_node("Relu", ["x"], ["a"], name="A"),
+        helper.make_node("Add", ["a", "n"], ["y"], name="C"),
+        helper.make_node("ReduceMax", ["x"], ["m"], name="M", keepdims=0),
+        helper.make_node("Greater", ["m", "zero"], ["cond"], name="G"),
+        helper.make_node("If", ["cond"], ["z"], name="I", then_branch=then, else_branch=then)],
+        "exp", [x], [helper.make_tensor_value_info("y", F, [4]), helper.make_tensor_value_info("z", F, [4])],
+        [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    m = in_order(helper.make_model(exported), positions)
+    names = [n.name for n in m.graph.node]
+    assert names.index("A") < names.index("B") < names.index("N") < names.index("C")  # the input's A, B, C
+    assert names.index("B") < names.index("I")  # the If's branch reads b
+    assert sorted(names) == sorted(["B", "N", "A", "C", "M", "G", "I"])
+    onnx.checker.check_model(helper.make_model(m.graph, opset_imports=[helper.make_opsetid("", 17)]))

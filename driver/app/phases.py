@@ -60,7 +60,7 @@ from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
 from relsat.driver.boundary.bindings import Binding
 from relsat.driver.search.candidates import REOPENED_MOST, SLOWER_SIMPLIFIED, Candidate, Search
 from relsat.driver.errors import RelsatError, error_line
-from relsat.driver.boundary.onnx_export import export_model
+from relsat.driver.boundary.onnx_export import export_model, node_positions
 from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
 from relsat.driver.options import Options
 from relsat.driver.boundary.outputs import check_outputs, open_cost_cache, protected_paths
@@ -562,7 +562,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
     s = Search(imported.graph, priced.problem, priced.node_ids, fed, run.backend, o.threads, prepared.cache,
                o.ilp_time_limit, o.mip_gap)
     s.on_graph = lambda n: (run.tick(n, None), run.status(f"profiling whole graphs in context: graph {n}"))
-    s.simplify, s.shape_notes = o.simplify, o.shape_notes
+    s.simplify, s.shape_notes, s.positions = o.simplify, o.shape_notes, node_positions(model)
     s.run(extracted.orig, extracted.best, rounds=o.context_rounds, candidates=o.candidates,
           input_nodes=len(model.graph.node))
     _store_costs(imported.g, priced.node_ids, s.costs(), np.isfinite(s.ctx))

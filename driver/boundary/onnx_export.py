@@ -7,11 +7,13 @@ subgraphs folded into initializers with ONNX Runtime, a Conv's constant weight a
 always, opaque nodes written back verbatim, the original opsets/IR version/metadata),
 and ``ExportError``: a choice that cannot be written (a cycle, a
 value read before it is produced, a graph ONNX Runtime's optimizer would break), for the
-caller to fall back from.
+caller to fall back from; and ``in_order``: an exported graph's nodes put in the input model's
+order (``node_positions``), which ONNX Runtime runs and plans its memory by.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -502,3 +504,67 @@ def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:
             if reader is not None and reader.op_type == "Conv" and i != 0:
                 raise ExportError(f"the exported graph pads {which(node.output[0])} into input {i} of Conv "
                                   f"{reader.name}, which ONNX Runtime's Pad fusion would rewire")
+
+
+def node_positions(model: onnx.ModelProto) -> dict[str, int]:
+    """Each top-level node's position in ``model``, by its name and by each of its outputs' names (the first node
+    that has it): what :func:`in_order` orders an exported graph by."""
+    pos: dict[str, int] = {}
+    for i, n in enumerate(model.graph.node):
+        for key in (n.name, *n.output):
+            if key:
+                pos.setdefault(key, i)
+    return pos
+
+
+def _used_inside(node: onnx.NodeProto) -> set[str]:
+    """The names the subgraphs of ``node`` (If, Loop, Scan bodies) read, at any depth: outer values they capture."""
+    used: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in g.node:
+                used.update(i for i in n.input if i)
+                used |= _used_inside(n)
+    return used
+
+
+def in_order(model: onnx.ModelProto, positions: dict[str, int]) -> onnx.ModelProto:
+    """``model``'s top-level nodes put in the input model's order (``positions``: :func:`node_positions`), in place:
+    a topological order that takes, of the nodes ready, the one the input model ran first; a node the input model
+    has not (by its name or an output's) takes the latest position of the nodes it reads. ONNX Runtime runs the
+    nodes in the order given and plans its memory by it: YOLOv8n's original graph as exported, its nodes in the order
+    the e-graph gave them (14 places out of the input's order), ran 1.021x the input model at 2 threads with its
+    shapes named, and 1.058x in the input's order, as the input model itself with them (1.063x)."""
+    nodes = list(model.graph.node)
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = [{made[x] for x in (*n.input, *_used_inside(n)) if x in made and made[x] != i} for i, n in enumerate(nodes)]
+    own = [next((positions[k] for k in (n.name, *n.output) if k and k in positions), None) for n in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    waiting = [len(d) for d in deps]
+    at = [-1] * len(nodes)
+    ready = [(own[i] if own[i] is not None else -1, i) for i in range(len(nodes)) if not waiting[i]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        p, i = heapq.heappop(ready)
+        at[i] = p
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                p_u = own[u] if own[u] is not None else max(at[j] for j in deps[u])
+                heapq.heappush(ready, (p_u, u))
+    if len(order) != len(nodes):  # a cycle (not a valid graph): leave it as exported
+        return model
+    if order == list(range(len(nodes))):
+        return model
+    placed = []
+    for i in order:  # (copies: the messages are the repeated field's, which is cleared next)
+        placed.append(onnx.NodeProto())
+        placed[-1].CopyFrom(nodes[i])
+    del model.graph.node[:]
+    model.graph.node.extend(placed)
+    return model

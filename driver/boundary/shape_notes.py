@@ -16,12 +16,14 @@ taking kernels away:
     notes(model, data_prop) -> list        the inferred shapes (ValueInfoProtos) of the values the graph's nodes
                                           make, with or without ONNX's data propagation
     annotated(model, notes) -> ModelProto  ``model`` with them added, in place (returned for chaining)
+    unknown_dims(notes) -> set[str]        the dims they name that ONNX Runtime leaves unnamed (``unk__N``)
     harmless(before, after) -> bool        ``after``'s runtime graph runs no op (domain-qualified) more often
     decide(model, arrays, ...) -> dict     ``harmless`` asked of ``model``'s runtime graph without and with its notes
                                           (with data propagation first, then without)
-    decided(cache, key, ...) -> dict       ``decide`` once per graph, threads, backend, ONNX Runtime and ONNX version: the
-                                          answer is a row of the cost cache (op_type ``NOTES_OP``); two or three
-                                          ONNX Runtime sessions of the graph (DistilBERT: 2.3 s) a run otherwise
+    decided(cache, key, ...) -> dict       ``decide`` once per graph, threads, backend, ONNX Runtime and ONNX
+                                          version (the answer a row of the cost cache, op_type ``NOTES_OP``); two
+                                          or three ONNX Runtime sessions of the graph (DistilBERT: 2.3 s) a run
+                                          otherwise
 
 ``relsat.driver.search.candidates`` decides once a search, on the first graph it exports (the original choice: the
 input model's graph as relsat writes it), and then writes the notes into every candidate graph it exports, so that
@@ -49,7 +51,7 @@ from relsat.relations.backend import CPU, Backend
 from relsat.driver.boundary.ort_graph import histogram, optimized_graph
 
 NOTES_OP = "__shape_notes__"  # the op_type of a cached decision's row
-DECISION = 2  # how ``decide`` decides, in its rows' keys (2: with data propagation first)
+DECISION = 3  # how ``decide`` decides, in its rows' keys (2: with data propagation first; 3: unknown dims counted)
 SMALL = 1024  # initializers up to this many elements are given to inference with their values (a Reshape's shape)
 
 
@@ -94,6 +96,12 @@ def notes(model: onnx.ModelProto, data_prop: bool = False) -> list[onnx.ValueInf
             and v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")]
 
 
+def unknown_dims(found: list[onnx.ValueInfoProto]) -> set[str]:
+    """The dims ``found`` names that ONNX's inference made up (``unk__N``): the sizes ONNX Runtime, inferring shapes
+    itself, leaves unnamed (a dim of a graph input it names as the input does, a fixed one it knows)."""
+    return {d.dim_param for v in found for d in v.type.tensor_type.shape.dim if d.dim_param.startswith("unk__")}
+
+
 def annotated(model: onnx.ModelProto, found: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
     """``model`` with ``found`` added to its graph's value_info, in place; returned for chaining."""
     model.graph.value_info.extend(found)
@@ -108,11 +116,12 @@ def harmless(before: Counter, after: Counter) -> bool:
 
 def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int = 1, backend: Backend = CPU) -> dict:
     """Whether graphs like ``model`` (an export's shells and their ``arrays``, or a whole model) carry their notes,
-    and which: ``{"named", "data_prop", "values", "more", "fewer", "seconds"}`` (``more``/``fewer``: op -> [without,
-    with] where the runtime graph's counts differ). The notes with data propagation are tried first (ONNX Runtime
-    then folds more of a shape computation: YOLOv8n's graph 310 -> 303 kernels, onnxslim's count; without it the same
-    ops), those without where the first would make ONNX Runtime run an op more often; the report is of the notes
-    written, else of the first tried. Raises where ONNX Runtime cannot load the graph."""
+    and which: ``{"named", "data_prop", "values", "unknown_dims", "more", "fewer", "seconds"}``; ``unknown_dims``: the
+    dims the notes name that ONNX Runtime would leave unnamed (:func:`unknown_dims`); ``more``/``fewer``: op ->
+    [without, with] where the runtime graph's counts differ. The notes with data propagation are tried first (ONNX
+    Runtime then folds more of a shape computation), those without where the first would make ONNX Runtime run an op
+    more often (YOLOv8n: its Slices become one more Split); the report is of the notes written, else of the first
+    tried. Raises where ONNX Runtime cannot load the graph."""
     t0 = time.perf_counter()
     before, first = None, None
     for data_prop in (True, False):
@@ -128,12 +137,13 @@ def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int =
         diff = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))
                 if before.get(op, 0) != after.get(op, 0)}
         report = {"named": harmless(before, after), "data_prop": data_prop, "values": len(found),
+                  "unknown_dims": len(unknown_dims(found)),
                   "more": {op: c for op, c in diff.items() if c[1] > c[0]},
                   "fewer": {op: c for op, c in diff.items() if c[1] < c[0]}}
         first = first or report
         if report["named"]:
             return {**report, "seconds": time.perf_counter() - t0}
-    return {**(first or {"named": False, "data_prop": False, "values": 0, "more": {}, "fewer": {}}),
+    return {**(first or {"named": False, "data_prop": False, "values": 0, "unknown_dims": 0, "more": {}, "fewer": {}}),
             "seconds": time.perf_counter() - t0}
 
 

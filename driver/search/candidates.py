@@ -94,7 +94,7 @@ from relsat.driver.errors import error_line
 from relsat.driver.boundary.latency import (BUDGET_S, MIN_RUNS, GuardResult, Latency, gain, judge, judged_ms, not_slower,
                                             paired_ms, promising, relative_range, second_chance, time_models,
                                             undecided)
-from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights
+from relsat.driver.boundary.onnx_export import ExportMemo, export_graph, fill_weights, in_order
 from relsat.driver.boundary.verify import VerifyResult, verify
 
 
@@ -176,6 +176,8 @@ class Search:
     simplify: bool = False  # write a graph that does less and is not slower (``_simplified``; Options.simplify)
     shape_notes: bool = False  # name the shapes of the exported graphs' values where harmless (``_export``;
     # Options.shape_notes)
+    positions: dict | None = None  # the input model's node positions (``onnx_export.node_positions``): the exported
+    # graphs' nodes are put in its order (``onnx_export.in_order``)
 
     def __post_init__(self) -> None:
         self.alone = np.asarray(self.problem.node_cost, dtype=np.float64).copy()
@@ -255,6 +257,8 @@ class Search:
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
         cand.nodes = len(cand.model.graph.node)
+        if self.positions:
+            in_order(cand.model, self.positions)
         if self.shape_notes:
             if self.notes is None and cand.label == "original":  # the original choice's graph decides for all
                 self.notes = self._decide_notes(cand)
@@ -358,8 +362,9 @@ class Search:
         """Steps 1 to 3 of the module docstring; ``first`` is the one-node-cost extraction. ``input_nodes``:
         the input model's node count; when the original choice exports to fewer nodes (a rewrite proved a
         node equal to an older value, so the original e-classes already skip it; identical nodes shared;
-        constants folded), or where its shape notes let ONNX Runtime take kernels away (``shape_notes.decide``:
-        Faster R-CNN's shape chains), that graph is a candidate too."""
+        constants folded), or where its shape notes name dims ONNX Runtime leaves unnamed or let it take kernels away
+        (``shape_notes.decide``: YOLOv8n's graph with them ran 1.057x the input model at 2 threads, Faster R-CNN's
+        shape chains fold), that graph is a candidate too."""
         if self._run_args is None:
             self._run_args = (original, first, rounds, candidates, input_nodes)
         first = self.ids(first)
@@ -368,8 +373,9 @@ class Search:
         self._found()
         seen = [original]
         o = self.original
-        notes_less = bool(self.notes and self.notes["named"] and self.notes["fewer"])
-        if o.model is not None and input_nodes is not None and (len(o.model.graph.node) < input_nodes or notes_less):
+        n = self.notes or {}
+        notes_help = bool(n.get("named") and (n.get("fewer") or n.get("unknown_dims")))
+        if o.model is not None and input_nodes is not None and (len(o.model.graph.node) < input_nodes or notes_help):
             self.candidates.append(Candidate("original, simplified", original, o.predicted_ms, model=o.model,
                                              nodes=o.nodes, profiled_ms=o.profiled_ms, profile_key=o.profile_key,
                                              profile_source=o.profile_source, blob=o.blob, digests=o.digests,
