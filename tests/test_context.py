@@ -125,6 +125,35 @@ def test_profiled_conv_bn_relu_prices_each_enode_in_context(tmp_path):
     assert s._twin(other) is None
 
 
+def test_a_graph_put_in_the_input_models_order_keeps_each_nodes_e_node(tmp_path):
+    """``Search._export`` re-sorts an exported graph in the input model's node order (``in_order``); the e-node
+    each node came from (what its profiled time is charged to) moves with it. Positions that reverse the
+    independent branches force a permutation that is not the identity."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", F, [1, 8])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"]),
+             helper.make_node("Neg", ["x"], ["c"]), helper.make_node("Sum", ["a", "b", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "branches", [x], [helper.make_tensor_value_info("y", F, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    g = EGraph()
+    imported = import_model(model, egraph=g)
+    measured_costs(g, imported.opset_imports, threads=1, cache=CostCache(tmp_path / "c.duckdb"))
+    roots = [c for _, c in imported.outputs]
+    problem, node_ids = problem_from(g, roots)
+    feeds = {"x": rng.standard_normal((1, 8)).astype(np.float32)}
+    s = Search(imported, problem, node_ids, feeds, CPU, 1, CostCache(tmp_path / "c.duckdb"), 10.0, 1e-4)
+    orig = original_choice(g, roots)
+    plain, plain_origins = export_graph(imported, orig)[:2]
+    came = {n.output[0]: o for n, o in zip(plain.graph.node, plain_origins)}
+    order = [n.output[0] for n in plain.graph.node]
+    s.positions = {o: len(order) - k for k, o in enumerate(order)}  # the branches the other way round
+    cand = Candidate("original", orig, float("nan"))
+    origins = s._export(cand)
+    sorted_outputs = [n.output[0] for n in cand.model.graph.node]
+    assert sorted_outputs != order  # the sort moved nodes
+    assert origins == [came[o] for o in sorted_outputs]  # and each node's e-node with it
+
+
 def test_no_good_cuts_find_the_next_best_choice():
     # class 0 (root) has nodes 0 (cost 1) and 1 (cost 2) and 2 (cost 3)
     p = ExtractionProblem(np.array([0, 0, 0]), np.array([1.0, 2.0, 3.0]), np.zeros(4, dtype=np.int64),

@@ -60,7 +60,7 @@ from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
 from relsat.driver.boundary.bindings import Binding
 from relsat.driver.search.candidates import REOPENED_MOST, SLOWER_SIMPLIFIED, Candidate, Search
 from relsat.driver.errors import RelsatError, error_line
-from relsat.driver.boundary.onnx_export import export_model, node_positions
+from relsat.driver.boundary.onnx_export import export_model, in_order, node_positions
 from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
 from relsat.driver.options import Options
 from relsat.driver.boundary.outputs import check_outputs, open_cost_cache, protected_paths
@@ -736,7 +736,7 @@ def export(imported: Imported, priced: Priced, extracted: Extracted) -> Exported
     notices, best = [], extracted.best
     label, used, choice, optimized, fallbacks = _export_first_usable(
         imported.graph, [(best.method, best), ("greedy", extracted.greedy)], priced.node_ids, extracted.orig,
-        notices, len(imported.model.graph.node))
+        notices, len(imported.model.graph.node), node_positions(imported.model))
     _extraction_table(imported.g, choice, extracted.orig)
     record_written(imported.graph, choice)  # with --db: the written nodes and the e-nodes they came from
     model, session = optimized if optimized is not None else (None, None)
@@ -862,8 +862,9 @@ def decide(imported: Imported, offered: Exported | Chosen, verified: Verified | 
 
 
 # ---------------------------------------------------------------- helpers
-def _export_first_usable(imported, candidates, node_ids, orig, notices, input_nodes=None):
-    """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on),
+def _export_first_usable(imported, candidates, node_ids, orig, notices, input_nodes=None, positions=None):
+    """Export the first candidate extraction that ONNX Runtime can load (with its optimizations on), its nodes in
+    the input model's order where ``positions`` are given (``in_order``, as the search's candidates are),
     so that a valid model never makes ``optimize`` fail: ``(label, result, choice, model, fallbacks)``,
     ``model`` being (ModelProto, its ONNX Runtime session, reused by verification), or None when the
     choice is the original graph; the label is ``original`` (result None) when no candidate could be
@@ -876,6 +877,8 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices, input_no
         seen.append(choice)
         try:
             candidate = export_model(imported, choice)
+            if positions:
+                in_order(candidate, positions)
             if choice == orig and (input_nodes is None or len(candidate.graph.node) >= input_nodes):
                 return label, res, choice, None, fallbacks  # the input model itself, unchanged
             session = runtime.session(candidate)  # loadable with ONNX Runtime's optimizations on

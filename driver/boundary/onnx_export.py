@@ -507,18 +507,20 @@ def _check_graph(graph: onnx.GraphProto, owner: dict[str, int]) -> None:
 
 
 def node_positions(model: onnx.ModelProto) -> dict[str, int]:
-    """Each top-level node's position in ``model``, by its name and by each of its outputs' names (the first node
-    that has it): what :func:`in_order` orders an exported graph by."""
+    """Each top-level node's position in ``model``, by each of its outputs' names and, under ``"node:"`` + its name,
+    by its name: what :func:`in_order` orders an exported graph by (outputs first: a catalog node is named after its
+    output, and a value's name may be another node's)."""
     pos: dict[str, int] = {}
     for i, n in enumerate(model.graph.node):
-        for key in (n.name, *n.output):
+        for key in (*n.output, "node:" + n.name if n.name else ""):
             if key:
                 pos.setdefault(key, i)
     return pos
 
 
 def _used_inside(node: onnx.NodeProto) -> set[str]:
-    """The names the subgraphs of ``node`` (If, Loop, Scan bodies) read, at any depth: outer values they capture."""
+    """The names the subgraphs of ``node`` (If, Loop, Scan bodies) read, at any depth: the outer values they capture
+    among them (the caller keeps only the names a top-level node makes)."""
     used: set[str] = set()
     for a in node.attribute:
         for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
@@ -528,17 +530,23 @@ def _used_inside(node: onnx.NodeProto) -> set[str]:
     return used
 
 
-def in_order(model: onnx.ModelProto, positions: dict[str, int]) -> onnx.ModelProto:
-    """``model``'s top-level nodes put in the input model's order (``positions``: :func:`node_positions`), in place:
-    a topological order that takes, of the nodes ready, the one the input model ran first; a node the input model
-    has not (by its name or an output's) takes the latest position of the nodes it reads. ONNX Runtime runs the
-    nodes in the order given and plans its memory by it: YOLOv8n's original graph as exported, its nodes in the order
-    the e-graph gave them (14 places out of the input's order), ran 1.021x the input model at 2 threads with its
-    shapes named, and 1.058x in the input's order, as the input model itself with them (1.063x)."""
+def in_order(model: onnx.ModelProto, positions: dict[str, int]) -> list[int]:
+    """``model``'s top-level nodes put in the input model's order (``positions``: :func:`node_positions`), in place;
+    returns the permutation (``order[k]``: the index before of the node now at ``k``) for what is kept per node in
+    the exported order (``export_graph``'s origins). A topological order that takes, of the nodes ready, the one the
+    input model ran first; a node the input model has not (by an output's name or its own) takes the latest
+    position of the top-level nodes it reads, or -1 (first) where it reads only graph inputs and weights. ONNX
+    Runtime runs the nodes in the order given and plans its memory by it: YOLOv8n's original graph as exported, its
+    nodes in the order the e-graph gave them (14 places out of the input's order), ran 1.021x the input model at 2
+    threads with its shapes named, and 1.058x in the input's order, as the input model itself with them (1.063x)
+    (thirty-seventh session; in a faster state of the machine all three ran level: RESULTS). A graph with a cycle
+    is left as it is (identity)."""
     nodes = list(model.graph.node)
+    identity = list(range(len(nodes)))
     made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     deps = [{made[x] for x in (*n.input, *_used_inside(n)) if x in made and made[x] != i} for i, n in enumerate(nodes)]
-    own = [next((positions[k] for k in (n.name, *n.output) if k and k in positions), None) for n in nodes]
+    own = [next((positions[k] for k in (*n.output, "node:" + n.name if n.name else "") if k and k in positions),
+                None) for n in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     for i, d in enumerate(deps):
         for j in d:
@@ -557,14 +565,12 @@ def in_order(model: onnx.ModelProto, positions: dict[str, int]) -> onnx.ModelPro
             if not waiting[u]:
                 p_u = own[u] if own[u] is not None else max(at[j] for j in deps[u])
                 heapq.heappush(ready, (p_u, u))
-    if len(order) != len(nodes):  # a cycle (not a valid graph): leave it as exported
-        return model
-    if order == list(range(len(nodes))):
-        return model
+    if len(order) != len(nodes) or order == identity:  # a cycle (not a valid graph), or in order already
+        return identity
     placed = []
     for i in order:  # (copies: the messages are the repeated field's, which is cleared next)
         placed.append(onnx.NodeProto())
         placed[-1].CopyFrom(nodes[i])
     del model.graph.node[:]
     model.graph.node.extend(placed)
-    return model
+    return order

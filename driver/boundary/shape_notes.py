@@ -16,7 +16,7 @@ taking kernels away:
     notes(model, data_prop) -> list        the inferred shapes (ValueInfoProtos) of the values the graph's nodes
                                           make, with or without ONNX's data propagation
     annotated(model, notes) -> ModelProto  ``model`` with them added, in place (returned for chaining)
-    unknown_dims(notes) -> set[str]        the dims they name that ONNX Runtime leaves unnamed (``unk__N``)
+    unknown_dims(notes, model) -> set[str] the dims they name that ONNX Runtime leaves unnamed (``unk__N``)
     harmless(before, after) -> bool        ``after``'s runtime graph runs no op (domain-qualified) more often
     decide(model, arrays, ...) -> dict     ``harmless`` asked of ``model``'s runtime graph without and with its notes
                                           (with data propagation first, then without)
@@ -51,7 +51,8 @@ from relsat.relations.backend import CPU, Backend
 from relsat.driver.boundary.ort_graph import histogram, optimized_graph
 
 NOTES_OP = "__shape_notes__"  # the op_type of a cached decision's row
-DECISION = 3  # how ``decide`` decides, in its rows' keys (2: with data propagation first; 3: unknown dims counted)
+DECISION = 4  # how ``decide`` decides, in its rows' keys (2: with data propagation first; 3: unknown dims counted;
+# 4: not the dims the graph's inputs and outputs name, the same notes not tried twice)
 SMALL = 1024  # initializers up to this many elements are given to inference with their values (a Reshape's shape)
 
 
@@ -96,10 +97,15 @@ def notes(model: onnx.ModelProto, data_prop: bool = False) -> list[onnx.ValueInf
             and v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")]
 
 
-def unknown_dims(found: list[onnx.ValueInfoProto]) -> set[str]:
+def unknown_dims(found: list[onnx.ValueInfoProto], model: onnx.ModelProto | None = None) -> set[str]:
     """The dims ``found`` names that ONNX's inference made up (``unk__N``): the sizes ONNX Runtime, inferring shapes
-    itself, leaves unnamed (a dim of a graph input it names as the input does, a fixed one it knows)."""
-    return {d.dim_param for v in found for d in v.type.tensor_type.shape.dim if d.dim_param.startswith("unk__")}
+    itself, leaves unnamed (a dim of a graph input it names as the input does, a fixed one it knows). A name the
+    graph's inputs or outputs of ``model`` already give a dim (a model that went through onnxsim has ``unk__``
+    names of its own) is not counted: the runtime knows it."""
+    own = {d.dim_param for v in (*model.graph.input, *model.graph.output) if v.type.HasField("tensor_type")
+           for d in v.type.tensor_type.shape.dim} if model is not None else set()
+    return {d.dim_param for v in found for d in v.type.tensor_type.shape.dim
+            if d.dim_param.startswith("unk__") and d.dim_param not in own}
 
 
 def annotated(model: onnx.ModelProto, found: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
@@ -123,11 +129,13 @@ def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int =
     more often (YOLOv8n: its Slices become one more Split); the report is of the notes written, else of the first
     tried. Raises where ONNX Runtime cannot load the graph."""
     t0 = time.perf_counter()
-    before, first = None, None
+    before, first, tried = None, None, set()
     for data_prop in (True, False):
         found = notes(model, data_prop)
-        if not found:
+        same = b"".join(v.SerializeToString(deterministic=True) for v in found)
+        if not found or same in tried:  # (without data propagation the notes are often the same: one session less)
             continue
+        tried.add(same)
         if before is None:
             before = histogram(optimized_graph(runtime.runnable(model, arrays), threads=threads, backend=backend))
         named = onnx.ModelProto()
@@ -137,7 +145,7 @@ def decide(model: onnx.ModelProto, arrays: dict | None = None, *, threads: int =
         diff = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))
                 if before.get(op, 0) != after.get(op, 0)}
         report = {"named": harmless(before, after), "data_prop": data_prop, "values": len(found),
-                  "unknown_dims": len(unknown_dims(found)),
+                  "unknown_dims": len(unknown_dims(found, model)),
                   "more": {op: c for op, c in diff.items() if c[1] > c[0]},
                   "fewer": {op: c for op, c in diff.items() if c[1] < c[0]}}
         first = first or report

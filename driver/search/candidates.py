@@ -257,8 +257,8 @@ class Search:
             cand.status, cand.model = f"cannot export: {error_line(e)}", None
             return None
         cand.nodes = len(cand.model.graph.node)
-        if self.positions:
-            in_order(cand.model, self.positions)
+        if self.positions:  # the origins follow their nodes
+            origins = [origins[i] for i in in_order(cand.model, self.positions)]
         if self.shape_notes:
             if self.notes is None and cand.label == "original":  # the original choice's graph decides for all
                 self.notes = self._decide_notes(cand)
