@@ -877,10 +877,10 @@ def _export_first_usable(imported, candidates, node_ids, orig, notices, input_no
         seen.append(choice)
         try:
             candidate = export_model(imported, choice)
-            if positions:
-                in_order(candidate, positions)
             if choice == orig and (input_nodes is None or len(candidate.graph.node) >= input_nodes):
                 return label, res, choice, None, fallbacks  # the input model itself, unchanged
+            if positions:
+                in_order(candidate, positions)
             session = runtime.session(candidate)  # loadable with ONNX Runtime's optimizations on
         except Exception as e:  # never fail a valid model: fall back to the next candidate
             fallbacks.append({"candidate": label, "reason": error_line(e)})

@@ -512,10 +512,14 @@ def node_positions(model: onnx.ModelProto) -> dict[str, int]:
     output, and a value's name may be another node's)."""
     pos: dict[str, int] = {}
     for i, n in enumerate(model.graph.node):
-        for key in (*n.output, "node:" + n.name if n.name else ""):
-            if key:
-                pos.setdefault(key, i)
+        for key in _position_keys(n):
+            pos.setdefault(key, i)
     return pos
+
+
+def _position_keys(node: onnx.NodeProto) -> list[str]:
+    """The keys a node's position is stored under (:func:`node_positions`) and looked up by (:func:`in_order`)."""
+    return [k for k in (*node.output, "node:" + node.name if node.name else "") if k]
 
 
 def _used_inside(node: onnx.NodeProto) -> set[str]:
@@ -545,8 +549,7 @@ def in_order(model: onnx.ModelProto, positions: dict[str, int]) -> list[int]:
     identity = list(range(len(nodes)))
     made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     deps = [{made[x] for x in (*n.input, *_used_inside(n)) if x in made and made[x] != i} for i, n in enumerate(nodes)]
-    own = [next((positions[k] for k in (*n.output, "node:" + n.name if n.name else "") if k and k in positions),
-                None) for n in nodes]
+    own = [next((positions[k] for k in _position_keys(n) if k in positions), None) for n in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     for i, d in enumerate(deps):
         for j in d:
