@@ -83,6 +83,38 @@ def test_a_graph_that_runs_any_class_of_work_more_often_does_not_do_less():
     assert ort_graph.does_less(norm, shorter) == {"kernels": [3, 2], "fewer": {"Mul": [2, 1]}}
 
 
+def test_a_slab_copied_is_one_class_however_it_is_written():
+    """A Slice, each output of a Split and a Gather of one constant index copy one slab each: ONNX Runtime fuses two
+    Gathers of one tensor into a Split (GatherSliceToSplitFusion) and that is the same work. Silero VAD's case: its
+    state's Gathers, two in each branch of an ``If``, one Split once the branch is inlined; with Split a class of its
+    own the inlined graph (37 kernels fewer) was said to do more."""
+    i0, i1 = (numpy_helper.from_array(np.array(k, np.int64), f"i{k}") for k in (0, 1))
+    many = numpy_helper.from_array(np.array([0, 1], np.int64), "many")
+    state = (("s", [2, 1, 8]),)
+    gathers = _graph([helper.make_node("Gather", ["s", "i0"], ["a"], axis=0),
+                      helper.make_node("Gather", ["s", "i1"], ["b"], axis=0), helper.make_node("Add", ["a", "b"], ["y"])],
+                     inputs=state, outputs=(("y", [1, 8]),), inits=[i0, i1])
+    assert ort_graph.work(gathers) == {"Slice": 2, "Add": 1}
+    runs = ort_graph.optimized_graph(helper.make_model(gathers, opset_imports=[helper.make_opsetid("", 17)],
+                                                       ir_version=10))
+    assert ort_graph.histogram(runs)["Split"] == 1 and ort_graph.histogram(runs)["Gather"] == 0  # the fusion
+    assert ort_graph.work(runs) == ort_graph.work(gathers)
+    # two Gathers in each branch of an If against one Split: fewer kernels and fewer slabs
+    branch = lambda op: _graph([helper.make_node("Gather", ["s", "i0"], ["a"], axis=0),
+                                helper.make_node("Gather", ["s", "i1"], ["b"], axis=0),
+                                helper.make_node(op, ["a", "b"], ["y"])], inputs=(), outputs=(("y", [1, 8]),))
+    branched = _graph([helper.make_node("If", ["c"], ["y"], then_branch=branch("Add"), else_branch=branch("Sub"))],
+                      inputs=state, outputs=(("y", [1, 8]),), inits=[i0, i1])
+    inlined = _graph([helper.make_node("Split", ["s"], ["a", "b"], axis=0), helper.make_node("Add", ["a", "b"], ["y"])],
+                     inputs=state, outputs=(("y", [1, 8]),))
+    assert ort_graph.does_less(branched, inlined) == {"kernels": [7, 2], "fewer": {"If": [1, 0], "Slice": [4, 2],
+                                                                                   "Sub": [1, 0]}}
+    # a Gather of several indices is a gather, not a slab
+    lookup = _graph([helper.make_node("Gather", ["s", "many"], ["y"], axis=0)], inputs=state, inits=[many])
+    assert ort_graph.work(lookup) == {"Gather": 1}
+    assert ort_graph.does_less(lookup, inlined) is None
+
+
 def test_the_graph_onnx_runtime_runs_is_read_and_compared():
     """The Adds of zeros are kernels ONNX Runtime runs (it does not drop them itself); the same chain without them
     does less."""

@@ -19,7 +19,10 @@ that a graph is not said to do less for running one fused kernel where the other
 reverse: ``com.microsoft.Fused<Op>`` counts as ``<Op>`` and its ``activation`` (and an ``Add`` where a Conv takes
 a summand), ``Gemm`` as ``MatMul`` (and ``Add`` with a bias), ``BiasGelu`` as ``Add`` and ``Gelu``,
 ``SkipLayerNormalization`` as ``Add`` and ``LayerNormalization`` (and ``Add`` with a bias), a two-input ``Sum`` as
-``Add``, ``com.microsoft.Gelu`` as ``Gelu``. The NCHWc kernels (``com.microsoft.nchwc.Conv`` and its activation, the
+``Add``, ``com.microsoft.Gelu`` as ``Gelu``. A copy of one slab of a tensor is one class, ``Slice``, however it is
+written: a Slice, each output of a Split, a Gather of one constant index (ONNX Runtime's GatherSliceToSplitFusion
+makes one Split of the Gathers or Slices that read one tensor, but only of those in one graph: Silero VAD's Gathers of
+its state, two in each branch of an ``If``, became one Split once relsat inlined the branch). The NCHWc kernels (``com.microsoft.nchwc.Conv`` and its activation, the
 reorders) stay classes of their own: a graph run with plain Convs where the input model's ran blocked ones does not
 do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
 CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
@@ -30,6 +33,7 @@ measured faster (a *simplified* graph); the timing is the other half.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -53,6 +57,8 @@ PARTS = {
 SUMMAND = {"Conv": 3, f"{NCHWC}Conv": 3, "Gemm": 2, f"{MS}.FastGelu": 1, f"{MS}.SkipLayerNormalization": 4,
            f"{MS}.SkipSimplifiedLayerNormalization": 3}  # the input index of a summand these kernels add (a fused
 # Conv's residual, a bias)
+CLASSES = 2  # the version of the classes of work below: a cached comparison that judged by others is not recalled
+SLAB = "Slice"  # the class of a copy of one slab of a tensor: a Slice, each output of a Split, a Gather of one index
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # ONNX Runtime's CPU kernels of
 # these alias their input (no copy, no arithmetic): kernels, but no work
 
@@ -62,13 +68,19 @@ def op_key(node: onnx.NodeProto) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
-def _nodes(graph: onnx.GraphProto):
-    """The nodes of ``graph`` and of every subgraph in its nodes' attributes."""
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph in its nodes' attributes, at any depth."""
+    yield graph
     for node in graph.node:
-        yield node
         for a in node.attribute:
             for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from _nodes(sub)
+                yield from _graphs(sub)
+
+
+def _nodes(graph: onnx.GraphProto):
+    """The nodes of ``graph`` and of every subgraph in its nodes' attributes."""
+    for g in _graphs(graph):
+        yield from g.node
 
 
 def histogram(graph: onnx.GraphProto) -> Counter:
@@ -76,10 +88,20 @@ def histogram(graph: onnx.GraphProto) -> Counter:
     return Counter(op_key(n) for n in _nodes(graph))
 
 
-def _classes(node: onnx.NodeProto) -> list[str]:
+def _one_element(graph: onnx.GraphProto) -> frozenset:
+    """The names of the initializers of ``graph`` and its subgraphs that hold one element (a scalar or a
+    one-element tensor): the indices of a ``Gather`` that copies one slab."""
+    return frozenset(t.name for g in _graphs(graph) for t in g.initializer if math.prod(t.dims) == 1)
+
+
+def _classes(node: onnx.NodeProto, one: frozenset = frozenset()) -> list[str]:
     key = op_key(node)
     if key == "Sum" and len(node.input) == 2:
         return ["Add"]
+    if key == "Split":  # one slab copied per output, as a Slice copies it
+        return [SLAB] * sum(1 for o in node.output if o)
+    if key == "Gather" and len(node.input) > 1 and node.input[1] in one:  # one index: one slab
+        return [SLAB]
     if key.startswith(FUSED_PREFIX):
         key = key[len(FUSED_PREFIX):]
     if key in VIEWS:
@@ -94,7 +116,8 @@ def _classes(node: onnx.NodeProto) -> list[str]:
 
 def work(graph: onnx.GraphProto) -> Counter:
     """``graph``'s kernels as classes of work (module docstring), subgraphs included."""
-    return Counter(c for n in _nodes(graph) for c in _classes(n))
+    one = _one_element(graph)
+    return Counter(c for n in _nodes(graph) for c in _classes(n, one))
 
 
 def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:

@@ -6,7 +6,7 @@ warm run) repeats a verdict that an interleaved timing already gave. The verdict
 as a row of the cost cache (op_type ``COMPARISON_OP``): its key names the input model (the SHA-256 of its
 bytes), every candidate graph (the cache key of its whole-graph profile, or the key it would have: the graph,
 the timing kind, the threads and the shapes it ran at), the guard threshold, whether the choice writes simplified
-graphs and the ONNX Runtime version; the row holds every model's timing, the candidates' statuses (the one written:
+graphs (and by which classes of work: ``ort_graph.CLASSES``) and the ONNX Runtime version; the row holds every model's timing, the candidates' statuses (the one written:
 ``written``, or ``simplified``) and the guard's report, and the conditions it was taken under.
 
 Recalling one (``relsat.driver.search.candidates.Search.choose``) still times the input model and checks the
@@ -29,6 +29,7 @@ from dataclasses import asdict
 
 import onnxruntime as ort
 
+from relsat.driver.boundary import ort_graph
 from relsat.driver.boundary.latency import Latency
 from relsat.extract.cost_cache import CostRow, conditions
 
@@ -42,7 +43,7 @@ def comparison_key(input_sha256: str, graph_keys: list[str], kind: str, threads:
     a simplified graph (``simplify``) or not."""
     head = ["comparison", input_sha256, sorted(graph_keys), kind, threads, round(float(threshold), 6),
             sorted((str(k), [str(d) for d in v]) for k, v in (shapes or {}).items()), ort_version or ort.__version__,
-            machine()] + (["simplify"] if simplify else [])
+            machine()] + (["simplify", ort_graph.CLASSES] if simplify else [])
     return hashlib.sha256(json.dumps(head).encode()).hexdigest()
 
 
