@@ -18,6 +18,7 @@ away from zero for divisors), within a tolerance scaled to the outputs' magnitud
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import zlib
 from collections import Counter
@@ -651,6 +652,7 @@ class _Onnx:
     def __init__(self, memo: dict):
         self.memo, self.nodes, self.inits, self.names = memo, [], [], {}
         self.domains: dict[str, int] = {}  # other domains the nodes use -> their opset
+        self.fresh_names = itertools.count()  # the values inside a node written as several (a definition)
 
     def tensor(self, value, dtype: int) -> str:
         name = f"c{len(self.inits)}"
@@ -673,7 +675,7 @@ class _Onnx:
             outputs = [f"t{len(self.nodes)}_{i}" for i in range(op.arity(attrs))]
             self.nodes += catalog_nodes(op, inputs, outputs, attrs, opset=OPSET if not op.domain else op.since,
                                         data_dtype=TensorProto.FLOAT, data_shape=None, const=self.tensor,
-                                        fresh=lambda hint: f"{hint}{len(self.nodes)}_{len(self.inits)}")
+                                        fresh=lambda hint: f"{hint}_f{next(self.fresh_names)}")
             if op.domain:
                 self.domains[op.domain] = op.since
             name = outputs if op.is_tuple else outputs[0]

@@ -339,6 +339,9 @@ OPS: tuple[OpDef, ...] = (
     _binary("Sub", torch="torch.sub(a, b)", example=Example(([2, 1, 4], [3, 1]))),
     _binary("Mul", torch="torch.mul(a, b)", example=Example(([2, 3], [3]))),
     _binary("Div", nonzero=(1,), torch="div(a, b)", example=Example(([2, 3], [2, 3]))),
+    # a ** b (the square of RMS and decomposed layer norms); the base drawn positive for verification (a fractional
+    # power of a negative number is NaN)
+    _binary("Pow", positive=(0,), flops="4 * prod(s_out)", torch="torch.pow(a, b)"),
     # ONNX's Sum of two inputs (broadcasting from opset 8; one or three and more inputs stay opaque): the sum Add
     # computes, in a node ONNX Runtime's Add fusions do not match (runtime.rules: layernorm-add-as-sum)
     _binary("Sum", since=8, torch="torch.add(a, b)", example=Example(([2, 1, 4], [3, 1]))),
@@ -388,6 +391,17 @@ OPS: tuple[OpDef, ...] = (
         draw="layernorm",
         torch="F.layer_norm(x, x.shape[axis % x.dim():], scale, b, epsilon)",
         example=Example(([2, 5, 8], [8], [8]), {"axis": 2, "epsilon": 1e-3}),
+    ),
+    # x / sqrt(mean(x^2 over axes axis..) + epsilon) * scale (ONNX 23; below it written as its definition, the
+    # decomposition T5 and LLaMA export, which ONNX Runtime fuses into its SimplifiedLayerNormalization kernel)
+    OpDef(
+        "RMSNormalization",
+        (Input("X"), Input("scale")),
+        (Attr("axis", "int", -1), Attr("epsilon", "float", 1e-5), Attr("stash_type", "int", 1)),
+        flops="6 * prod(s_out)",  # (``axis`` kept as written: from the end, the definition needs no rank)
+        draw="layernorm",
+        torch="F.rms_norm(x, x.shape[axis % x.dim():], scale, epsilon)",
+        example=Example(([2, 5, 8], [8]), {"axis": 2, "epsilon": 1e-3}),
     ),
     _reduce("ReduceMean", "mean"),
     _reduce("ReduceL2", "l2", flops="2 * prod(s_data)"),  # sqrt(sum(x^2)) (ConvNeXt V2's global response norm)

@@ -10,8 +10,8 @@ attributes equal to the ONNX default left out, lifted attributes (``Input.lifted
 initializer inputs from the opset that takes them as inputs (else as attributes), the
 number of outputs of a tuple operator from the catalog (``OpDef.arity``), the op's domain, and
 the few operator-specific spellings (``_SPELLINGS``: Slice's INT64_MIN end, Reshape's
-allowzero, Softmax's axis before opset 13, Gelu below opset 20 and HardSwish below 14 as their definitions in
-primitives).  ``opaque_node`` writes an opaque node back with new value names (subgraph reads of
+allowzero, Softmax's axis before opset 13; ``_DEFINITIONS``: Gelu below opset 20, HardSwish below 14 and
+RMSNormalization below 23 as their definitions in primitives).  ``opaque_node`` writes an opaque node back with new value names (subgraph reads of
 outer values renamed too).  ``enode_proto`` writes one e-node standing alone (the profiler's
 one-node models).  Export (driver/boundary/onnx_export.py), rule verification (programs/verify.py)
 and measured costs (extract/measured.py) all write nodes through this module.
@@ -125,7 +125,7 @@ def catalog_nodes(op: OpDef, inputs: list[str], outputs: list[str], attrs: dict,
     written at ``opset``."""
     spell = _SPELLINGS.get(op.op_type)
     if op.op_type in _DEFINITIONS and opset < _DEFINITIONS[op.op_type][0]:
-        return _DEFINITIONS[op.op_type][1](inputs[0], outputs[0], attrs, opset, data_dtype, const, fresh)
+        return _DEFINITIONS[op.op_type][1](inputs, outputs[0], attrs, opset, data_dtype, data_shape, const, fresh)
     schema_attrs = _attribute_names(op, opset)
     inputs, values = list(inputs), dict(attrs)
     extra_attrs = spell(values, opset, data_shape, schema_attrs) if spell else []
@@ -189,8 +189,25 @@ _SPELLINGS = {"Slice": _slice, "Reshape": _reshape, "Softmax": _softmax, "Reduce
               "ReduceL2": _reduce_axes}
 
 
-def _gelu(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -> list[onnx.NodeProto]:
+def _chain(op: str, steps: list, out: str, opset: int, fresh, attrs: list | None = None) -> list[onnx.NodeProto]:
+    """``steps`` (op_type, inputs: None for the step before's output) as a chain of nodes ending in ``out``, each op
+    checked to exist at ``opset``; ``attrs``: each step's attributes."""
+    nodes, prev = [], None
+    for k, (op_type, *ins) in enumerate(steps):
+        try:
+            onnx.defs.get_schema(op_type, opset)
+        except onnx.defs.SchemaError:
+            raise FormError(f"cannot export {op} at opset {opset}: neither {op} nor {op_type} exists there") from None
+        name = out if k == len(steps) - 1 else fresh(op.lower())
+        nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [name], name=name,
+                                      **((attrs or [{}] * len(steps))[k])))
+        prev = name
+    return nodes
+
+
+def _gelu(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const, fresh) -> list[onnx.NodeProto]:
     """Gelu below opset 20, where ONNX has no Gelu op: its definition in ONNX primitives."""
+    x = inputs[0]
 
     def c(v: float) -> str:
         return const(v, dtype)
@@ -199,28 +216,36 @@ def _gelu(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -
               ("Mul", None, c(math.sqrt(2 / math.pi))), ("Tanh", None)] if attrs["approximate"] == "tanh"
              else [("Div", x, c(math.sqrt(2))), ("Erf", None)])
     steps += [("Add", None, c(1.0)), ("Mul", x, None), ("Mul", None, c(0.5))]
-    nodes, prev = [], None
-    for k, (op_type, *ins) in enumerate(steps):
-        try:
-            onnx.defs.get_schema(op_type, opset)
-        except onnx.defs.SchemaError:
-            raise FormError(f"cannot export Gelu at opset {opset}: neither Gelu nor {op_type} exists there") from None
-        name = out if k == len(steps) - 1 else fresh("gelu")
-        nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [name], name=name))
-        prev = name
-    return nodes
+    return _chain("Gelu", steps, out, opset, fresh)
 
 
-def _hardswish(x: str, out: str, attrs: dict, opset: int, dtype: int, const, fresh) -> list[onnx.NodeProto]:
+def _rmsnorm(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const, fresh) -> list[onnx.NodeProto]:
+    """RMSNormalization below opset 23: scale * (x * (1 / sqrt(mean(x^2) + epsilon))), the mean over the axes
+    from ``axis`` on, counted from the end, kept. This is the form transformers exports for T5 (and LLaMA's but for
+    the reciprocal), which ONNX Runtime fuses into one SimplifiedLayerNormalization kernel; float32 only (no
+    ``stash_type`` cast)."""
+    x, scale, axis = inputs[0], inputs[1], attrs["axis"]
+    if dtype != onnx.TensorProto.FLOAT or (axis >= 0 and shape is None):
+        raise FormError(f"cannot export RMSNormalization at opset {opset} but over float32 (of a known rank)")
+    axes = list(range(axis - len(shape) if axis >= 0 else axis, 0))
+    mean = ("ReduceMean", None, const(axes, onnx.TensorProto.INT64)) if opset >= 18 else ("ReduceMean", None)
+    steps = [("Pow", x, const(2.0, dtype)), mean, ("Add", None, const(attrs["epsilon"], dtype)), ("Sqrt", None),
+             ("Div", const(1.0, dtype), None), ("Mul", x, None), ("Mul", scale, None)]
+    reduce_attrs = {"keepdims": 1, **({} if opset >= 18 else {"axes": axes})}
+    return _chain("RMSNormalization", steps, out, opset, fresh, [{}, reduce_attrs, {}, {}, {}, {}, {}])
+
+
+def _hardswish(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const, fresh) -> list[onnx.NodeProto]:
     """HardSwish below opset 14, where ONNX has no HardSwish op: x * HardSigmoid(x) with alpha 1/6 and
     beta 1/2, its definition (and the form ONNX Runtime keeps in its blocked NCHWc layout)."""
+    x = inputs[0]
     gate = fresh("hardswish")
     return [helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1 / 6, beta=0.5),
             helper.make_node("Mul", [x, gate], [out], name=out)]
 
 
 # ops written as their definition in older ONNX primitives below the opset that introduced them
-_DEFINITIONS = {"Gelu": (20, _gelu), "HardSwish": (14, _hardswish)}
+_DEFINITIONS = {"Gelu": (20, _gelu), "HardSwish": (14, _hardswish), "RMSNormalization": (23, _rmsnorm)}
 
 
 def opaque_node(blob: bytes, inputs: list[str], outputs: list[str]) -> onnx.NodeProto:

@@ -32,7 +32,16 @@ def _data(rng, shape, k: int, op: OpDef) -> np.ndarray:
     return a
 
 
-def one_node_model(op: OpDef, shapes, attrs: dict, *, opset: int = OPSET, seed: int = 0,
+def first_opset(op: OpDef) -> int:
+    """The default domain's opset an example of ``op`` is written at: ``OPSET``, or the first opset that has the op
+    where it is newer (RMSNormalization: 23; below it the op is written as its definition in primitives)."""
+    if op.domain:
+        return OPSET
+    return max(OPSET, min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                          if s.name == op.op_type and s.domain == ""))
+
+
+def one_node_model(op: OpDef, shapes, attrs: dict, *, opset: int | None = None, seed: int = 0,
                    all_inputs: bool = False) -> onnx.ModelProto:
     """A checked one-node model of ``op`` (float32) over inputs of ``shapes`` (one per catalog input: None
     absent, a list for a variadic input) with ``attrs`` (the catalog's form; defaults filled in here),
@@ -40,6 +49,7 @@ def one_node_model(op: OpDef, shapes, attrs: dict, *, opset: int = OPSET, seed: 
     random data (positive or away from zero where the catalog says), unless ``all_inputs``; the outputs
     typed by ONNX Runtime."""
     rng = np.random.default_rng(seed)
+    opset = first_opset(op) if opset is None else opset
     attrs = {a.name: attrs[a.name] if a.name in attrs else a.default for a in op.attrs}
     missing = [n for n, v in attrs.items() if v is REQUIRED]
     assert not missing, f"{op.op_type}: no value for {missing}"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from relsat.driver.boundary import bindings
+from relsat.driver.boundary import bindings, ort_graph
 from relsat.driver.boundary.onnx_export import export_model
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.options import DEFAULTS
@@ -219,6 +219,50 @@ def test_decomposed_hardsigmoid_and_gelu_are_one_op():
     assert applied["hardsigmoid-div"] >= 1 and applied["gelu-erf"] >= 1, applied
     assert ops(out) == Counter({"HardSigmoid": 1, "Gelu": 1}), ops(out)
     same_outputs(m, out, [2, 7])
+
+
+def _rms_norm(scale, form: str = "t5", opset: int = 17):
+    """T5's RMS norm over [2, 5, 8] (x * (1 / sqrt(mean(x^2) + eps)), times its weight), or with the division
+    written x / sqrt(...) (``form`` "div"), as transformers exports them."""
+    axes = [] if opset < 18 else ["axes"]
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]),
+             helper.make_node("ReduceMean", ["p", *axes], ["m"], keepdims=1, **({"axes": [-1]} if opset < 18 else {})),
+             helper.make_node("Add", ["m", "eps"], ["a"]), helper.make_node("Sqrt", ["a"], ["s"])]
+    if form == "t5":
+        nodes += [helper.make_node("Div", ["one", "s"], ["r"]), helper.make_node("Mul", ["x", "r"], ["n"])]
+    else:
+        nodes += [helper.make_node("Div", ["x", "s"], ["n"])]
+    nodes.append(helper.make_node("Mul", ["weight", "n"], ["y"]))
+    inits = [c("two", 2.0), c("eps", 1e-6), c("one", 1.0), numpy_helper.from_array(scale, "weight")]
+    inits += [numpy_helper.from_array(np.array([-1], np.int64), "axes")] if opset >= 18 else []
+    return model_of(nodes, [2, 5, 8], [2, 5, 8], inits, opset=opset)
+
+
+@pytest.mark.parametrize("ones, form, opset", [(True, "t5", 17), (False, "t5", 18), (False, "div", 17)])
+def test_an_rms_norm_is_one_op_that_onnx_runtime_still_fuses(ones, form, opset):
+    """T5's decomposed RMS norm is one RMSNormalization, written back below opset 23 as the decomposition with its
+    weight's Mul, which ONNX Runtime fuses into SimplifiedLayerNormalization. With a weight of ones (a freshly
+    initialised T5) the fold rules drop that Mul, and without the RMSNormalization the chain left was not fused."""
+    scale = np.ones(8, np.float32) if ones else RNG.standard_normal(8).astype(np.float32)
+    m = _rms_norm(scale, form, opset)
+    out, applied = rewrite(m, {"Pow", "ReduceMean", "Sqrt", "Div"}, rules=("default",))
+    assert applied["rmsnorm" if form == "t5" else "rmsnorm-div"] >= 1, applied
+    assert ops(out) == Counter({"Pow": 1, "ReduceMean": 1, "Add": 1, "Sqrt": 1, "Div": 1, "Mul": 2}), ops(out)
+    same_outputs(m, out, [2, 5, 8])
+    runs = ort_graph.histogram(ort_graph.optimized_graph(out))
+    assert runs == Counter({"SimplifiedLayerNormalization": 1}), runs
+    if ones:  # what the default rules make of it without the norm rules: the weight's Mul dropped, not fused
+        plain, _ = rewrite(m, set(), rules=("default",), out_of_reach="SELECT id FROM enodes WHERE op = 'RMSNormalization'")
+        assert ops(plain)["Mul"] == 1, ops(plain)
+        assert ort_graph.histogram(ort_graph.optimized_graph(plain))["SimplifiedLayerNormalization"] == 0
+
+
+def test_an_rms_norm_at_opset_23_is_onnx_s_own_op():
+    """At opset 23 the norm is written as ONNX's RMSNormalization, which ONNX Runtime runs, equal to the input."""
+    m = _rms_norm(RNG.standard_normal(8).astype(np.float32), "t5", 23)
+    out, applied = rewrite(m, {"Pow", "ReduceMean", "Sqrt", "Div"}, rules=("default",))
+    assert applied["rmsnorm"] >= 1 and ops(out) == Counter({"RMSNormalization": 1}), ops(out)
+    same_outputs(m, out, [2, 5, 8])
 
 
 def channel_last_fc1(C: int, out: str):
