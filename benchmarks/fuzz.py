@@ -635,6 +635,27 @@ class Gen:
         a = self.binary(v, str(self.rng.choice(["Add", "Mul", "Sub"])), None)
         return self.binary(a, str(self.rng.choice(["Add", "Mul", "Div"])), None)
 
+    def rms_pattern(self, v: Val) -> Val:
+        """T5's RMS norm over the last axis (x * (1 / sqrt(mean(x^2) + eps)), or x / sqrt(...)), times a weight of
+        ones (a freshly initialised model: the fold rules drop its Mul) or of random values."""
+        if not v.shape or not _conc(v.shape[-1]):
+            raise Skip
+        r, ms = self.rng, v.shape[:-1] + (1,)
+        p = self.node("Pow", [v.name, self.const(np.array(2.0, np.float32), "c")], v.shape, True)[0]
+        if self.opset >= 18:
+            m = self.node("ReduceMean", [p.name, self.ints([-1])], ms, True, keepdims=1)[0]
+        else:
+            m = self.node("ReduceMean", [p.name], ms, True, axes=[-1], keepdims=1)[0]
+        a = self.node("Add", [m.name, self.const(np.array(1e-6, np.float32), "c")], ms, True)[0]
+        s = self.node("Sqrt", [a.name], ms, True)[0]
+        if r.random() < 0.5:
+            inv = self.node("Div", [self.const(np.array(1.0, np.float32), "c"), s.name], ms, True)[0]
+            n = self.node("Mul", [v.name, inv.name], v.shape)[0]
+        else:
+            n = self.node("Div", [v.name, s.name], v.shape)[0]
+        w = self.const(np.ones(v.shape[-1:], np.float32)) if r.random() < 0.5 else self.weight(v.shape[-1:])
+        return self.node("Mul", [w, n.name] if r.random() < 0.5 else [n.name, w], v.shape)[0]
+
     def silu(self, v: Val) -> Val:
         s = self.unary(v, "Sigmoid")
         return self.node("Mul", [v.name, s.name], v.shape)[0]
@@ -673,6 +694,7 @@ class Gen:
         "conv_affine": (3, 0, 0, 0.3), "hardswish_pattern": (1, 0.7, 0.7, 0.7), "gelu_pattern": (0.5, 1, 1, 0.7),
         "transpose_matmul": (0.1, 1, 1.5, 0.7), "parallel_matmul": (0.1, 1.5, 1.5, 0.5),
         "double_transpose": (0.3, 0.3, 0.8, 0.6), "const_chain": (1, 1, 1, 1), "silu": (0.5, 0.5, 0.5, 0.5),
+        "rms_pattern": (0.2, 0.6, 1, 0.5),
     }
 
     def build(self) -> onnx.ModelProto:
