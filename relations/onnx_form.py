@@ -11,9 +11,9 @@ initializer inputs from the opset that takes them as inputs (else as attributes)
 number of outputs of a tuple operator from the catalog (``OpDef.arity``), the op's domain, and
 the few operator-specific spellings (``_SPELLINGS``: Slice's INT64_MIN end, Reshape's
 allowzero, Softmax's axis before opset 13; ``_DEFINITIONS``: Gelu below opset 20, HardSwish below 14 and
-RMSNormalization below 23 as their definitions in primitives).  ``opaque_node`` writes an opaque node back with new value names (subgraph reads of
-outer values renamed too).  ``enode_proto`` writes one e-node standing alone (the profiler's
-one-node models).  Export (driver/boundary/onnx_export.py), rule verification (programs/verify.py)
+RMSNormalization below 23 as their definitions in primitives).  ``opaque_node`` writes an opaque node back with
+new value names (subgraph reads of outer values renamed too).  ``enode_proto`` writes one e-node standing alone
+(the profiler's one-node models).  Export (driver/boundary/onnx_export.py), rule verification (programs/verify.py)
 and measured costs (extract/measured.py) all write nodes through this module.
 
 Also here, as they are needed on both sides of it: walking the subgraphs of a node and the
@@ -189,9 +189,9 @@ _SPELLINGS = {"Slice": _slice, "Reshape": _reshape, "Softmax": _softmax, "Reduce
               "ReduceL2": _reduce_axes}
 
 
-def _chain(op: str, steps: list, out: str, opset: int, fresh, attrs: list | None = None) -> list[onnx.NodeProto]:
+def _chain(op: str, steps: list, out: str, opset: int, fresh, attrs: dict | None = None) -> list[onnx.NodeProto]:
     """``steps`` (op_type, inputs: None for the step before's output) as a chain of nodes ending in ``out``, each op
-    checked to exist at ``opset``; ``attrs``: each step's attributes."""
+    checked to exist at ``opset``; ``attrs``: the attributes of the steps that have some, by step index."""
     nodes, prev = [], None
     for k, (op_type, *ins) in enumerate(steps):
         try:
@@ -200,7 +200,7 @@ def _chain(op: str, steps: list, out: str, opset: int, fresh, attrs: list | None
             raise FormError(f"cannot export {op} at opset {opset}: neither {op} nor {op_type} exists there") from None
         name = out if k == len(steps) - 1 else fresh(op.lower())
         nodes.append(helper.make_node(op_type, [prev if i is None else i for i in ins], [name], name=name,
-                                      **((attrs or [{}] * len(steps))[k])))
+                                      **(attrs or {}).get(k, {})))
         prev = name
     return nodes
 
@@ -219,7 +219,8 @@ def _gelu(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, co
     return _chain("Gelu", steps, out, opset, fresh)
 
 
-def _rmsnorm(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const, fresh) -> list[onnx.NodeProto]:
+def _rmsnorm(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const,
+             fresh) -> list[onnx.NodeProto]:
     """RMSNormalization below opset 23: scale * (x * (1 / sqrt(mean(x^2) + epsilon))), the mean over the axes
     from ``axis`` on, counted from the end, kept. This is the form transformers exports for T5 (and LLaMA's but for
     the reciprocal), which ONNX Runtime fuses into one SimplifiedLayerNormalization kernel; float32 only (no
@@ -232,10 +233,11 @@ def _rmsnorm(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape,
     steps = [("Pow", x, const(2.0, dtype)), mean, ("Add", None, const(attrs["epsilon"], dtype)), ("Sqrt", None),
              ("Div", const(1.0, dtype), None), ("Mul", x, None), ("Mul", scale, None)]
     reduce_attrs = {"keepdims": 1, **({} if opset >= 18 else {"axes": axes})}
-    return _chain("RMSNormalization", steps, out, opset, fresh, [{}, reduce_attrs, {}, {}, {}, {}, {}])
+    return _chain("RMSNormalization", steps, out, opset, fresh, {1: reduce_attrs})
 
 
-def _hardswish(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const, fresh) -> list[onnx.NodeProto]:
+def _hardswish(inputs: list, out: str, attrs: dict, opset: int, dtype: int, shape, const,
+               fresh) -> list[onnx.NodeProto]:
     """HardSwish below opset 14, where ONNX has no HardSwish op: x * HardSigmoid(x) with alpha 1/6 and
     beta 1/2, its definition (and the form ONNX Runtime keeps in its blocked NCHWc layout)."""
     x = inputs[0]

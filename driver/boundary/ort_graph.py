@@ -21,10 +21,10 @@ a summand), ``Gemm`` as ``MatMul`` (and ``Add`` with a bias), ``BiasGelu`` as ``
 ``SkipLayerNormalization`` as ``Add`` and ``LayerNormalization`` (and ``Add`` with a bias), a two-input ``Sum`` as
 ``Add``, ``com.microsoft.Gelu`` as ``Gelu``. A copy of one slab of a tensor is one class, ``Slice``, however it is
 written: a Slice, each output of a Split, a Gather of one constant index (ONNX Runtime's GatherSliceToSplitFusion
-makes one Split of the Gathers or Slices that read one tensor, but only of those in one graph: Silero VAD's Gathers of
-its state, two in each branch of an ``If``, became one Split once relsat inlined the branch). The NCHWc kernels (``com.microsoft.nchwc.Conv`` and its activation, the
-reorders) stay classes of their own: a graph run with plain Convs where the input model's ran blocked ones does not
-do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
+makes one Split of the Gathers or Slices that read one tensor, but only of those in one graph: Silero VAD's Gathers
+of its state, two in each branch of an ``If``, became one Split once relsat inlined the branch). The NCHWc kernels
+(``com.microsoft.nchwc.Conv`` and its activation, the reorders) stay classes of their own: a graph run with plain
+Convs where the input model's ran blocked ones does not do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
 CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
 copy) are kernels but no work. Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
 the structural half of what ``relsat.driver.search.candidates`` asks before it writes a graph that is not

@@ -6,8 +6,9 @@ warm run) repeats a verdict that an interleaved timing already gave. The verdict
 as a row of the cost cache (op_type ``COMPARISON_OP``): its key names the input model (the SHA-256 of its
 bytes), every candidate graph (the cache key of its whole-graph profile, or the key it would have: the graph,
 the timing kind, the threads and the shapes it ran at), the guard threshold, whether the choice writes simplified
-graphs (and by which classes of work: ``ort_graph.CLASSES``) and the ONNX Runtime version; the row holds every model's timing, the candidates' statuses (the one written:
-``written``, or ``simplified``) and the guard's report, and the conditions it was taken under.
+graphs (and by which classes of work: ``ort_graph.CLASSES``) and the ONNX Runtime version; the row holds every
+model's timing, the candidates' statuses (the one written: ``written``, or ``simplified``) and the guard's report,
+and the conditions it was taken under.
 
 Recalling one (``relsat.driver.search.candidates.Search.choose``) still times the input model and checks the
 original's cached profile against it, so a cache poisoned by a loaded machine is found as before (the check's
