@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.driver.app.optimize import optimize
@@ -181,6 +182,51 @@ def test_a_graph_that_does_less_is_written_simplified_and_not_called_faster(tmp_
                     guard_threshold=NEVER, simplify=False).report
     assert kept["written"] == "original" and kept["fidelity"]["comparison_recalled"] is None  # (a key of its own)
     assert "simplified" not in [c["status"] for c in kept["candidates"]]
+
+
+def sigmoids(links: int = LINKS, width: int = 256) -> onnx.ModelProto:
+    """``zero_biases`` without its Adds of zero: what relsat's rules make of it."""
+    nodes, t = [], "x"
+    for i in range(links):
+        nodes.append(helper.make_node("Sigmoid", [t], [f"s{i}"]))
+        t = f"s{i}"
+    nodes.append(helper.make_node("Identity", [t], ["y"]))
+    return _model(nodes, [("x", [64, width])], [("y", [64, width])], [])
+
+
+@pytest.mark.parametrize("simplify", [True, False])
+def test_a_recalled_written_graph_not_faster_now_is_written_simplified_where_it_does_less(tmp_path, simplify):
+    """A stored comparison wrote a candidate as faster; recalled, that candidate is not faster beyond the threshold
+    now (no graph beats a 90 % threshold). It does less (no zero Adds), so, as after a fresh timing, it is timed once
+    more and written simplified, verified, the found comparison saying it fell back; with ``simplify`` off the input
+    model is kept. The row stays as stored."""
+    from relsat.driver.search import comparisons
+    from relsat.driver.search.candidates import SIMPLIFIED, Candidate
+    from relsat.extract.cost_cache import CostCache
+
+    from test_context import _search
+
+    original, cache = zero_biases(), CostCache(tmp_path / "c.duckdb")
+    other = Latency(9.0, 8.9, 9.1, 15, 9.0, [9.0, 9.01], [8.9, 8.95])  # stored timings no run here measures
+    s = _search(original, [Candidate("next-best 1", {}, 1.0, model=sigmoids(), graph_key="was-faster"),
+                           Candidate("next-best 2", {}, 2.0, model=zero_biases(), graph_key="lost")], cache=cache)
+    s.simplify = simplify
+    key = s._comparison_key(original, s.usable(), [None], NEVER)
+    comparisons.remember(cache, key, "cpu", 1, other, [("next-best 1", other, "written"),
+                                                       ("next-best 2", other, "not faster beyond noise")], None)
+    picked, check, guard = s.choose(original, bindings=[None], threshold=NEVER)
+    wrote, lost = s.candidates
+    found = s.fidelity["comparison_found"]
+    assert s.fidelity["comparison_recalled"] and found["written"] == "next-best 1"
+    assert lost.timing == other and "cached" in lost.status  # not timed again
+    assert [c["status"] for c in comparisons.recall(cache, key)["candidates"]] == ["written", "not faster beyond noise"]
+    if not simplify:
+        assert picked is None and not found["held"] and "fell_back" not in found
+        return
+    assert picked is wrote and wrote.status == SIMPLIFIED and check.ok and found["held"] and found["fell_back"]
+    assert guard["kept"] == "optimized" and guard["simplified"]["fewer"]["Add"] == [LINKS, 0]
+    assert wrote.confirm["simplified"] and wrote.confirm["earlier"]  # the confirmation that did not hold, then this
+    assert wrote.timing is not other and s.original.timing is not other
 
 
 def test_a_batch_row_says_simplified_not_optimized():

@@ -611,6 +611,9 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
         how = ("it found faster by the medians but not in every block was given its second timing now: faster, "
                "and verified" if found.get("second_chance") else
                "it wrote was timed again against the input model now and verified")
+        if found.get("fell_back"):
+            how = ("it wrote was timed again against the input model now and was not faster beyond the noise, but it "
+                   "does less and was not slower timed once more: written simplified, verified")
         if found.get("reopened"):
             how = (f"was a close miss when last timed again (faster by the medians, not in every block): timed again "
                    f"now (recall {found['reopened']} of at most {REOPENED_MOST} that do), faster, and verified")

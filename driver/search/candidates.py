@@ -783,7 +783,11 @@ class Search:
         written on a fresh timing (the other candidates', which lost, come from the row). When that candidate is
         not faster beyond the noise now, the input model is kept and nothing else is timed: the others were slower
         than it in the stored comparison, and timing them all again cost ViT-B/16's warm runs 57-102 s for a choice
-        that the noise of one timing decided; the row stays, so the next run confirms that candidate afresh. One
+        that the noise of one timing decided; the row stays, so the next run confirms that candidate afresh. Unless
+        it does less (``_simplified``, as ``_choose`` goes on after ``_pick``): then it is timed once more and
+        written simplified where it is not slower (Silero VAD 16k's graph, 37 kernels fewer, written by the run
+        that made the comparison, was not faster beyond the noise when the corpus run recalled it, and the input
+        model was written: ``fell_back`` in the found comparison). One
         that kept the input model while its fastest candidate was faster by the medians but not in every block
         (stored before ``_pick`` gave such a candidate its second timing) gives it that timing now, as if the
         comparison had written it, and the row is stored again with what that timing gave, so that it is not given
@@ -813,6 +817,7 @@ class Search:
             written = chance
         written = written or simple
         less = None  # what a simplified one leaves out (``_not_slower``'s timing below)
+        fell_back = False  # a written one not faster now, written simplified instead
         if written is None:
             status("timing the input model (the candidates' comparison is cached) ...")
             self._time(input_model, [], bindings, threshold)
@@ -828,6 +833,13 @@ class Search:
                 else:
                     held, orig.timing, written.timing = self._confirmed(input_model, written, bindings, threshold,
                                                                         status)
+                    if not held and self.simplify:  # as ``_choose`` after ``_pick``: written simplified if it does
+                        # less and is not slower timed again (Silero VAD 16k's graph, 37 kernels fewer, faster when
+                        # the comparison was made, not beyond the noise when recalled: the input model was written)
+                        simpler = self._simplified(input_model, [written], bindings, threshold, input_sets, status)
+                        if simpler is not None:
+                            simple, (_, _, timed, less), held, fell_back = written, simpler, True, True
+                            orig.timing, written.timing = timed.original, timed.optimized
             except Exception:  # (it loaded and ran when the comparison was made): time everything, ``_choose``
                 self._missed(written)
                 return None
@@ -844,6 +856,7 @@ class Search:
                                   **({"remeasured": again} if again else {}),
                                   **({"written": written.label, "held": held} if written is not None else {}),
                                   **({"simplified": True} if simple is not None else {}),
+                                  **({"fell_back": True} if fell_back else {}),
                                   **({"second_chance": True} if chance else {}),
                                   **({"reopened": record.get("reopened", 0) + 1} if reopen else {})}
         if stale:  # the prices may be poisoned: time everything (``_choose``)
@@ -851,8 +864,7 @@ class Search:
             return None
         check = None
         if written is not None and held:
-            status(f"verifying the {written.label} graph ...")
-            check = verify(input_model, self._blobs([written.model])[0], bindings=bindings, input_sets=input_sets)
+            check = self._verify(input_model, written, bindings, input_sets, status)  # (once: ``_simplified`` may have)
             if not check.ok:
                 self._found_comparison.update(recalled=False, verified=check.message)
                 self._missed(written)
