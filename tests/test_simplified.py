@@ -116,6 +116,25 @@ def test_a_slab_copied_is_one_class_however_it_is_written():
     assert ort_graph.does_less(lookup, inlined) is None
 
 
+def test_a_mul_in_place_of_a_div_is_no_more_work_but_not_the_reverse():
+    """x / c written as x * (1 / c) runs a Mul in place of a Div (``ort_graph.STANDS_IN``): with a kernel fewer
+    elsewhere the graph does less, and says which class stood in. A Div in place of a Mul, or a Mul more often
+    with no Div fewer, is more work."""
+    div = _graph([helper.make_node("Div", ["x", "c"], ["a"]), helper.make_node("Add", ["a", "z"], ["b"]),
+                  helper.make_node("Relu", ["b"], ["y"])])
+    mul = _graph([helper.make_node("Mul", ["x", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])])
+    assert ort_graph.does_less(div, mul) == {"kernels": [3, 2], "fewer": {"Add": [1, 0], "Div": [1, 0]},
+                                             "instead": {"Mul": [0, 1]}}
+    mul_add = _graph([helper.make_node("Mul", ["x", "r"], ["a"]), helper.make_node("Add", ["a", "z"], ["b"]),
+                      helper.make_node("Relu", ["b"], ["y"])])
+    assert ort_graph.does_less(mul_add, _graph([helper.make_node("Div", ["x", "c"], ["y"])])) is None
+    relu_add = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "z"], ["b"]),
+                       helper.make_node("Relu", ["b"], ["y"])])
+    assert ort_graph.does_less(relu_add, mul) is None  # a Mul more often, and no Div fewer
+    two = _graph([helper.make_node("Mul", ["x", "r"], ["a"]), helper.make_node("Mul", ["a", "r"], ["y"])])
+    assert ort_graph.does_less(div, two) is None  # two Muls in place of one Div
+
+
 def test_the_graph_onnx_runtime_runs_is_read_and_compared():
     """The Adds of zeros are kernels ONNX Runtime runs (it does not drop them itself); the same chain without them
     does less."""

@@ -696,6 +696,8 @@ def simplified_notice(label: str, less: dict, guard: dict) -> str:
     within the noise."""
     k0, k1 = less["kernels"]
     fewer = ", ".join(f"{c} {a}->{b}" for c, (a, b) in less["fewer"].items())
+    if less.get("instead"):  # classes that run in place of fewer of another (``ort_graph.STANDS_IN``)
+        fewer += "; in their place " + ", ".join(f"{c} {a}->{b}" for c, (a, b) in less["instead"].items())
     a, b = guard["paired_ms"][guard["metric"]]
     return (f"the {label} graph is written simplified: ONNX Runtime runs it with {k0 - k1} fewer kernels ({k0}->{k1}: "
             f"{fewer}) and no more of any kind; timed again it was not slower ({b:.3f} ms vs {a:.3f} ms), but not "

@@ -26,7 +26,8 @@ of its state, two in each branch of an ``If``, became one Split once relsat inli
 (``com.microsoft.nchwc.Conv`` and its activation, the reorders) stay classes of their own: a graph run with plain
 Convs where the input model's ran blocked ones does not do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
 CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
-copy) are kernels but no work. Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
+copy) are kernels but no work. A Mul may run in place of a Div, an Add in place of a Sub (``STANDS_IN``: the same
+element-wise pass, no dearer). Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
 the structural half of what ``relsat.driver.search.candidates`` asks before it writes a graph that is not
 measured faster (a *simplified* graph); the timing is the other half.
 """
@@ -57,7 +58,10 @@ PARTS = {
 SUMMAND = {"Conv": 3, f"{NCHWC}Conv": 3, "Gemm": 2, f"{MS}.FastGelu": 1, f"{MS}.SkipLayerNormalization": 4,
            f"{MS}.SkipSimplifiedLayerNormalization": 3}  # the input index of a summand these kernels add (a fused
 # Conv's residual, a bias)
-CLASSES = 2  # the version of the classes of work below: a cached comparison that judged by others is not recalled
+STANDS_IN = {"Mul": "Div", "Add": "Sub"}  # a class that may run in place of another at no more work: x / c as
+# x * (1 / c), x - c as x + (-c) (T5's relative-position bucket: its two Divs by constants became Muls, and a graph of
+# 42 kernels fewer was said to do more)
+CLASSES = 3  # the version of the classes of work below: a cached comparison that judged by others is not recalled
 SLAB = "Slice"  # the class of a copy of one slab of a tensor: a Slice, each output of a Split, a Gather of one index
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})  # ONNX Runtime's CPU kernels of
 # these alias their input (no copy, no arithmetic): kernels, but no work
@@ -122,13 +126,27 @@ def work(graph: onnx.GraphProto) -> Counter:
 
 def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:
     """Whether ``after`` (the graph ONNX Runtime runs for a candidate) does less than ``before`` (for the input
-    model): fewer kernels (views among them), and no class of work (``work``) more often. Returns what it does less
-    (``kernels``: [before, after]; ``fewer``: class -> [before, after] for each class that went down), or None."""
+    model): fewer kernels (views among them), and no class of work (``work``) more often, except one that runs in
+    place of as many fewer of the class it stands in for (``STANDS_IN``: a Mul for a Div). Returns what it does less
+    (``kernels``: [before, after]; ``fewer``: class -> [before, after] for each class that went down; ``instead``,
+    where some class stood in: class -> [before, after] for each that went up), or None."""
     k0, k1 = sum(1 for _ in _nodes(before)), sum(1 for _ in _nodes(after))
     w0, w1 = work(before), work(after)
-    if k1 >= k0 or any(w1[c] > w0[c] for c in w1):
+    if k1 >= k0:
         return None
-    return {"kernels": [k0, k1], "fewer": {c: [w0[c], w1[c]] for c in sorted(w0) if w1[c] < w0[c]}}
+    spare = Counter({c: w0[c] - w1[c] for c in w0 if w1[c] < w0[c]})  # what each class left out
+    instead = {}
+    for c in sorted(w1):
+        extra = w1[c] - w0[c]
+        if extra <= 0:
+            continue
+        other = STANDS_IN.get(c)
+        if other is None or spare[other] < extra:
+            return None
+        spare[other] -= extra
+        instead[c] = [w0[c], w1[c]]
+    fewer = {c: [w0[c], w1[c]] for c in sorted(w0) if w1[c] < w0[c]}
+    return {"kernels": [k0, k1], "fewer": fewer, **({"instead": instead} if instead else {})}
 
 
 def optimized_graph(model, *, threads: int = 1, backend: Backend = CPU) -> onnx.GraphProto:
