@@ -54,6 +54,9 @@ from relsat.driver.errors import RelsatError, error_line
 from relsat.driver.options import GUARD_THRESHOLD
 from relsat.driver.boundary.verify import random_inputs
 
+NOT_SLOWER = 0.01  # a graph that does less is not slower where its median is within this of the original's (the
+# floor a written model is held to: 0.99x); as fast or faster was the test, and a graph of the same speed passed it by
+# a coin's toss (DistilHuBERT's, 28 kernels fewer: 1.039x in its first timing, 2.700 against 2.672 ms in its second)
 BUDGET_S = 0.5  # timed runs per model take about this long for fast models
 MIN_RUNS = 15  # ... and at least this many runs for slow ones
 MAX_RUNS = 2000
@@ -306,11 +309,11 @@ def judge(orig: Latency, opt: Latency, *, threads: int, backend: Backend,
 
 def not_slower(held: GuardResult) -> bool:
     """Whether a timing (``judge``'s result, kept or not) leaves the optimized model no slower than the original:
-    as fast or faster by the compared medians (``paired_ms``), and slower by no more than the threshold in any
-    block. What a graph that does less needs (``relsat.driver.search.candidates``: a *simplified* graph), where
+    slower by no more than ``NOT_SLOWER`` by the compared medians (``paired_ms``), and by no more than the threshold
+    in any block. What a graph that does less needs (``relsat.driver.search.candidates``: a *simplified* graph), where
     it is not faster beyond the noise."""
     a, b = paired_ms(held.original, held.optimized, held.metric)
-    return b <= a and all(r >= 1.0 - held.threshold for r in held.spread["ratios"] or [1.0])
+    return b <= a * (1.0 + NOT_SLOWER) and all(r >= 1.0 - held.threshold for r in held.spread["ratios"] or [1.0])
 
 
 def promising(held: GuardResult) -> bool:
