@@ -895,8 +895,10 @@ class Search:
         if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
             comparisons.remember(
                 self.cache, key, timing_kind(self.backend), self.threads, record["original"],
-                [(r["label"], r["timing"], ("written" if held else written.status) if c is written else r["status"])
-                 for c, r in zip(cands, record["candidates"])], guard.as_dict(),
+                [(r["label"], r["timing"], (written.status if not held or fell_back else "written") if c is written
+                 else r["status"])
+                 for c, r in zip(cands, record["candidates"])],
+                {**guard.as_dict(), **({"simplified": less} if fell_back else {})},  # (as ``_choose`` stores it)
                 reopened=record.get("reopened", 0) + reopen)
         report = {**guard.as_dict(), "recalled": when, **({"simplified": less} if simple is not None and held else {})}
         if not held:
