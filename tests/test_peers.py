@@ -211,3 +211,16 @@ def test_latency_table_marks_an_input_model_written_unchanged():
     lines = bench_corpus.latency_table(rows, 1).splitlines()
     assert lines[2] == "| yolov8n | 10.000 | 10.000 (1.000x, input) | 10.400 (0.962x) | 0.962 (onnxsim) |"
     assert lines[3] == "| ppocr_det_v4 | 10.000 | 8.000 (1.250x) | 9.500 (1.053x) | 0.842 (onnxsim) |"
+
+
+def test_the_fidelity_line_counts_the_models_within_ten_percent_and_names_the_others():
+    rows = [{"model": "a", "prediction": bench_corpus._prediction({"original_prediction_ratio": 1.04,
+                                                                   "original_tolerance": 0.1})},
+            {"model": "b", "prediction": bench_corpus._prediction({
+                "original_prediction_ratio": 0.85, "searches": 2, "first_pass": {"original_prediction_ratio": 2.03}})},
+            {"model": "c", "prediction": bench_corpus._prediction(None)}]
+    assert rows[1]["prediction"] == {"ratio": 0.85, "tolerance": None, "searches": 2, "first_ratio": 2.03,
+                                     "recalled": False}
+    assert bench_corpus.fidelity_line(rows) == ("The in-context prediction of the input model over its measured "
+                                                "latency: within 10% on 1 of 2; off on b 0.85x (first search 2.03x).")
+    assert bench_corpus.fidelity_line(rows[2:]) is None
