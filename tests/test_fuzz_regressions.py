@@ -130,3 +130,38 @@ def test_a_ceil_mode_pool_has_the_dims_onnx_runtime_computes():
     found = fuzz.generate(2027008187)
     result = optimize(found, rules=["default"], **fuzz.CHEAP)
     assert fuzz.compare(found, result.model, 2027008187) is None
+
+
+def test_a_generated_rule_is_not_applied_across_ranks_it_does_not_hold_for():
+    """Fuzzer: seed 2032, model 536, ``--rules generated``: ``matrix-1009`` (Concat :axis 1 of two ``Add ?x ?y``
+    as the Add of two Concats) was written without shape conditions, its 10 general instances all of one rank;
+    with ``?y`` of a lower rank than ``?x`` (broadcast) axis 1 is another dim of each, and the right side's shape
+    differs: a ShapeConflict crashed the run. Here x [2, 1, 1, 1] + y [1, 1, 1], concatenated with itself on axis 1.
+    The rule verifier now draws operands of a lower rank (``_Draw.variant``), which fails the rule as written;
+    the regenerated set carries it with its conditions."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["a"]), helper.make_node("Concat", ["a", "a"], ["c"], axis=1)], "g",
+        [helper.make_tensor_value_info("x", F, [2, 1, 1, 1]), helper.make_tensor_value_info("y", F, [1, 1, 1])],
+        [helper.make_tensor_value_info("c", F, [2, 2, 1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    written = optimize(model, rules=["generated"], **CHEAP).model
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 1, 1, 1)).astype(np.float32),
+             "y": rng.standard_normal((1, 1, 1)).astype(np.float32)}
+    np.testing.assert_array_equal(_run(written, feeds)[0], _run(model, feeds)[0])
+
+
+def test_the_rule_verifier_draws_operands_of_a_lower_rank():
+    """``matrix-1009`` as it was shipped (no conditions) fails the verifier at the generator's trials for a rule
+    without conditions; with the template's rank and shape conditions it holds."""
+    from relsat.programs.generate import GENERAL_TRIALS
+    from relsat.programs.parser import parse_rules
+    from relsat.programs.verify import check_rule
+
+    bare = parse_rules("matrix-1009: (Concat :axis 1 (Add ?x ?y) (Add ?x ?y)) <=> "
+                       "(Add (Concat :axis 1 ?x ?x) (Concat :axis 1 ?y ?y))\n").rules
+    assert not all(check_rule(r, trials=GENERAL_TRIALS).ok for r in bare)
+    held = parse_rules("matrix-1009: (Concat :axis 1 (Add ?x ?y) (Add ?x ?y)) <=> "
+                       "(Add (Concat :axis 1 ?x ?x) (Concat :axis 1 ?y ?y))\n"
+                       "    if (rank ?x 2) (rank ?y 2) (same-shape ?y ?x)\n").rules
+    assert all(check_rule(r, trials=GENERAL_TRIALS).ok for r in held)
