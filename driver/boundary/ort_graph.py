@@ -24,9 +24,9 @@ written: a Slice, each output of a Split, a Gather of one constant index (ONNX R
 makes one Split of the Gathers or Slices that read one tensor, but only of those in one graph: Silero VAD's Gathers
 of its state, two in each branch of an ``If``, became one Split once relsat inlined the branch). The NCHWc kernels
 (``com.microsoft.nchwc.Conv`` and its activation, the reorders) stay classes of their own: a graph run with plain
-Convs where the input model's ran blocked ones does not do less. Any other op is its own class (domain-qualified). The ops whose ONNX Runtime
-CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``: a view, no
-copy) are kernels but no work. A Mul may run in place of a Div, an Add in place of a Sub (``STANDS_IN``: the same
+Convs where the input model's ran blocked ones does not do less. Any other op is its own class (domain-qualified).
+The ops whose ONNX Runtime CPU kernels alias their input (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``,
+``Identity``: a view, no copy) are kernels but no work. A Mul may run in place of a Div, an Add in place of a Sub (``STANDS_IN``: the same
 element-wise pass, no dearer). Shapes are not compared: a class counts kernels, not their sizes. ``does_less`` is
 the structural half of what ``relsat.driver.search.candidates`` asks before it writes a graph that is not
 measured faster (a *simplified* graph); the timing is the other half.
@@ -134,7 +134,8 @@ def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:
     w0, w1 = work(before), work(after)
     if k1 >= k0:
         return None
-    spare = Counter({c: w0[c] - w1[c] for c in w0 if w1[c] < w0[c]})  # what each class left out
+    fewer = {c: [w0[c], w1[c]] for c in sorted(w0) if w1[c] < w0[c]}
+    spare = Counter({c: a - b for c, (a, b) in fewer.items()})  # what each class left out
     instead = {}
     for c in sorted(w1):
         extra = w1[c] - w0[c]
@@ -145,7 +146,6 @@ def does_less(before: onnx.GraphProto, after: onnx.GraphProto) -> dict | None:
             return None
         spare[other] -= extra
         instead[c] = [w0[c], w1[c]]
-    fewer = {c: [w0[c], w1[c]] for c in sorted(w0) if w1[c] < w0[c]}
     return {"kernels": [k0, k1], "fewer": fewer, **({"instead": instead} if instead else {})}
 
 
