@@ -152,14 +152,18 @@ def test_a_generated_rule_is_not_applied_across_ranks_it_does_not_hold_for():
 
 
 def test_the_rule_verifier_draws_operands_of_a_lower_rank():
-    """``matrix-1009`` as it was shipped (no conditions) fails the verifier at the generator's trials for a rule
-    without conditions; with the template's rank and shape conditions it holds."""
+    """A broadcast operand beside a rank-4 one is now and then of rank 2 or 3 (before: the same rank, a scalar or a
+    vector only). ``matrix-1009`` as it was shipped (no conditions) fails the verifier at the generator's trials for
+    a rule without conditions; with the template's rank and shape conditions it holds."""
     from relsat.programs.generate import GENERAL_TRIALS
     from relsat.programs.parser import parse_rules
-    from relsat.programs.verify import check_rule
+    from relsat.programs.verify import _Draw, check_rule
 
     bare = parse_rules("matrix-1009: (Concat :axis 1 (Add ?x ?y) (Add ?x ?y)) <=> "
                        "(Add (Concat :axis 1 ?x ?x) (Concat :axis 1 ?y ?y))\n").rules
+    draw = _Draw(bare[0], np.random.default_rng(0), 0, {})
+    ranks = {len(v) for v in (draw.variant((2, 3, 4, 5)) for _ in range(200)) if v is not None}
+    assert {2, 3} <= ranks
     assert not all(check_rule(r, trials=GENERAL_TRIALS).ok for r in bare)
     held = parse_rules("matrix-1009: (Concat :axis 1 (Add ?x ?y) (Add ?x ?y)) <=> "
                        "(Add (Concat :axis 1 ?x ?x) (Concat :axis 1 ?y ?y))\n"
