@@ -25,7 +25,8 @@ of what is left of the total) runs in two phases instead. Phase 1: relsat optimi
 model, up to N models at a time, each model's processes pinned (``taskset``) to a slice of this process's
 CPUs of its own, relsat with ``--threads`` the slice's size unless ``--threads`` is given; phase 1 has the
 total less ``TIME_S`` per model (less at most half the total), and a model gets N times what is left of it
-over the models not yet done (all of it once N or fewer are left). Phase 2: every model's systems timed
+over the models not yet done, weighed by their set (``WEIGHT``: a corpus model gets 2.5 times a small zoo
+model's share; all of it once N or fewer are left). Phase 2: every model's systems timed
 as above, one model at a time with nothing else running. What it costs in honesty: relsat's in-context
 costs, its guard's measured choice of what to write and its optimize time were taken while other jobs
 shared the machine and the GPU, so what it writes may differ from a run alone; the latencies timed are
@@ -77,7 +78,10 @@ DRY_TOTAL_S = 90.0
 DRY_MODELS = ("squeezenet", "mobilenet_v2")
 SYSTEMS = ("original", "relsat", "onnxsim")
 MIN_BUDGET_S = 5.0  # a model whose share of what is left is below this is skipped
-TIME_S = 8.0  # --jobs > 1: kept per model for the timing phase (three systems, two blocks of a second, sessions)
+WEIGHT = {"zoo small": 1.0, "zoo": 2.5, "corpus": 2.5}  # --jobs > 1: a model's share of phase 1 (a corpus model
+# optimizes in about 2.5 times a small zoo model's time: 20-30 s against 8-12 s alone)
+TIME_S = 5.0  # --jobs > 1: kept per model for the timing phase (three systems, two blocks of a second, sessions;
+# 24 models took 62 s in all on the H100, 2026-11-27)
 
 
 def _line(text: str, n: int = 240) -> str:
@@ -448,11 +452,19 @@ def run_serially(runs: list, total: float, where: tuple[str, str, str], args, sk
     return rows
 
 
+def share(kind: str, weights_left: float, left: int, n: int) -> float:
+    """The part of what is left of phase 1 that a model of set ``kind`` starting now gets, with ``left`` models
+    (weighing ``weights_left`` together, its own included) not done and ``n`` jobs at once."""
+    return 1.0 if left <= n else min(1.0, n * WEIGHT[kind] / weights_left)
+
+
 def optimize_all(runs: list, phase1_s: float, where: tuple[str, str, str], args,
                  skipped: list[str]) -> list[tuple[dict, dict]]:
     """Phase 1 of --jobs N: every model's optimize_model, N at a time, each on a CPU slice of its own; a model
-    gets N times what is left of ``phase1_s`` over the models not done (all of it once N or fewer are left)."""
+    gets N times what is left of ``phase1_s``, shared among the models not done by their ``WEIGHT`` (all of it
+    once N or fewer are left)."""
     n, slots, lock, done = args.jobs, queue.SimpleQueue(), threading.Lock(), [0]
+    weights_left = [sum(WEIGHT[kind] for _, kind, _ in runs)]
     for cores in core_slices(n):
         slots.put(cores)
 
@@ -460,7 +472,7 @@ def optimize_all(runs: list, phase1_s: float, where: tuple[str, str, str], args,
         name, kind, path = run
         with lock:
             left = len(runs) - done[0]
-            budget = (phase1_s - (time.perf_counter() - args.start)) * min(n, left) / left
+            budget = (phase1_s - (time.perf_counter() - args.start)) * share(kind, weights_left[0], left, n)
         try:
             if _too_little(name, budget, skipped):
                 return None
@@ -475,6 +487,7 @@ def optimize_all(runs: list, phase1_s: float, where: tuple[str, str, str], args,
         finally:
             with lock:
                 done[0] += 1
+                weights_left[0] -= WEIGHT[kind]
 
     with ThreadPoolExecutor(n) as pool:
         return [r for r in pool.map(one, runs) if r is not None]

@@ -96,3 +96,18 @@ def test_core_slices_give_each_job_cpus_of_its_own():
     if shutil.which("taskset"):
         assert bench_gpu._pinned((0, 1)) == ["taskset", "-c", "0,1"]
     assert bench_gpu._pinned(()) == []
+
+
+def test_a_corpus_model_gets_a_bigger_share_of_phase_one_than_a_small_zoo_model():
+    w = bench_gpu.WEIGHT
+    assert w["corpus"] > w["zoo small"]
+    # equal weights: N over the models left, as before the weights
+    assert bench_gpu.share("zoo small", 10 * w["zoo small"], 10, 4) == pytest.approx(0.4)
+    # 2 corpus and 8 small zoo models left, 4 jobs: the corpus model's share is its weight's part of N
+    mixed = 2 * w["corpus"] + 8 * w["zoo small"]
+    assert bench_gpu.share("corpus", mixed, 10, 4) == pytest.approx(4 * w["corpus"] / mixed)
+    ratio = bench_gpu.share("corpus", mixed, 10, 4) / bench_gpu.share("zoo small", mixed, 10, 4)
+    assert ratio == pytest.approx(w["corpus"] / w["zoo small"])
+    # N or fewer left: all of what is left; never more than all of it
+    assert bench_gpu.share("zoo small", 3.0, 3, 4) == 1.0
+    assert bench_gpu.share("corpus", w["corpus"] + w["zoo small"], 5, 4) <= 1.0
