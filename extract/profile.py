@@ -184,15 +184,35 @@ def timing_kind(backend: Backend) -> str:
     return backend.timing
 
 
-def random_inputs(sample: OpSample, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _index_range(sample: OpSample, op) -> dict[str, tuple[int, int]]:
+    """The range [0, min(4, dim)) for the operator's index input (the catalog's ``indexes``), the dim being its
+    data's along ``axis``: an index out of range is an error under ONNX Runtime, a fault under PyTorch CUDA."""
+    if op is None or op.indexes is None:
+        return {}
+    at, of = op.indexes
+    node = sample.node
+    if max(at, of) >= len(node.input) or not node.input[at]:
+        return {}
+    shapes = {name: tuple(shape) for name, _, shape in sample.inputs}
+    shapes.update((t.name, tuple(t.dims)) for t in sample.initializers)
+    shape = shapes.get(node.input[of], ())
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis = axis + len(shape) if axis < 0 else axis
+    dim = shape[axis] if 0 <= axis < len(shape) else None
+    return {node.input[at]: (0, max(1, min(4, dim)))} if isinstance(dim, int) else {}
+
+
+def random_inputs(sample: OpSample, rng: np.random.Generator, op=None) -> dict[str, np.ndarray]:
     """Runtime inputs (``relations.runtime.random_feeds``): floats ~ N(0, 1), bools uniform, integers
     in [0, 4) (semantics unknown; a divisor, the catalog's ``nonzero`` inputs or Mod's, gets [1, 4) so
-    that integer division never faults)."""
-    op = for_node(sample.node.domain, sample.node.op_type)
+    that integer division never faults; an index, the catalog's ``indexes``, stays within its data's dim).
+    ``op``: the node's entry where it is not the catalog's (an opaque operator's PyTorch mapping)."""
+    op = op or for_node(sample.node.domain, sample.node.op_type)
     nonzero = op.nonzero if op is not None else (1,) if sample.node.op_type == "Mod" else ()
-    divisors = {sample.node.input[i] for i in nonzero if i < len(sample.node.input)}
+    ranges = {sample.node.input[i]: (1, 4) for i in nonzero if i < len(sample.node.input)}
+    ranges.update(_index_range(sample, op))
     specs = [(name, shape, runtime.np_dtype(dtype)) for name, dtype, shape in sample.inputs]
-    return runtime.random_feeds(specs, rng=rng, int_range=(0, 4), int_ranges={n: (1, 4) for n in divisors})
+    return runtime.random_feeds(specs, rng=rng, int_range=(0, 4), int_ranges=ranges)
 
 
 def timer(kind: str, threads: int):
@@ -230,13 +250,14 @@ def _time_sample(sample: OpSample, backend: Backend, threads: int, warmup: int, 
                  rng: np.random.Generator, budget_s: float | None = None,
                  times_out: list | None = None) -> tuple[float, int]:
     """(median ms, timed runs) of one sample; ``times_out`` receives the timed runs (ONNX Runtime only)."""
-    feeds = random_inputs(sample, rng)
     kind = timing_kind(backend)
     if kind == "cuda-torch":
         from . import torch_cuda
+        feeds = random_inputs(sample, rng, torch_cuda.op_def(sample.node))
         consts = {t.name: numpy_helper.to_array(t) for t in sample.initializers}
         return torch_cuda.time_op(sample, {**consts, **feeds}, max(warmup, TORCH_WARMUP), max(repeats, TORCH_REPEATS),
                                   budget_s, MIN_REPEATS)
+    feeds = random_inputs(sample, rng)
     session = backend.session(build_model(sample), threads=threads)
     if not backend.cuda:
         return _median_ms(lambda: session.run(list(sample.outputs), feeds), warmup, repeats, budget_s,

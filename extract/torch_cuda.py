@@ -254,13 +254,14 @@ def _code(expr: str):
     return compile(expr, f"<torch: {expr}>", "eval")
 
 
-def _op(node) -> OpDef | None:
+def op_def(node) -> OpDef | None:
+    """The entry ``node`` runs by: the catalog's or ``torch_opaque``'s (None: no mapping)."""
     return MAPPED.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
 
 
 def mapped(node) -> bool:
     """Whether ``node`` has a PyTorch mapping (its domain and op_type a catalog or ``torch_opaque`` operator's)."""
-    return _op(node) is not None
+    return op_def(node) is not None
 
 
 def refusal(node, opset: int) -> str | None:
@@ -274,7 +275,7 @@ def refusal(node, opset: int) -> str | None:
 
 def host_inputs(node) -> set[int]:
     """The positions of ``node``'s inputs read on the host (numpy arrays): shapes, sizes, axes, pads, bounds."""
-    op = _op(node)
+    op = op_def(node)
     return set(op.host_inputs) if op is not None else set()
 
 
@@ -328,7 +329,7 @@ def node_call(node, args: list, opset: int, device) -> Callable[[], object]:
     """A closure computing ``node`` from ``args`` (torch tensors on ``device``; numpy arrays for the
     inputs in ``host_inputs``; None for an omitted input): a tensor, or a list for Split.
     ``opset``: the default domain's opset (Softmax before 13)."""
-    op = _op(node)
+    op = op_def(node)
     if op is None:
         raise NotImplementedError(f"no PyTorch mapping for {node.domain or 'ai.onnx'}::{node.op_type}")
     args = list(args)

@@ -197,7 +197,7 @@ OPAQUE: tuple[OpDef, ...] = (
     _reduce("ReduceMin", "min"),
     _reduce("ReduceMax", "max"),
     _reduce("ReduceProd", "prod"),
-    OpDef("GatherElements", (Input("data"), Input("indices")), (Attr("axis", "int", 0),),
+    OpDef("GatherElements", (Input("data"), Input("indices")), (Attr("axis", "int", 0),), indexes=(1, 0),
           torch="gather_elements(data, indices, axis)"),
     OpDef("InstanceNormalization", (Input("input"), Input("scale"), Input("B")), (Attr("epsilon", "float", 1e-5),),
           torch="F.instance_norm(input, weight=scale, bias=b, eps=epsilon)"),

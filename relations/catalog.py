@@ -106,6 +106,8 @@ class OpDef:
     draw: str = "elementwise"  # how rule verification draws its inputs (a planner of programs/verify.py)
     positive: tuple[int, ...] = ()  # inputs that verification feeds positive data (variances, square roots)
     nonzero: tuple[int, ...] = ()  # inputs fed data away from zero (divisors)
+    indexes: tuple[int, int] | None = None  # (index input, data input): integers that index the data along
+    # ``axis``, drawn within that dim (an index out of range faults a CUDA kernel and its whole process)
     # The PyTorch equivalent of an ONNX node of this op (extract/torch_cuda.py): a Python expression over
     # ``torch``, ``F`` (torch.nn.functional), ``math``, torch_cuda's helpers (``conv``, ``gemm``, ...), the
     # node's inputs by catalog column name (None when absent; a list for a variadic input), its attributes by
@@ -557,6 +559,7 @@ OPS: tuple[OpDef, ...] = (
         lifted=(Lifted(1, "indices", 1, host=False),),
         flops="prod(s_out)",
         draw="reshaping",
+        indexes=(1, 0),
         torch="gather(data, indices, axis)",
         example=Example(([2, 5, 3],), {"axis": 1, "indices": 4}),
     ),

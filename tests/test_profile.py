@@ -228,3 +228,30 @@ def test_torch_runtime_per_node_cost_is_measured_once_per_cache(tmp_path):
     print(f"per-node {ms * 1e3:.1f} us; Add in the chain {add_['ms'] * 1e3:.1f} us, priced "
           f"{(ms + max(add_ms - overhead, 0)) * 1e3:.1f} us (one-node {add_ms * 1e3:.1f}, call overhead "
           f"{overhead * 1e3:.1f})")
+
+
+def gather(data_shape, index_shape, axis=0, op="Gather"):
+    node = helper.make_node(op, ["data", "idx"], ["y"], axis=axis)
+    return P.OpSample(node, (("data", TensorProto.INT64, data_shape), ("idx", TensorProto.INT64, index_shape)),
+                      (), ("y",))
+
+
+def test_a_gathers_runtime_index_is_drawn_within_its_datas_dim():
+    """A Gather of a Shape's two dims by a runtime index (DistilBERT, GPT-2, T5): drawn in [0, 4) the index was
+    2 or 3, an error under ONNX Runtime ("could not be timed alone") and a device-side fault under PyTorch CUDA
+    that ended relsat on four corpus models on the H200. The catalog's ``indexes`` keeps it within the dim."""
+    rng = np.random.default_rng(0)
+    for data, axis, dim in (((2,), 0, 2), ((3, 1), 0, 3), ((5, 2), -1, 2), ((1,), 0, 1), ((9,), 0, 9)):
+        drawn = np.concatenate([P.random_inputs(gather(data, (6,), axis), rng)["idx"] for _ in range(50)])
+        assert drawn.min() >= 0 and drawn.max() < min(dim, 4)
+        assert drawn.max() == min(dim, 4) - 1  # the whole range, not a narrower one
+    # timed alone under ONNX Runtime: the two-dim Gather has a cost now, not a failure
+    report = run([gather((2,), ())])
+    assert not report.failures and np.isfinite(report.ms[0]) and report.ms[0] > 0
+    # an opaque GatherElements by its PyTorch mapping's entry
+    torch_cuda = pytest.importorskip("relsat.extract.torch_cuda")
+    sample = gather((2, 3), (2, 3), axis=0, op="GatherElements")
+    op = torch_cuda.op_def(sample.node)
+    assert op is not None and op.indexes == (1, 0)
+    drawn = np.concatenate([P.random_inputs(sample, rng, op)["idx"].ravel() for _ in range(50)])
+    assert drawn.min() >= 0 and drawn.max() == 1
