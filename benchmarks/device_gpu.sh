@@ -34,7 +34,7 @@ mkdir -p /tmp/corpus && python3 -m relsat.benchmarks.device_pack unpack .corpus 
   python3 -c "import torch, onnxruntime, onnx, duckdb, highspy, relsat; print('torch', torch.__version__, 'ort',
 onnxruntime.__version__, 'onnx', onnx.__version__, 'duckdb', duckdb.__version__, 'relsat', relsat.__file__)"; date -u; } \
   2>&1 | tee "$OUT/gpu.txt"
-[[ $STEPS == *tests* ]] && timeout 100 python3 -m pytest -m gpu -p no:cacheprovider tests/test_torch_ops.py tests/test_torch_runtime.py \
+[[ $STEPS == *tests* ]] && timeout 100 python3 -m pytest -m gpu -p no:cacheprovider tests/test_torch_ops.py tests/test_torch_opaque.py tests/test_torch_runtime.py \
   tests/test_profile.py tests/test_costs_e2e.py 2>&1 | tee "$OUT/tests.txt" | tail -25
 [[ $STEPS == *band* ]] && timeout 100 python3 -m relsat.benchmarks.bench_band --seq 1024 2048 --window 128 --device cuda --runs 30 2>&1 \
   | tee "$OUT/band.txt"

@@ -184,7 +184,6 @@ OPAQUE: tuple[OpDef, ...] = (
     OpDef("GreaterOrEqual", _AB, torch="torch.ge(a, b)"),
     OpDef("And", _AB, torch="torch.logical_and(a, b)"),
     OpDef("Where", (Input("condition"), Input("X"), Input("Y")), torch="torch.where(condition, x, y)"),
-    OpDef("Pow", (Input("X"), Input("Y")), torch="torch.pow(x, y).to(x.dtype)"),  # the base's dtype, as ONNX
     OpDef("Mod", _AB, (Attr("fmod", "int", 0),), torch="torch.fmod(a, b) if fmod else torch.remainder(a, b)"),
     OpDef("Min", (Input("inputs", variadic=True),), torch="functools.reduce(torch.minimum, inputs)"),
     OpDef("Max", (Input("inputs", variadic=True),), torch="functools.reduce(torch.maximum, inputs)"),

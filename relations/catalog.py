@@ -343,7 +343,7 @@ OPS: tuple[OpDef, ...] = (
     _binary("Div", nonzero=(1,), torch="div(a, b)", example=Example(([2, 3], [2, 3]))),
     # a ** b (the square of RMS and decomposed layer norms); the base drawn positive for verification (a fractional
     # power of a negative number is NaN)
-    _binary("Pow", positive=(0,), flops="4 * prod(s_out)", torch="torch.pow(a, b)"),
+    _binary("Pow", positive=(0,), flops="4 * prod(s_out)", torch="torch.pow(a, b).to(a.dtype)"),  # the base's dtype
     # ONNX's Sum of two inputs (broadcasting from opset 8; one or three and more inputs stay opaque): the sum Add
     # computes, in a node ONNX Runtime's Add fusions do not match (runtime.rules: layernorm-add-as-sum)
     _binary("Sum", since=8, torch="torch.add(a, b)", example=Example(([2, 1, 4], [3, 1]))),
