@@ -50,6 +50,17 @@ def is_shipped(path) -> bool:
     return Path(path).resolve().parent == RULES_DIR
 
 
+GENERATED = "generated"  # the shipped set that ``relsat rules generate`` writes (checked on random draws, not by hand)
+
+
+def hand_written(rule: Rule) -> bool:
+    """A rule of a shipped set written by hand (its every application is trusted to keep its e-class's shape: a
+    conflict there is a bug, raised); a generated or user rule is checked per match (``Runner``: a match whose
+    right side's shape is not its left side's is left out and reported)."""
+    file = rule.source.file if rule.source is not None else None
+    return file is not None and is_shipped(file) and Path(file).stem != GENERATED
+
+
 def rule_sources(names) -> list[Path]:
     """Every rule file that the ``--rules`` values ``names`` read, transitively through their
     includes, each once, in the order first read (a value's own file before those it includes):

@@ -142,6 +142,7 @@ class InsertResult:
     # the caller's to drop
     new_nodes: int = 0
     targeted: int = 0  # new nodes placed straight into their target e-class
+    conflicts: int = 0  # rows left out (``conflicts="drop"``): their node's shape or dtype is not their target's
 
 
 @dataclass
@@ -219,7 +220,8 @@ class EGraph:
     # ---------------------------------------------------------------- insert
     def insert_from(self, op: OpDef, source: str, *, ts: int = 0, limit: int | None = None,
                     result: str | None = None, target: str | None = None, changed_only: bool = False,
-                    columns: list[str] | None = None, origin: str | None = None, rid: str = "rid") -> InsertResult:
+                    columns: list[str] | None = None, origin: str | None = None, rid: str = "rid",
+                    conflicts: str = "raise") -> InsertResult:
         """Hash-cons the nodes described by ``source`` (a SELECT or table with ``rid``, the op's
         child columns and any attribute columns; omitted attributes take their defaults; leaves
         also give ``shape`` and ``dtype``).  At most ``limit`` new nodes are added.
@@ -234,7 +236,9 @@ class EGraph:
         ``target`` names a source column holding an existing canonical e-class that the row's node
         is known to equal (the root of a rule's match): a new node goes straight into that e-class
         instead of a fresh one, which saves an e-class and a union per new node.  Its shape must
-        agree with the e-class's (else ShapeConflict); a constant node makes the e-class constant.
+        agree with the e-class's (else ShapeConflict; with ``conflicts="drop"`` such a new node is left out, like one
+        the shape rule rejects, and counted in ``InsertResult.conflicts``: a rule's match it does not hold for);
+        a constant node makes the e-class constant.
         ``changed_only`` (with ``target``): the result keeps only the rows whose node is not in their
         target e-class (the rows a union still has to join), most rows of a late round dropped unwritten.
 
@@ -258,11 +262,12 @@ class EGraph:
         with self.scratch("insert") as tmp:
             result = result or tmp.name("result")
             return self._insert(op, source, tmp, ts=ts, limit=limit, result=result, target=target,
-                                changed_only=changed_only, columns=columns, origin=origin, rid=rid)
+                                changed_only=changed_only, columns=columns, origin=origin, rid=rid,
+                                conflicts=conflicts)
 
     def _insert(self, op: OpDef, source: str, tmp: _Scratch, *, ts: int, limit: int | None, result: str,
                 target: str | None, changed_only: bool, columns: list[str] | None,
-                origin: str | None = None, rid: str = "rid") -> InsertResult:
+                origin: str | None = None, rid: str = "rid", conflicts: str = "raise") -> InsertResult:
         """``insert_from`` with its working tables in ``tmp``."""
         c = self.con
         src = columns or self._columns.get(source)
@@ -333,8 +338,7 @@ class EGraph:
         # numbers them then moves keys, not shape lists; the few that make an e-class take theirs from ``fresh``)
         analysis = "" if target else "o_shape, o_dtype, o_const, o_tshapes, o_tdtypes, "
         split = "_split, " if target and lookup else ""
-        if target:
-            self._check_targets(fresh, q(target))
+        dropped = self._check_targets(fresh, q(target), drop=conflicts == "drop") if target else 0
         new, added = tmp.counted(
             "new", f"SELECT min(_nid) OVER () + _k - 1 AS id, {keysel}, {out} AS out, "
             f"tgt, {split}{analysis}rid FROM (SELECT nextval('node_seq') AS _nid, "
@@ -368,7 +372,7 @@ class EGraph:
                       f"WHERE c.out IS NULL{only}{moved('o.', 'c.')}")
         else:
             self._found(op, cand, result, on, moved)
-        return InsertResult(result, added, targeted)  # (the working tables, large in big rounds, go now)
+        return InsertResult(result, added, targeted, dropped)  # (the working tables, large in big rounds, go now)
 
     def _found(self, op: OpDef, cand: str, result: str, on: str, moved) -> None:
         """The result of an insert whose rows were canonicalised first (``cand``): each valid row with its
@@ -382,14 +386,19 @@ class EGraph:
         self.con.execute(f"DROP TABLE IF EXISTS {name}")
         self.con.execute(f"ALTER TABLE {table} RENAME TO {name}")
 
-    def _check_targets(self, fresh: str, target: str) -> None:
+    def _check_targets(self, fresh: str, target: str, drop: bool = False) -> int:
         """New nodes to be placed into existing e-classes (rows of table ``fresh`` with column ``target`` set):
-        their shapes must agree; constness spreads."""
+        their shapes must agree (``drop``: the rows that do not are deleted, and counted); constness spreads."""
         c = self.con
-        bad = c.execute(
-            f"SELECT n.{target}, n.o_shape, e.shape, n.o_dtype, e.dtype FROM {fresh} n JOIN eclass e "
-            f"ON e.id = n.{target} WHERE n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
-            "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes LIMIT 1").fetchall()
+        differ = (f"e.id = n.{target} AND (n.o_shape IS DISTINCT FROM e.shape OR n.o_dtype IS DISTINCT FROM e.dtype "
+                  "OR n.o_tshapes IS DISTINCT FROM e.tuple_shapes)")
+        dropped = 0
+        if drop:  # (one statement, as the check it replaces)
+            dropped = c.execute(f"DELETE FROM {fresh} n USING eclass e WHERE {differ}").fetchall()[0][0]
+            bad = []
+        else:
+            bad = c.execute(f"SELECT n.{target}, n.o_shape, e.shape, n.o_dtype, e.dtype FROM {fresh} n, eclass e "
+                            f"WHERE {differ} LIMIT 1").fetchall()
         if bad:
             cid, s, es, d, ed = bad[0]
             raise ShapeConflict(f"a node of shape {s} (dtype {d}) was derived equal to e-class {cid} "
@@ -398,6 +407,7 @@ class EGraph:
                          "WHERE o_const) k WHERE eclass.id = k.out AND NOT eclass.is_const").fetchall()[0][0]
         if made:
             self.const_dirty = True
+        return dropped
 
     def add(self, op_type: str, children: dict | None = None, attrs: dict | None = None, *,
             n: int | None = None, ts: int = 0) -> np.ndarray:
@@ -458,6 +468,22 @@ class EGraph:
     def union_from(self, source: str) -> int:
         """Queue unions from a SELECT of (a, b) pairs; returns the pairs queued."""
         return self.con.execute(f"INSERT INTO pending SELECT * FROM ({source}) p(a, b) WHERE a <> b").fetchall()[0][0]
+
+    def union_agreeing(self, source: str) -> tuple[int, int]:
+        """Queue the unions of a SELECT of (a, b) pairs whose e-classes agree in shape and dtype; the others, which
+        would be a ShapeConflict at the next ``rebuild``, are left out: (pairs queued, pairs left out). A pair with
+        an id that is no e-class now (displaced since it was read) is queued, as ``union_from`` queues it. Two
+        statements where ``union_from`` takes one."""
+        with self.scratch("agree") as tmp:
+            pairs, n = tmp.counted("pairs", f"SELECT p.a, p.b, ea.shape IS NOT DISTINCT FROM eb.shape AND ea.dtype IS NOT "
+                                            "DISTINCT FROM eb.dtype AND ea.tuple_shapes IS NOT DISTINCT FROM "
+                                            f"eb.tuple_shapes OR ea.id IS NULL OR eb.id IS NULL AS ok FROM ({source}) p(a, b) "
+                                            "LEFT JOIN eclass ea ON ea.id = p.a LEFT JOIN eclass eb ON eb.id = p.b "
+                                            "WHERE p.a <> p.b")
+            if not n:
+                return 0, 0
+            queued = self.con.execute(f"INSERT INTO pending SELECT a, b FROM {pairs} WHERE ok").fetchall()[0][0]
+            return queued, n - queued
 
     def find(self, ids) -> np.ndarray:
         frame = {"i": np.arange(len(ids), dtype=np.int64), "x": np.asarray(ids, dtype=np.int64)}

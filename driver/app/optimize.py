@@ -352,7 +352,7 @@ def _report(run: phases.Run, prepared: phases.Prepared, imported: phases.Importe
         latency=outcome.latency, extracted=outcome.extracted, written=outcome.written,
         verification=check.as_report(),
         notices=(list(imported.graph.notices) + list(derived.notices if derived is not None else ())
-                 + list(prepared.notices) + list(priced.notices) + list(outcome.notices)),
+                 + list(prepared.notices) + _conflicts(sat) + list(priced.notices) + list(outcome.notices)),
         phases_s=phases_s, search=searched.as_dict() if searched is not None else {"strategy": "eqsat"},
         fidelity={**search.fidelity, "call_overhead": overhead} if search is not None else None,
         shape_notes=search.notes if search is not None else None,
@@ -453,6 +453,15 @@ def _blocks(measured: dict) -> str:
         return f"threshold {measured['threshold']:.0%}"
     return (f"{measured['threshold']:.0%} in each of {len(ratios)} interleaved blocks: "
             f"{phases.block_range(ratios)}")
+
+
+def _conflicts(sat) -> list[str]:
+    """A notice per rule whose matches were left out because its right side's shape or dtype was not its left
+    side's (``runner.Report.conflicts``): the rule does not hold for those operands."""
+    if sat is None or not getattr(sat, "conflicts", None):
+        return []
+    return [f"rule {rule}: {n} match(es) left out: its right side's shape or dtype differs from its left side's "
+            "(the rule does not hold for those operands)" for rule, n in sorted(sat.conflicts.items())]
 
 
 def _limits(o, sat, searched, best, node_limit: int | None) -> list[dict]:

@@ -27,7 +27,12 @@ The phases of a round, one method each:
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``);
-  then the rule's build results are dropped.  The matches table (replaced rule by
+  then the rule's build results are dropped.  A rule that is not ``hand_written``
+  (generated, a user's: checked on random draws only) has each match checked: one
+  whose right side's shape or dtype is not its left side's is left out, not a
+  ShapeConflict that ends the run, and counted in ``Report.conflicts`` (a notice
+  of ``relsat optimize``); a hand-written rule's conflict is a bug, raised.
+  The matches table (replaced rule by
   rule) and the cycle filter's tables belong to the run (``EGraph.scratch``) and
   are dropped when it ends: a run leaves no temp table behind.
   Rules are matched and applied one after the other, in name order, but every
@@ -83,6 +88,7 @@ import numpy as np
 from relsat.programs.compiler import (BUILD_ROW_ID, MATCH_ROWS, MATCHES, SNAPSHOT_ALL, Compiled, Needs, compile_rule,
                                      lhs_needs, lhs_tables)
 from relsat.programs.ir import Rule
+from relsat.programs.rulesets import hand_written
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph
 from relsat.relations.schema import literal
@@ -170,6 +176,8 @@ class Report:
     seconds: float = 0.0
     statements: list[int] = field(default_factory=list)  # SQL statements executed per round
     dropped: int = 0  # matches left unapplied because the node limit cut them (how much the limit cut)
+    conflicts: dict[str, int] = field(default_factory=dict)  # per rule, matches left out whose right side's shape
+    # or dtype is not their left side's: the rule does not hold for those operands (``Runner._apply_matches``)
     in_parts: int = 0  # rule runs whose matches were applied in parts (``Runner._parts``)
 
 
@@ -309,6 +317,7 @@ class _Run:
     slow: int = 0  # slow rounds in a row, up to the last (``_check_stop``)
     lean: dict = field(default_factory=dict)  # rule -> whether its explanations store only what varies (``_lean``)
     mid_base: int = 1  # the ``mid`` of the matches table's first row (``fill_matches``)
+    checked: frozenset = frozenset()  # the rules whose unions are checked per match (not ``hand_written``)
 
 
 class RuleStat(NamedTuple):
@@ -456,7 +465,8 @@ class Runner:
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
         tmp.keep(MATCH_ROWS)  # (the view MATCHES over it goes with it: ``_saturate``)
         tree = TreeFilter(tmp.claim("tree_terms"), tmp.claim("tree_matched"))
-        return _Run(rules, sched, last + 1, start, tmp, Survey(), tree, self.chunk_budget())
+        checked = frozenset(r.rule for r in rules if not hand_written(r.ir))
+        return _Run(rules, sched, last + 1, start, tmp, Survey(), tree, self.chunk_budget(), checked=checked)
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
@@ -696,7 +706,7 @@ class Runner:
         """The right sides of the ``count`` matches in ``c.matches`` inserted, their unions queued, their
         explanations recorded, the build results dropped: (new e-nodes, applications)."""
         g, rnd = self.egraph, r.it.round
-        new_nodes = applied = 0
+        new_nodes = applied = queued = conflicts = 0
         # with cycle filtering, right sides get e-classes of their own first, so the check
         # sees what each union would join
         filtering = self.cycle_filter and c.multi
@@ -709,7 +719,8 @@ class Runner:
             res = g.insert_from(BY_TYPE[b.op], b.source, ts=rnd, limit=max(r.budget, 0),
                                 result=b.name, target=None if filtering else b.target,
                                 changed_only=b.changed_only, origin=c.rule if self.explain else None,
-                                rid=BUILD_ROW_ID)
+                                rid=BUILD_ROW_ID, conflicts="drop" if c.rule in self._state.checked else "raise")
+            conflicts += res.conflicts
             new_nodes += res.new_nodes
             r.budget -= res.new_nodes
             applied += res.targeted  # an application that needs no union
@@ -723,8 +734,13 @@ class Runner:
                           f"FROM {cyclic})")
             for t in c.results:
                 g.con.execute(f"DELETE FROM {t} WHERE mid IN (SELECT mid FROM {cyclic})")
-        queued = sum(g.union_from(u) for u in c.unions)
+        for u in c.unions:  # (a hand-written rule's unions unchecked: one statement each, not two)
+            q, left_out = g.union_agreeing(u) if c.rule in self._state.checked else (g.union_from(u), 0)
+            queued, conflicts = queued + q, conflicts + left_out
         applied += queued
+        if conflicts:
+            report = self._state.report
+            report.conflicts[c.rule] = report.conflicts.get(c.rule, 0) + conflicts
         if self.explain and (new_nodes or queued):
             self._explain(c, rnd, queued)
         for b in c.builds:  # free the rule's intermediate tables before the next rule (or part)
@@ -738,8 +754,13 @@ class Runner:
         (``explain_match_rows``, read as ``explain_matches``, from ``Compiled.witness``)."""
         g, rule = self.egraph, literal(c.rule)
         if queued:
-            g.con.execute(f"INSERT INTO explain_unions SELECT {rule}, {int(rnd)}, mid, a, b FROM ({c.pairs}) p(mid, a, b) "
-                          "WHERE a <> b")
+            # (a checked rule's pairs whose e-classes differ in shape were left out: ``EGraph.union_agreeing``)
+            joins, agree = ("", "") if c.rule not in self._state.checked else (
+                " LEFT JOIN eclass ea ON ea.id = p.a LEFT JOIN eclass eb ON eb.id = p.b",
+                " AND (ea.id IS NULL OR eb.id IS NULL OR ea.shape IS NOT DISTINCT FROM eb.shape AND ea.dtype IS NOT "
+                "DISTINCT FROM eb.dtype AND ea.tuple_shapes IS NOT DISTINCT FROM eb.tuple_shapes)")
+            g.con.execute(f"INSERT INTO explain_unions SELECT {rule}, {int(rnd)}, p.mid, p.a, p.b FROM ({c.pairs}) "
+                          f"p(mid, a, b){joins} WHERE p.a <> p.b{agree}")
         mids = (f"SELECT mid FROM explain_nodes WHERE round = {int(rnd)} AND rule = {rule} UNION "
                 f"SELECT mid FROM explain_unions WHERE round = {int(rnd)} AND rule = {rule}")
         if self._lean(c):  # what is the rule's is in ``explain_rules``; the view ``explain_matches`` joins it
