@@ -315,8 +315,10 @@ OPS: tuple[OpDef, ...] = (
         "Gemm",
         (Input("A"), Input("B"), Input("C", optional=True)),
         (Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0), Attr("transA", "int", 0), Attr("transB", "int", 0)),
-        shape="CASE WHEN len(s_a) = 2 AND len(s_b) = 2 AND s_a[2 - \"transA\"] = s_b[1 + \"transB\"] "
-        "THEN [s_a[1 + \"transA\"], s_b[2 - \"transB\"]] END",
+        # C broadcasts to the output [M, N] one way (ONNX: unidirectional): absent, a scalar, [N] or [1], [M or 1, N or 1]
+        shape="CASE WHEN len(s_a) = 2 AND len(s_b) = 2 AND s_a[2 - \"transA\"] = s_b[1 + \"transB\"] AND (c = -1 "
+        "OR len(s_c) = 0 OR len(s_c) = 1 AND s_c[1] IN (1, s_b[2 - \"transB\"]) OR len(s_c) = 2 AND s_c[1] IN (1, "
+        "s_a[1 + \"transA\"]) AND s_c[2] IN (1, s_b[2 - \"transB\"])) THEN [s_a[1 + \"transA\"], s_b[2 - \"transB\"]] END",
         flops="2 * prod(s_out) * s_a[2 - \"transA\"]",
         draw="gemm",
         torch="gemm(a, b, c, alpha, beta, transA, transB)",

@@ -22,6 +22,10 @@ CASES = [
     ("MatMul", [[3], [2, 3, 5]], {}),
     ("MatMul", [[2, 4, 3], [3]], {}),
     ("Gemm", [[3, 4], [3, 5]], {"transA": 1}),
+    ("Gemm", [[2, 3], [3, 5], [5]], {}),
+    ("Gemm", [[2, 3], [3, 5], [2, 1]], {}),
+    ("Gemm", [[2, 3], [3, 5], [1, 5]], {}),
+    ("Gemm", [[2, 3], [3, 5], []], {}),
     ("FusedMatMul", [[3], [2, 3, 5]], {}),
     ("FusedMatMul", [[2, 1, 3, 4], [2, 5, 4]], {"transB": 1}),
     ("Conv", [[1, 3, 32, 32], [8, 3, 3, 3]], {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]}),
@@ -91,6 +95,11 @@ def test_shape_rule_matches_onnx(op, shapes, attrs):
     ("Split", [[6]], {"axis": 0, "split": [2, 2]}),
     ("Transpose", [[2, 3]], {"perm": [0, 0]}),
     ("Squeeze", [[2, 3]], {"axes": [0]}),
+    # a bias that does not broadcast one way to the output [2, 5]: ONNX Runtime refuses such a Gemm; matrix-0220
+    # (generated) built one, a Gemm over two halves of a Concat keeping the whole's bias [4, 5]
+    ("Gemm", [[2, 3], [3, 5], [4, 5]], {}),
+    ("Gemm", [[2, 3], [3, 5], [3]], {}),
+    ("Gemm", [[2, 3], [3, 5], [2, 5, 1]], {}),
 ])
 def test_invalid_nodes_are_rejected(op, shapes, attrs):
     with pytest.raises(ShapeConflict):
