@@ -11,7 +11,10 @@ Every operation is a fixed number of SQL statements per operator table:
   carries the source's columns and each row's e-class.  What is inserted and the
   ids it gets do not depend on row order or threads: a LIMIT keeps the least
   keys, ids are given in key order.
-* ``union(a, b)`` queues pairs; ``rebuild()`` merges them: connected components
+* ``union(a, b)`` queues pairs (``union_agreeing``: only those whose e-classes
+  agree in shape and dtype, a rule's matches that hold; ``insert_from(...,
+  conflicts="drop")`` likewise leaves out a new node whose target disagrees);
+  ``rebuild()`` merges them: connected components
   by min-label propagation (one recursive CTE keyed by node), analyses merged (a
   shape conflict is an error naming both e-classes), the union-find table
   (displaced ids only) extended, and in each op table that holds a row over a
