@@ -69,6 +69,13 @@ class InvariantError(AssertionError):
     """An e-graph invariant (canonical children, congruence, one shape per e-class) is broken."""
 
 
+def classes_agree(a: str, b: str) -> str:
+    """SQL: whether e-class rows ``a`` and ``b`` (aliases of ``eclass``, LEFT JOINed: a missing one agrees) have one
+    shape, dtype and tuple shapes: what a union of the two needs (else a ShapeConflict)."""
+    return (f"({a}.id IS NULL OR {b}.id IS NULL OR {a}.shape IS NOT DISTINCT FROM {b}.shape AND {a}.dtype IS NOT "
+            f"DISTINCT FROM {b}.dtype AND {a}.tuple_shapes IS NOT DISTINCT FROM {b}.tuple_shapes)")
+
+
 class ShapeConflict(ValueError):
     """Two e-classes with different shapes or dtypes were unioned."""
 
@@ -478,9 +485,7 @@ class EGraph:
         an id that is no e-class now (displaced since it was read) is queued, as ``union_from`` queues it. Two
         statements where ``union_from`` takes one."""
         with self.scratch("agree") as tmp:
-            pairs, n = tmp.counted("pairs", f"SELECT p.a, p.b, ea.shape IS NOT DISTINCT FROM eb.shape AND ea.dtype IS NOT "
-                                            "DISTINCT FROM eb.dtype AND ea.tuple_shapes IS NOT DISTINCT FROM "
-                                            f"eb.tuple_shapes OR ea.id IS NULL OR eb.id IS NULL AS ok FROM ({source}) p(a, b) "
+            pairs, n = tmp.counted("pairs", f"SELECT p.a, p.b, {classes_agree('ea', 'eb')} AS ok FROM ({source}) p(a, b) "
                                             "LEFT JOIN eclass ea ON ea.id = p.a LEFT JOIN eclass eb ON eb.id = p.b "
                                             "WHERE p.a <> p.b")
             if not n:

@@ -90,7 +90,7 @@ from relsat.programs.compiler import (BUILD_ROW_ID, MATCH_ROWS, MATCHES, SNAPSHO
 from relsat.programs.ir import Rule
 from relsat.programs.rulesets import hand_written
 from relsat.relations.catalog import BY_TYPE
-from relsat.relations.egraph import EGraph
+from relsat.relations.egraph import EGraph, classes_agree
 from relsat.relations.schema import literal
 from relsat.relations.reach import cyclic_matches
 
@@ -757,8 +757,7 @@ class Runner:
             # (a checked rule's pairs whose e-classes differ in shape were left out: ``EGraph.union_agreeing``)
             joins, agree = ("", "") if c.rule not in self._state.checked else (
                 " LEFT JOIN eclass ea ON ea.id = p.a LEFT JOIN eclass eb ON eb.id = p.b",
-                " AND (ea.id IS NULL OR eb.id IS NULL OR ea.shape IS NOT DISTINCT FROM eb.shape AND ea.dtype IS NOT "
-                "DISTINCT FROM eb.dtype AND ea.tuple_shapes IS NOT DISTINCT FROM eb.tuple_shapes)")
+                f" AND {classes_agree('ea', 'eb')}")
             g.con.execute(f"INSERT INTO explain_unions SELECT {rule}, {int(rnd)}, p.mid, p.a, p.b FROM ({c.pairs}) "
                           f"p(mid, a, b){joins} WHERE p.a <> p.b{agree}")
         mids = (f"SELECT mid FROM explain_nodes WHERE round = {int(rnd)} AND rule = {rule} UNION "
