@@ -55,6 +55,7 @@ import math
 import os
 import platform
 import queue
+import re
 import shlex
 import shutil
 import statistics
@@ -89,9 +90,18 @@ def _line(text: str, n: int = 240) -> str:
     return " ".join(str(text).split()).replace("|", "/")[:n]
 
 
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Conflict)\b")
+
+
 def _tail(proc: subprocess.CompletedProcess) -> str:
+    """Why a process failed, in one line: its last exception line (``RuntimeError: CUDA error: ...``), then its last
+    lines; a CUDA fault's advice (``CUDA_LAUNCH_BLOCKING``) follows its error, so the last lines alone miss it."""
     lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").strip().splitlines() if ln.strip()]
-    return " / ".join(lines[-3:]) if lines else f"exit {proc.returncode}"
+    if not lines:
+        return f"exit {proc.returncode}"
+    errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+    last = lines[-3:]
+    return " / ".join(([errors[-1]] if errors and errors[-1] not in last else []) + last)
 
 
 # ---------------------------------------------------------------- where it runs

@@ -111,3 +111,20 @@ def test_a_corpus_model_gets_a_bigger_share_of_phase_one_than_a_small_zoo_model(
     # N or fewer left: all of what is left; never more than all of it
     assert bench_gpu.share("zoo small", 3.0, 3, 4) == 1.0
     assert bench_gpu.share("corpus", w["corpus"] + w["zoo small"], 5, 4) <= 1.0
+
+
+def test_a_failed_runs_line_names_its_error_before_the_advice_that_follows_it():
+    """A CUDA fault prints its error, then three lines of advice: the row's note named only the advice (run 1 on the
+    H200, four corpus models)."""
+    import subprocess
+    err = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+           "CUDA kernel errors might be asynchronously reported at some other API call, so\n"
+           "the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+           "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+    line = bench_gpu._tail(subprocess.CompletedProcess([], 1, "", err))
+    assert line.startswith("torch.AcceleratorError: CUDA error: device-side assert triggered / ")
+    assert line.endswith("enable device-side assertions.")
+    plain = bench_gpu._tail(subprocess.CompletedProcess([], 1, "", "a\nb\nValueError: bad\n"))
+    assert plain == "a / b / ValueError: bad"  # the error among the last lines: not twice
+    assert bench_gpu._tail(subprocess.CompletedProcess([], 3, "", "")) == "exit 3"
