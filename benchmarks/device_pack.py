@@ -67,10 +67,13 @@ def _zero_runs(a: np.ndarray) -> list[tuple[int, int]] | None:
     return [(int(r[0]), int(r.size)) for r in np.split(at, breaks) if r.size]
 
 
-def _redrawable(a: np.ndarray) -> bool:
-    """Whether a float32 weight may travel as its moments: big, finite, few exact zeros, many values."""
-    return (a.size >= REDRAW_MIN and bool(np.all(np.isfinite(a))) and _zero_runs(a) is not None
-            and np.unique(a).size > FEW)
+def _redrawable(a: np.ndarray) -> list[tuple[int, int]] | None:
+    """Where a float32 weight may travel as its moments (big, finite, few exact zeros, many values): the runs of
+    its zeros (``_zero_runs``); else None."""
+    if a.size < REDRAW_MIN or not np.all(np.isfinite(a)):
+        return None
+    zeros = _zero_runs(a)
+    return zeros if zeros is not None and np.unique(a).size > FEW else None
 
 
 def _draw(name: str, shape: tuple, moments: tuple, zeros: list[tuple[int, int]]) -> np.ndarray:
@@ -83,21 +86,19 @@ def _draw(name: str, shape: tuple, moments: tuple, zeros: list[tuple[int, int]])
     return a
 
 
-def _set_meta(model: onnx.ModelProto, key: str, value: str) -> None:
-    kept = [p for p in model.metadata_props if p.key != key]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model.metadata_props.add(key=key, value=value)
-
-
 def _pop_meta(model: onnx.ModelProto, key: str) -> str | None:
-    entry = next((p for p in model.metadata_props if p.key == key), None)
-    if entry is None:
-        return None
-    kept = [p for p in model.metadata_props if p.key != key]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    return entry.value
+    """The value of ``metadata_props`` entry ``key``, which is removed (None: there was none)."""
+    entry = next((p.value for p in model.metadata_props if p.key == key), None)
+    if entry is not None:
+        kept = [p for p in model.metadata_props if p.key != key]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
+    return entry
+
+
+def _set_meta(model: onnx.ModelProto, key: str, value: str) -> None:
+    _pop_meta(model, key)
+    model.metadata_props.add(key=key, value=value)
 
 
 def pack(model: onnx.ModelProto, redraw: bool = False) -> tuple[onnx.ModelProto, int]:
@@ -109,10 +110,11 @@ def pack(model: onnx.ModelProto, redraw: bool = False) -> tuple[onnx.ModelProto,
         if t.data_type != TensorProto.FLOAT or t.data_location == TensorProto.EXTERNAL or t.ByteSize() < 1024:
             continue
         a = numpy_helper.to_array(t)
-        if redraw and _redrawable(a):
+        runs = _redrawable(a) if redraw else None
+        if runs is not None:
             v = a[a != 0]  # the moments of the values drawn again, not of the zeros kept in place
             moments = (float(v.mean()), float(v.std()), float(v.min()), float(v.max()))
-            zeros = ",".join(f"{start}+{length}" for start, length in _zero_runs(a))
+            zeros = ",".join(f"{start}+{length}" for start, length in runs)
             redrawn.append("\t".join([name, *map(repr, moments), zeros]))
             del t.float_data[:]
             t.raw_data = b""
