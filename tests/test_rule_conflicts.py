@@ -83,3 +83,30 @@ def test_explanations_record_no_union_that_was_left_out(tmp_path):
     report = Runner(g, _user_rules(tmp_path), Limits(iterations=4, enodes=10_000, seconds=60), explain=True).run()
     assert report.conflicts["matrix-1009"] == 1
     assert g.sql("SELECT count(*) FROM explain_unions WHERE rule = 'matrix-1009'")[0][0] == 0
+
+
+def test_backtracking_materialises_such_a_match_without_its_union(tmp_path):
+    """Backtracking applies each match as a child graph of its own: a child of a match that does not hold is
+    materialised without the union (it raised a ShapeConflict before), and the search ends."""
+    from relsat.driver.search.backtrack import backtrack
+    from relsat.extract.analytic import analytic_costs
+    imp = import_model(_model())
+    g, roots = imp.egraph, [c for _, c in imp.outputs]
+    res = backtrack(g, _user_rules(tmp_path), roots, analytic_costs, alpha=10.0, budget=20)
+    # both children (one per rule's match) were materialised, each the root graph again (a duplicate), and the
+    # search ran out of graphs
+    assert res.stop == "exhausted" and res.stats["materialised"] == 2 and res.stats["duplicates"] == 2
+    g.check_invariants()
+
+
+def test_monte_carlo_search_reports_the_left_out_matches_of_the_graph_it_chose(tmp_path):
+    """The report of the rounds that built the chosen e-graph carries the conflicts too (``optimize``'s notices
+    read it), as it carries the applications per rule."""
+    from relsat.driver.search.mcts import mcts
+    from relsat.extract.analytic import analytic_costs
+    imp = import_model(_model())
+    g, roots = imp.egraph, [c for _, c in imp.outputs]
+    res = mcts(g, _user_rules(tmp_path), roots, analytic_costs, limits=Limits(iterations=4, enodes=10_000, seconds=60),
+               iterations=10, seed=0, extractor="greedy")
+    assert res.report.conflicts and set(res.report.conflicts) <= {"matrix-1009", "transpose-as-relu"}
+    g.check_invariants()

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from relsat.programs.compiler import BUILD_ROW_ID, Compiled, compile_rule
+from relsat.programs.rulesets import checked_rules
 from relsat.programs.ir import Rule
 from relsat.relations.catalog import BY_TYPE, OPS
 from relsat.relations.egraph import EGraph
@@ -111,8 +112,11 @@ class _Graphs:
     graph, a graph's children priced on a scratch copy, a child materialised, a graph's cost and its
     fingerprint.  Owns the saved states and the round counter the rewrites are stamped with."""
 
-    def __init__(self, g: EGraph, compiled: list[Compiled], roots, price: Price) -> None:
+    def __init__(self, g: EGraph, compiled: list[Compiled], roots, price: Price,
+                 checked: frozenset = frozenset()) -> None:
         self.g, self.compiled, self.roots, self.price = g, compiled, list(roots), price
+        self.checked = checked  # rules whose unions are checked (``rulesets.checked_rules``): a child that does not
+        # hold is materialised without them, as ``Runner`` leaves such a match out
         self.states = States(g)
         self.ts = 0
 
@@ -234,7 +238,7 @@ class _Graphs:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _bt_old AS SELECT e.id AS node FROM enodes e "
                     f"WHERE e.eclass IN (SELECT a FROM ({c.pairs}) p(mid, a, b)) AND e.ts < {self.ts}")
         for u in c.unions:
-            g.union_from(u)
+            g.union_agreeing(u) if c.rule in self.checked else g.union_from(u)
         for b in c.builds:
             con.execute(f"DROP TABLE IF EXISTS {b.name}")
         g.rebuild(ts=self.ts)
@@ -302,7 +306,7 @@ class Backtrack:
     def __init__(self, g: EGraph, rules: list[Rule], roots, price: Price, *, alpha: float = ALPHA,
                  budget: int = BUDGET, seconds: float = 60.0, on_step=None) -> None:
         compiled: list[Compiled] = [compile_rule(r) for r in rules]
-        self.graphs = _Graphs(g, compiled, roots, price)
+        self.graphs = _Graphs(g, compiled, roots, price, checked_rules(rules))
         self.tree = _Tree([c.rule for c in compiled])
         self.alpha, self.budget, self.seconds, self.on_step = alpha, budget, seconds, on_step
         self.seen: set[int] = set()  # the fingerprints of the graphs materialised

@@ -156,6 +156,8 @@ class _Env:
             report.stop_reason = rep.stop_reason
             for rule, n in rep.applied_by_rule.items():
                 report.applied_by_rule[rule] = report.applied_by_rule.get(rule, 0) + n
+            for rule, n in rep.conflicts.items():
+                report.conflicts[rule] = report.conflicts.get(rule, 0) + n
         return self.states.freeze(), report
 
 

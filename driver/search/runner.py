@@ -27,7 +27,7 @@ The phases of a round, one method each:
 - ``_apply``: that rule's right sides inserted (hash-consed) and its unions
   queued; for multi-pattern rules with ``cycle_filter``, an application whose
   unions would make an e-class depend on itself is dropped (``relations.reach``);
-  then the rule's build results are dropped.  A rule that is not ``hand_written``
+  then the rule's build results are dropped.  A rule that is not ``rulesets.hand_written``
   (generated, a user's: checked on random draws only) has each match checked: one
   whose right side's shape or dtype is not its left side's is left out, not a
   ShapeConflict that ends the run, and counted in ``Report.conflicts`` (a notice
@@ -88,7 +88,7 @@ import numpy as np
 from relsat.programs.compiler import (BUILD_ROW_ID, MATCH_ROWS, MATCHES, SNAPSHOT_ALL, Compiled, Needs, compile_rule,
                                      lhs_needs, lhs_tables)
 from relsat.programs.ir import Rule
-from relsat.programs.rulesets import hand_written
+from relsat.programs.rulesets import checked_rules
 from relsat.relations.catalog import BY_TYPE
 from relsat.relations.egraph import EGraph, classes_agree
 from relsat.relations.schema import literal
@@ -317,7 +317,7 @@ class _Run:
     slow: int = 0  # slow rounds in a row, up to the last (``_check_stop``)
     lean: dict = field(default_factory=dict)  # rule -> whether its explanations store only what varies (``_lean``)
     mid_base: int = 1  # the ``mid`` of the matches table's first row (``fill_matches``)
-    checked: frozenset = frozenset()  # the rules whose unions are checked per match (not ``hand_written``)
+    checked: frozenset = frozenset()  # the rules whose matches are checked one by one (``checked_rules``)
 
 
 class RuleStat(NamedTuple):
@@ -465,8 +465,8 @@ class Runner:
         last = self.egraph.con.execute("SELECT coalesce(max(round), 0) FROM iterations").fetchall()[0][0]
         tmp.keep(MATCH_ROWS)  # (the view MATCHES over it goes with it: ``_saturate``)
         tree = TreeFilter(tmp.claim("tree_terms"), tmp.claim("tree_matched"))
-        checked = frozenset(r.rule for r in rules if not hand_written(r.ir))
-        return _Run(rules, sched, last + 1, start, tmp, Survey(), tree, self.chunk_budget(), checked=checked)
+        return _Run(rules, sched, last + 1, start, tmp, Survey(), tree, self.chunk_budget(),
+                    checked=checked_rules(self.rules))
 
     def _check_limits(self, enodes: int) -> StopReason | None:
         """Before a round: the e-node limit (``enodes`` now) and the time limit."""
