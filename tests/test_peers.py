@@ -130,6 +130,26 @@ def test_corpus_rows_record_peers(tmp_path, monkeypatch):
     assert row["wrong_status"].startswith("failed: verification failed: ") and "\n" not in row["wrong_status"]
 
 
+def test_corpus_peers_optimize_at_the_threads_asked(tmp_path, monkeypatch):
+    """``--optimized-at N``: the peers' options carry relsat's threads (relsat-on-onnxsim optimizes at N); without
+    it, relsat's default (None: all cores)."""
+    model = tiny()
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, path)
+    seen = []
+
+    def spy(m, opts, tmp):
+        seen.append(opts.threads)
+        onnx.save(m, tmp / "same.onnx")
+        return tmp / "same.onnx", {}
+
+    monkeypatch.setitem(compare.MAKERS, "spy", spy)
+    binding = {"costed": BINDINGS[0], "second": BINDINGS[1]}
+    for at in (1, None):
+        bench_corpus.run_peers("tiny", path, model, binding, tmp_path, {}, peers=("spy",), optimized_at=at)
+    assert seen == [1, None]
+
+
 def test_latency_table_geomeans_and_failures():
     rows = [{"model": "efficientnet_b0", "ms_1t": {"original": 10.0, "relsat": 9.0, "onnxsim": 9.5,
                                                       "onnxslim": 10.0, "relsat-on-onnxsim": 8.0},
