@@ -648,10 +648,13 @@ def choose(run: Run, imported: Imported, saturated: Saturated, priced: Priced, e
     if fid.get("confirmed"):
         held = fid["confirmed"]
         ratios = ", ".join(f"{h['ratio']:.2f}x" for h in held)  # of the median of the bursts
+        moved = ", ".join(f"{h['label']} {h['cached_ms']:.3f} -> {h['fresh_ms']:.3f} ms"
+                          for h in held if h.get("restated"))
         notices.append(
             f"{len(held)} cached whole-graph profile(s) disagreed with the fresh timing beyond the noise, but measured "
             f"again as they were taken they held ({ratios} of the new measurement): the timing moved, not the "
-            f"profile, and the candidates were not searched again")
+            f"profile, and the candidates were not searched again"
+            + (f"; those nearer the timing when measured again restated as measured now ({moved})" if moved else ""))
     if fid.get("original_within_tolerance") is False:
         notices.append(
             f"the in-context prediction of the original is {fid['original_prediction_ratio']:.2f}x its measured "
