@@ -37,7 +37,8 @@ here):
    another, so no choice of the ILP (:meth:`Search.check`). A cached one that is stale is first measured
    again as it was taken (a session, runs back to back, ``REMEASURE_BURSTS`` times: ``_remeasure``); when
    those bursts' range, widened by the noise, holds the row, the row holds (the timing moved, not the profile)
-   and nothing is searched again.
+   and nothing is searched again; a held row off the timing beyond the floor whose re-measure lies within it is
+   restated as measured now (``_restate_held``).
    When one is stale, its row is removed from the cache and steps 1 to 3 run again, re-taking every profile the
    check found stale or did not check (their rows replaced), so the prices and the candidates come from fresh
    numbers; the candidates are timed again (unless they are the graphs just timed: those timings stand)
