@@ -733,10 +733,7 @@ class Search:
         for k in range(CONFIRM_TIMINGS):
             status(f"timing the {c.label} graph against the input model again (it runs fewer kernels) ...")
             more = {"min_runs": CONFIRM_MIN_RUNS, "budget_s": BUDGET_S * 2} if k else {}
-            orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads,
-                                      backend=self.backend, input_shapes=shapes,
-                                      roles=feeds.input_roles(input_model, shapes), seed=1 + k, **more)
-            held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
+            held = self._timed_again(input_model, c, shapes, threshold, seed=1 + k, **more)
             c.confirm = dict(held.as_dict(), timings=1 + k, simplified=True, earlier=list(earlier))
             if not_slower(held):
                 held.keep_optimized = True
@@ -744,10 +741,20 @@ class Search:
             if not slower_in_a_block_only(held):
                 break
             earlier.append(c.confirm)
-        c.status = (f"{SLOWER_SIMPLIFIED} ({judged_ms(again, self.threads, self.backend):.3f} ms vs "
-                    f"{judged_ms(orig, self.threads, self.backend):.3f} ms"
+        c.status = (f"{SLOWER_SIMPLIFIED} ({judged_ms(held.optimized, self.threads, self.backend):.3f} ms vs "
+                    f"{judged_ms(held.original, self.threads, self.backend):.3f} ms"
                     + (f"; {c.confirm['timings']} timings" if c.confirm["timings"] > 1 else "") + ")")
         return False, held
+
+    def _timed_again(self, input_model: onnx.ModelProto, c: Candidate, shapes, threshold: float, *, seed: int,
+                     **runs) -> GuardResult:
+        """The input model and ``c`` timed again, by themselves, in fresh sessions at ``shapes``
+        (``time_models``; ``runs``: its min_runs, budget_s, race), and judged (``judge``): what ``_confirmed`` and
+        ``_not_slower`` decide on."""
+        orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
+                                  input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=seed,
+                                  **runs)
+        return judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
 
     def _fidelity(self, checks: list[dict], *, timings_of_input_ms: list, stale=(), searches: int = 1,
                   retaken: int = 0, stale_rows_removed: int = 0, stale_rows_replaced: int = 0, retake_s: float = 0.0,
@@ -1008,9 +1015,12 @@ class Search:
                 continue
             off = lambda ms: abs(math.log(ms / h["timed_ms"]))
             if off(h["fresh_ms"]) <= math.log1p(self.fidelity_floor) < off(h["cached_ms"]):
-                h["restated"] = restate_latency(
-                    self.cache, h["key"], h["fresh_ms"], h["bursts_ms"], quartiles_ms=h["quartiles_ms"],
-                    runs=h["runs"], backend=self.backend, threads=self.threads)
+                h["restated"] = self._restate_as_measured(h)
+
+    def _restate_as_measured(self, h: dict) -> bool:
+        """Row ``h["key"]``'s cached latency restated as its re-measure (``_remeasure``'s entry ``h``) found it."""
+        return restate_latency(self.cache, h["key"], h["fresh_ms"], h["bursts_ms"], quartiles_ms=h["quartiles_ms"],
+                               runs=h["runs"], backend=self.backend, threads=self.threads)
 
     def _restate(self, checks: list[dict], status) -> list[dict]:
         """The profiles this run took that disagree with the fresh timing, measured again (``_remeasure``); where
@@ -1023,9 +1033,7 @@ class Search:
             return []
         again = self._remeasure(own, status)
         for h in again:
-            h["restated"] = not h["held"] and restate_latency(
-                self.cache, h["key"], h["fresh_ms"], h["bursts_ms"], quartiles_ms=h["quartiles_ms"], runs=h["runs"],
-                backend=self.backend, threads=self.threads)
+            h["restated"] = not h["held"] and self._restate_as_measured(h)
         return again
 
     @staticmethod
@@ -1072,12 +1080,10 @@ class Search:
         tries = []
         for k in range(CONFIRM_TIMINGS):
             status(f"timing the {c.label} graph against the input model again ...")
-            orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads,
-                                      backend=self.backend, input_shapes=shapes,
-                                      roles=feeds.input_roles(input_model, shapes), seed=1 + k,
-                                      min_runs=CONFIRM_MIN_RUNS * 2**k, budget_s=BUDGET_S * 2**k,
-                                      race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
-            held = judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
+            held = self._timed_again(input_model, c, shapes, threshold, seed=1 + k,
+                                     min_runs=CONFIRM_MIN_RUNS * 2**k, budget_s=BUDGET_S * 2**k,
+                                     race=undecided(threads=self.threads, backend=self.backend, threshold=threshold))
+            orig, again = held.original, held.optimized
             tries.append(held.as_dict())
             c.confirm = dict(tries[-1], timings=len(tries), earlier=tries[:-1])
             if held.keep_optimized:
