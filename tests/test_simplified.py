@@ -246,7 +246,14 @@ def test_a_graph_that_does_less_is_written_simplified_and_not_called_faster(tmp_
     run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(run(out), run(src), rtol=0, atol=1e-6)
 
-    again = optimize(str(src), output=str(out), threads=1, cost_cache=cache, guard_threshold=NEVER).report
+    for _ in range(3):  # as in test_comparisons: a profile taken while the machine ran at another speed recalls
+        # nothing (found stale, and its own re-measure did not hold it: re-taken, everything timed); the next run may
+        again = optimize(str(src), output=str(out), threads=1, cost_cache=cache, guard_threshold=NEVER).report
+        if again["fidelity"]["comparison_recalled"] is not None:
+            break
+        found = again["fidelity"]["comparison_found"]  # (once in a CI run; 1 of 30 here with two busy processes)
+        assert found is not None and not found["recalled"] and any(r["stale"] for r in found["checked"])
+        assert any(not r["held"] for r in found["remeasured"])
     assert again["fidelity"]["comparison_recalled"] is not None
     assert again["written"] == "optimized" and again["measured"]["simplified"] is not None
     assert again["fidelity"]["comparison_found"]["written"] == next(
