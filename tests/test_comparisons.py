@@ -201,7 +201,7 @@ def test_a_comparison_naming_a_graph_that_could_not_load_is_recalled(tmp_path):
     again without loading it."""
     from onnx import helper
 
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search.candidate import Candidate
     from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
@@ -230,7 +230,7 @@ def test_a_recalled_written_graph_not_faster_now_keeps_the_input_model_and_times
     """A stored comparison wrote a candidate; a warm run that recalls it times that candidate against the input
     model again, finds it slower now, and keeps the input model without timing the other candidates (they were
     slower than it then); the row stays, so the next run confirms that candidate afresh."""
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search.candidate import Candidate
     from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
@@ -265,7 +265,7 @@ def test_a_recalled_comparison_gives_its_fastest_candidate_the_second_timing_it_
     (it kept the input model) gives that candidate its second timing when recalled: a graph doing half the input
     model's work is written, one doing 1.5x is not; the row is stored again with the outcome, so the next recall
     confirms a written one as written, and does not time a slower one again."""
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search.candidate import Candidate
     from test_context import _matmul_model, _noisy, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
@@ -323,8 +323,8 @@ def test_a_recall_whose_profile_its_own_measurement_holds_is_not_undone_by_a_slo
     cache above)."""
     import numpy as np
 
-    from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search import choice as search_mod
+    from relsat.driver.search.candidate import Candidate
     from relsat.extract.context import graph_latency
     from test_context import _matmul_model, _search
 
@@ -364,7 +364,7 @@ def test_a_recalled_near_miss_that_todays_guard_keeps_is_timed_again_and_written
     the runs fell in two clusters and its overall median was above the input model's (BERT-base: "0.766x"), so
     it kept the input model. Recalled, today's guard (the blocks' medians) keeps that candidate: it gets the
     timing a written one gets, and doing half the input model's work it is written."""
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search.candidate import Candidate
     from test_context import _matmul_model, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
@@ -392,8 +392,9 @@ def test_the_profile_measured_again_on_recall_runs_its_graph_with_its_weights(tm
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search import choice as search_mod
+    from relsat.driver.search.fidelity import REMEASURE_BURSTS
+    from relsat.driver.search.candidate import Candidate
     from relsat.extract.context import graph_latency
     from test_context import _search
 
@@ -426,7 +427,7 @@ def test_the_profile_measured_again_on_recall_runs_its_graph_with_its_weights(tm
     found = s.fidelity["comparison_found"]
     assert [r["stale"] for r in found["checked"]] == [True]
     (again,) = found["remeasured"]  # the graph ran, with its weights: measured in every burst
-    assert again["key"] == "orig" and len(again["bursts_ms"]) == search_mod.REMEASURE_BURSTS and again["fresh_ms"] > 0
+    assert again["key"] == "orig" and len(again["bursts_ms"]) == REMEASURE_BURSTS and again["fresh_ms"] > 0
     # (on a quiet machine it holds, as above; under load the bursts may not, and then the recall is dropped)
     assert found["recalled"] == again["held"] and (s.fidelity["comparison_recalled"] is not None) == again["held"]
     if again["held"]:
@@ -439,8 +440,9 @@ def test_a_close_miss_is_timed_again_by_at_most_two_later_recalls(tmp_path, monk
     140.6 ms), the input model is kept, and a later run that recalls the comparison times the candidate again,
     ``REOPENED_MOST`` (2) recalls at most; after them the verdict stands and only the input model is timed. The
     second timings here are what a machine whose speed moved within each gives, every time."""
-    from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import CLOSE_MISS, REOPENED_MOST, Candidate
+    from relsat.driver.search import choice as search_mod
+    from relsat.driver.search.candidate import CLOSE_MISS, Candidate
+    from relsat.driver.search.recall import REOPENED_MOST
     from test_context import _matmul_model, _noisy, _search
 
     original, cache = _matmul_model(2), CostCache(tmp_path / "c.duckdb")
@@ -479,8 +481,8 @@ def test_a_row_stored_before_close_misses_were_told_apart_times_its_candidate_ag
     import json
     from dataclasses import asdict
 
-    from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import Candidate
+    from relsat.driver.search import choice as search_mod
+    from relsat.driver.search.candidate import Candidate
     from relsat.extract.cost_cache import CostRow, conditions
     from test_context import _matmul_model, _noisy, _search
 

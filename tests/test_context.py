@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from relsat.relations.backend import CPU
-from relsat.driver.search.candidates import Candidate, Search
+from relsat.driver.search.candidate import Candidate
+from relsat.driver.search.candidates import Search
 from relsat.driver.boundary.onnx_export import export_graph, fill_weights
 from relsat.driver.boundary.onnx_import import import_model
 from relsat.driver.app.optimize import optimize
@@ -454,7 +455,7 @@ def test_a_promising_second_timing_is_followed_by_one_with_twice_the_runs(monkey
     all but one): the next timing makes twice the runs and spends twice the budget, and it alone decides (a graph
     doing half the input model's work: written)."""
     from relsat.driver.boundary.latency import BUDGET_S
-    from relsat.driver.search import candidates as search_mod
+    from relsat.driver.search import choice as search_mod
 
     original = _matmul_model(2)
     s = _search(original)

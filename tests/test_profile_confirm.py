@@ -11,7 +11,8 @@ import shutil
 
 from relsat.driver.app.optimize import optimize
 from relsat.driver.boundary import zoo
-from relsat.driver.search.candidates import FIDELITY_FLOOR, REMEASURE_BURSTS, Search
+from relsat.driver.search.candidates import Search
+from relsat.driver.search.fidelity import FIDELITY_FLOOR, REMEASURE_BURSTS
 from test_cache_fidelity import MODEL, THREADS, honest, rows  # noqa: F401  (the module-scoped fixture)
 
 

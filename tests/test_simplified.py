@@ -186,8 +186,8 @@ def test_a_simplified_graph_slower_only_by_a_block_is_timed_once_more_with_more_
     ``CONFIRM_MIN_RUNS`` runs and twice the budget, and that real timing (the input model's zero Adds gone: not
     slower) decides; the close call is kept in ``earlier``. A first timing 2 % slower by the medians ends it."""
     from relsat.driver.boundary.latency import BUDGET_S
-    from relsat.driver.search import candidates as search_mod
-    from relsat.driver.search.candidates import SLOWER_SIMPLIFIED, Candidate
+    from relsat.driver.search import choice as search_mod
+    from relsat.driver.search.candidate import SLOWER_SIMPLIFIED, Candidate
 
     from test_context import _noisy, _search
 
@@ -284,7 +284,7 @@ def test_a_recalled_written_graph_not_faster_now_is_written_simplified_where_it_
     kept. A written row stays as stored; a near miss's row is stored again as simplified, and the next recall writes
     it simplified again."""
     from relsat.driver.search import comparisons
-    from relsat.driver.search.candidates import SIMPLIFIED, Candidate
+    from relsat.driver.search.candidate import SIMPLIFIED, Candidate
     from relsat.extract.cost_cache import CostCache
 
     from test_context import _noisy, _search

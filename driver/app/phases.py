@@ -58,7 +58,9 @@ from relsat.relations.egraph import EGraph
 
 from relsat.driver.boundary import bindings, feeds, latency, torch_runtime
 from relsat.driver.boundary.bindings import Binding
-from relsat.driver.search.candidates import REOPENED_MOST, SLOWER_SIMPLIFIED, Candidate, Search
+from relsat.driver.search.candidate import SLOWER_SIMPLIFIED, Candidate
+from relsat.driver.search.candidates import Search
+from relsat.driver.search.recall import REOPENED_MOST
 from relsat.driver.errors import RelsatError, error_line
 from relsat.driver.boundary.onnx_export import export_model, in_order, node_positions
 from relsat.driver.boundary.onnx_import import ImportResult, check_ort_loadable, import_model, read_model
