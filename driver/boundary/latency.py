@@ -127,7 +127,8 @@ def session(model_or_path, *, threads: int = 1, backend: Backend = CPU) -> ort.I
 
 def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shapes: dict | None = None,
                 budget_s: float = BUDGET_S, min_runs: int = MIN_RUNS, seed: int = 0,
-                roles: dict | None = None, race: Callable[[list[Latency]], list[bool]] | None = None) -> list[Latency]:
+                roles: dict | None = None, race: Callable[[list[Latency]], list[bool]] | None = None,
+                keep: list | None = None) -> list[Latency]:
     """Median latency of each model (ModelProtos or paths) on the same inputs, runs interleaved.
 
     The runs are made in two blocks with fresh sessions, created in the given order and then in
@@ -137,7 +138,11 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     ``race``: given the timings after the first block, which models still need the second (the first
     model, the reference, runs in it when it needs it or any other does); a model left out keeps its first
     block's timing, and when none needs it the second block is not run at all. :func:`undecided` is the race
-    of the guard's decision: a model whose blocks already overlap the reference's cannot pass it."""
+    of the guard's decision: a model whose blocks already overlap the reference's cannot pass it.
+
+    ``keep``: a list that receives the last block's sessions, one per model in order, when that block ran every
+    model (else it stays empty): the caller's to run once more after the timing (the measured choice verifies
+    the graph it timed in them: ``relsat.driver.search.choice``), not to time again."""
     # each model made runnable once for both blocks' sessions (``runtime.runnable``; a ModelProto would be made so at
     # every session made)
     models = [runtime.runnable(m) for m in models]
@@ -146,8 +151,9 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     feeds = None
     blocks: list[list[tuple[int, int]]] = [[] for _ in models]  # each block's runs: (first, end) in times
     active = list(range(len(models)))
+    last = None  # the block's sessions handed out (``keep``): released before the next block makes its own
     for block in range(2):
-        starts = [len(t) for t in times]
+        starts, last = [len(t) for t in times], None
         try:
             made = {k: session(models[k], threads=threads, backend=backend) for k in active[::1 - 2 * block]}
         except RelsatError:
@@ -160,6 +166,7 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
         runs = [(s, {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}) for s in sessions]
         sub_times, sub_cpu = [times[k] for k in active], [cpu[k] for k in active]
         _timed_block(runs, sub_times, sub_cpu, budget_s / 2, max(1, math.ceil(min_runs / 2)))
+        last = sessions if keep is not None and len(active) == len(models) else None
         del made, sessions, runs
         for k in active:  # the block's runs in two halves, in time order
             a = starts[k]
@@ -171,6 +178,8 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
             if not rest and not need[0]:
                 break
             active = [0, *rest]
+    if last is not None:
+        keep[:] = last
     return _latencies(times, cpu, blocks)
 
 

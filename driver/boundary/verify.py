@@ -19,7 +19,9 @@ and friends round differently, and relsat's rewrites may round like them).
 The original's run without optimizations is made only for a draw where an output fails the
 comparison without that floor: a wider floor passes whatever a narrower one passes, so the verdict is
 the same, and a draw that passes is reported against the narrower floor (ViT-B/16 against a candidate that
-matches, six draws at two bindings, twice each: 14.5 and 12.8 s before, 11.1 and 8.7 s without those runs).
+matches, six draws at two bindings, twice each: 14.5 and 12.8 s before, 11.1 and 8.7 s without those runs); its
+session is made then too (GPT-2: 1.5 s a session). A caller that holds sessions of both models already (the
+measured choice, from its last timing) passes them in (``optimized``, ``reference``), and none is made.
 Integer, boolean and string elements must be equal (strings compared as text,
 never as numbers); NaN must match NaN and an infinity the same infinity.
 
@@ -334,9 +336,9 @@ def _worst(check: OutputCheck, output: str, draw: int, label: str) -> dict:
 
 def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
            input_shapes: dict[str, list[int]] | None = None, draws=INPUT_DRAWS, bindings=None,
-           input_sets=()) -> VerifyResult:
+           input_sets=(), reference=None) -> VerifyResult:
     """Run ``original`` and ``optimized`` (models or paths; ``optimized`` may also be an ONNX Runtime
-    session already made for it) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
+    session already made for it, and ``reference`` one made for ``original`` at level ALL) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
     of ``draws`` at every binding of ``bindings``, a list of input shapes dicts, default
     ``[input_shapes]``) and on the user's ``input_sets`` (feeds dicts), and compare every output of
     the original, element by element (module docstring).  The result records what was compared: the
@@ -357,18 +359,29 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
         cases.append((f"(the user's input set {k + 1})", lambda sessions, given=given: dict(given), None))
     label = str(original) if not isinstance(original, onnx.ModelProto) else "the original model"
     try:
-        ref_sess = runtime.session(original)
-        plain_sess = runtime.session(original, optimize=False)
+        ref_sess = reference if reference is not None else runtime.session(original)
+        evaluator = False
     except Exception as e:
-        ref_sess = plain_sess = _reference(source)  # an old model ONNX Runtime cannot run: the spec's evaluator
+        ref_sess = _reference(source)  # an old model ONNX Runtime cannot run: the spec's evaluator
         if ref_sess is None:
             raise RelsatError(f"{label}: ONNX Runtime cannot load the model: {error_line(e)}") from None
+        evaluator = True
+    plain = []  # the original's session without graph optimizations, made at the first draw that needs it (None:
+    # it cannot be made, and the draw is judged without the floor it gives)
+
+    def plain_sess():
+        if not plain:
+            try:
+                plain.append(runtime.session(original, optimize=False))
+            except Exception:
+                plain.append(None)
+        return plain[0]
     drawn: list[dict] = []  # per binding compared: input name -> what _seen noted of its random draws
     sets, worst = 0, None
 
     def result(ok, abs_err, rel_err, checks, msg, n) -> VerifyResult:
         return VerifyResult(
-            ok, abs_err, rel_err, checks, msg, n, rtol=rtol, atol=atol, noise_floor=plain_sess is not ref_sess,
+            ok, abs_err, rel_err, checks, msg, n, rtol=rtol, atol=atol, noise_floor=not evaluator,
             bindings=len(drawn), random_draws=[(int(s), float(c)) for s, c in draws], input_sets=sets,
             inputs=describe_inputs(drawn, roles_at, draws), worst=_worst(*worst) if worst is not None else None)
 
@@ -409,9 +422,11 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
             return result(False, float("inf"), float("inf"), checks,
                           f"ONNX Runtime cannot run the optimized model: {error_line(e)}", d)
         compared = [compare_output(r, got[n], rtol=rtol, atol=atol) for n, r in zip(names, ref)]
-        if plain_sess is not ref_sess and not all(c.ok for c in compared):  # the noise floor, where it can matter
-            plain = original_run(plain_sess)
-            compared = [compare_output(r, got[n], rtol=rtol, atol=atol, noise=p) for n, r, p in zip(names, ref, plain)]
+        if not evaluator and not all(c.ok for c in compared) and plain_sess() is not None:  # the noise floor,
+            # where it can matter
+            unoptimized = original_run(plain_sess())
+            compared = [compare_output(r, got[n], rtol=rtol, atol=atol, noise=p)
+                        for n, r, p in zip(names, ref, unoptimized)]
         for n, c in zip(names, compared):
             c.draw = d
             if worst is None or c.ratio > worst[0].ratio:

@@ -12,18 +12,24 @@ verifies written where it is faster beyond the noise, else one that does less wh
    row that is stale now (it passed the first check inside a wider noise band) is re-taken the same way, up to
    ``RETAKES`` searches in all, then only removed. The choice made is stored, and a later run that reaches the same
    graphs recalls it (``relsat.driver.search.recall``).
-5. **Choice** (``_pick``): the candidates are verified fastest first; the fastest that verifies is written when it
-   beats the input model by more than the guard threshold and beyond the spread of the timing (every block median
-   below every one of the input model's: :func:`relsat.driver.boundary.latency.judge`), and again in a second
-   timing of the two alone (:meth:`Choice._confirmed`: the fastest of several candidates beats the threshold by
-   noise now and then; a second timing that is faster in every block but not by the threshold in all is taken once
-   more, judged alone by the same rule), else the input model is.
+5. **Choice** (``_pick``): fastest first, a candidate that beats the input model by more than the guard threshold
+   and beyond the spread of the timing (every block median below every one of the input model's:
+   :func:`relsat.driver.boundary.latency.judge`) is timed again with the input model alone (:meth:`Choice._confirmed`:
+   the fastest of several candidates beats the threshold by noise now and then; a second timing that is faster in
+   every block but not by the threshold in all is taken once more, judged alone by the same rule) and, faster there
+   too, verified, in that timing's sessions (``_verify``: none made for it); the first that verifies is written,
+   else the input model is. A candidate that fails verification gives way to the next.
 6. **Simplified** (:meth:`Choice._simplified`, ``Options.simplify``): where none is written so, the fastest
    candidate not slower beyond the threshold in the first timing that ONNX Runtime runs with fewer kernels and no
    more work of any kind than the input model (:func:`relsat.driver.boundary.ort_graph.does_less`, on the graphs
-   the runtime itself optimized) is verified and timed against the input model again; not slower there (by the
+   the runtime itself optimized) is timed against the input model again and verified; not slower there (by the
    medians, and in no block beyond the threshold: :func:`relsat.driver.boundary.latency.not_slower`), it is
    written, and reported as simplified, not faster.
+
+A graph is verified after its second timing, in the sessions of that timing's last block (``_kept``: both models
+loaded at level ALL, at these threads), so its verification makes no session of its own where the backend is ONNX
+Runtime on the CPU (GPT-2: three sessions of 1.5 s each, of a warm run's 34 s); on another backend the timing's
+sessions are not the CPU sessions verification runs in, and it makes its own.
 
 What of ``Search`` this uses: its candidates (``candidates``, ``usable()``, ``original``), ``cache``, ``feeds``,
 ``backend``, ``threads``, ``simplify``, ``_run_args`` and ``_retake()`` (steps 1 to 3 again), the check
@@ -57,6 +63,9 @@ CONFIRM_TIMINGS = 2  # second timings at most, the next only after a promising o
 class Choice:
     """The candidates timed, checked, verified and the one to write chosen (module docstring)."""
 
+    _kept = None  # (candidate, the input model's session, its session): the last block of their last timing
+    # (``_timed_again``), kept for its verification (``_verify``); released before anything else is timed
+
     def _ready(self, status) -> None:
         """Each candidate graph that was not profiled (next-best graphs) loaded in ONNX Runtime with its
         optimizations on; one that
@@ -82,7 +91,7 @@ class Choice:
         unless its profile disagrees with its first block: the first block alone is biased (the sessions made
         first in it run slower, the reason for the second, reversed one) and the check (:meth:`check`) would
         then find a profile stale and search again, which costs far more than the block."""
-        shapes = bindings[0]  # timed at the costed binding
+        shapes, self._kept = bindings[0], None  # timed at the costed binding
         decided = undecided(threads=self.threads, backend=self.backend, threshold=threshold)
         orig = self.original
         same = next((c for c in cands if c.model is orig.model), None)
@@ -127,13 +136,13 @@ class Choice:
         (re-taking stale ones: see :data:`RETAKES`), verify fastest first. Returns the candidate to write
         (None: the input model), its verification, and the guard's report (the input model against the
         written or, if none, the fastest candidate; None without candidates)."""
-        self._serialized = {}
+        self._serialized, self._kept = {}, None
         try:
             picked, check, guard = self._choose(input_model, bindings, threshold, input_sets, status)
             self._fill(picked)  # (written: the only graph whose weights go into its model)
             return picked, check, guard
         finally:
-            self._serialized, self._input_sha256 = {}, None
+            self._serialized, self._input_sha256, self._kept = {}, None, None
 
     def _choose(self, input_model, bindings, threshold, input_sets, status):
         self._found_comparison, self._drift = None, 0.0
@@ -219,17 +228,19 @@ class Choice:
             if not held.keep_optimized and not chance:
                 c.status = "slower" if self._gain(c) <= 1.0 else "not faster beyond noise"
             elif picked is None:
-                result = self._verify(input_model, c, bindings, input_sets, status)
-                if not result.ok:
+                if c.verified is not None and not c.verified.ok:  # (verified already, for a recall)
                     continue
                 ok, o_t, c_t = self._confirmed(input_model, c, bindings, threshold, status)
-                if ok:
-                    picked, check, c.status = c, result, "written"
-                    confirmed = (o_t, c_t) if chance else None
-                    if chance:
-                        c.confirm = dict(c.confirm or {}, second_chance=True)
-                else:
-                    picked = False  # the fastest verified candidate did not hold: none is written
+                if not ok:
+                    picked = False  # the fastest candidate did not hold: none is written
+                    continue
+                result = self._verify(input_model, c, bindings, input_sets, status)  # (in the timing's sessions)
+                if not result.ok:
+                    continue  # the next candidate is timed again and verified in its turn
+                picked, check, c.status = c, result, "written"
+                confirmed = (o_t, c_t) if chance else None
+                if chance:
+                    c.confirm = dict(c.confirm or {}, second_chance=True)
         picked = picked or None
         best = picked or self.fastest()
         first, second = confirmed or (orig.timing, best.timing)
@@ -309,22 +320,25 @@ class Choice:
             less = self._does_less(input_model, c, before)
             if less is None:
                 continue
-            result = self._verify(input_model, c, bindings, input_sets, status)
-            if not result.ok:
-                continue
             ok, held = self._not_slower(input_model, c, bindings, threshold, status)
             if not ok:
                 return None
+            result = self._verify(input_model, c, bindings, input_sets, status)  # (in the timing's sessions)
+            if not result.ok:
+                continue
             c.status = SIMPLIFIED
             return c, result, held, less
         return None
 
     def _verify(self, input_model: onnx.ModelProto, c: Candidate, bindings, input_sets, status) -> VerifyResult:
         """``c`` verified against the input model, once a choice (``_pick`` verifies the fastest; ``_simplified`` may
-        take the same candidate after its second timing failed); a failure is its status."""
+        take the same candidate after its second timing failed); a failure is its status. In the sessions of its
+        last timing with the input model where they are kept (``_kept``), else in sessions made for it."""
+        kept, self._kept = self._kept, None
         if c.verified is None:
             status(f"verifying the {c.label} graph ...")
-            c.verified = verify(input_model, self._blobs([c.model])[0], bindings=bindings, input_sets=input_sets)
+            ref, opt = kept[1:] if kept is not None and kept[0] is c else (None, self._blobs([c.model])[0])
+            c.verified = verify(input_model, opt, bindings=bindings, input_sets=input_sets, reference=ref)
             if not c.verified.ok:
                 c.status = f"not verified: {c.verified.message}"
         return c.verified
@@ -375,9 +389,13 @@ class Choice:
         """The input model and ``c`` timed again, by themselves, in fresh sessions at ``shapes``
         (``time_models``; ``runs``: its min_runs, budget_s, race), and judged (``judge``): what ``_confirmed`` and
         ``_not_slower`` decide on."""
+        self._kept = None  # (the sessions of an earlier timing: released before this one makes its own)
+        kept = [] if self.backend.name == "cpu" and self.backend.ort_providers else None
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=seed,
-                                  **runs)
+                                  keep=kept, **runs)
+        if kept:
+            self._kept = (c, *kept)
         return judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
 
     @staticmethod

@@ -101,7 +101,7 @@ class ProfileChecks:
         than within one (ConvNeXt V2-T alone on a quiet machine, 33 bursts of 5 runs in a minute: 175-233 ms,
         the runs of one burst 1-8 % apart), so a single burst called rows stale that a second burst would
         have matched, and each cost a second search (40-150 s of a warm run)."""
-        graphs = []
+        graphs, self._kept = [], None  # (sessions kept for a verification: not alive beside these measurements)
         for r in rows:
             c = next((x for x in [self.original, *self.usable()] if x is not None and x.profile_key == r["key"]
                       and x.model is not None), None)
