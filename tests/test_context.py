@@ -383,13 +383,13 @@ def test_a_restated_profile_keeps_its_kernels_and_prices_at_the_new_latency(tmp_
 
 
 def test_a_profile_this_run_took_that_a_second_measurement_contradicts_is_restated(tmp_path, monkeypatch):
-    """A profile taken in this run that disagrees with the timing is measured again: restated (its cached
-    latency the new median) exactly when that does not hold it either, else left as it was. The disagreement
-    is the check's verdict, turned for the profiles this run took (real timings otherwise)."""
+    """A profile taken in this run that the check calls stale is measured again: restated (its cached
+    latency the new median) exactly when that does not hold it either, else left as it was. The verdict
+    is the check's, turned for the profiles this run took (real timings otherwise)."""
     real = Search.check
 
     def moved(self):
-        return [{**r, "agrees": False} if r["profile"] != "cache" else r for r in real(self)]
+        return [{**r, "agrees": False, "stale": True} if r["profile"] != "cache" else r for r in real(self)]
 
     monkeypatch.setattr(Search, "check", moved)
     path = tmp_path / "costs.duckdb"
@@ -406,6 +406,29 @@ def test_a_profile_this_run_took_that_a_second_measurement_contradicts_is_restat
         else:
             assert ms == h["cached_ms"] and "restated_from" not in sig["conditions"]
     assert any("restated" in n for n in report["notices"]) == any(h["restated"] for h in fid["restated"])
+
+
+def test_a_profile_this_run_took_off_the_timing_only_as_the_others_are_is_left_as_it_was(tmp_path, monkeypatch):
+    """A profile taken in this run that disagrees with the timing but is not stale (off only as far as the
+    other rows: the machine's speed moved) is neither measured again nor restated: its cached row stays as
+    it was taken, and the rows of one run keep their proportions (restating some of them moved the next
+    search's candidates, so nothing was recalled)."""
+    real = Search.check
+
+    def moved(self):
+        return [{**r, "agrees": False, "stale": False} if r["profile"] != "cache" else r for r in real(self)]
+
+    monkeypatch.setattr(Search, "check", moved)
+    path = tmp_path / "costs.duckdb"
+    report = optimize(conv_bn_relu(), threads=1, cost_cache=path).report
+    fid = report["fidelity"]
+    own = [r for r in fid["checked"] if r["profile"] != "cache"]
+    assert own and not fid["restated"] and not fid["remeasured"]
+    now = CostCache(path).rows([r["key"] for r in own])
+    for r in own:
+        ms, sig = now[r["key"]]
+        assert ms == r["profiled_ms"] and "restated_from" not in sig["conditions"]
+    assert not any("restated" in n for n in report["notices"])
 
 
 def _noisy(orig_ms: float, cand_ms: float, blocks: list[tuple[float, float]]):
