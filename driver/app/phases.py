@@ -573,7 +573,7 @@ def search_candidates(run: Run, prepared: Prepared, imported: Imported, priced: 
 
 @dataclass(frozen=True)
 class Chosen:
-    """The in-context choice: the candidates timed against the input model, verified fastest first."""
+    """The in-context choice: the candidates timed against the input model, confirmed and verified fastest first."""
 
     search: Search
     picked: Candidate | None  # the candidate to write (None: the input model)

@@ -133,7 +133,7 @@ class Choice:
     def choose(self, input_model: onnx.ModelProto, *, bindings, threshold: float, input_sets=(),
                status=lambda text: None) -> tuple[Candidate | None, VerifyResult | None, dict | None]:
         """Steps 4 and 5: time the input model and the usable candidates interleaved, check the profiles
-        (re-taking stale ones: see :data:`RETAKES`), verify fastest first. Returns the candidate to write
+        (re-taking stale ones: see :data:`RETAKES`), confirm and verify fastest first. Returns the candidate to write
         (None: the input model), its verification, and the guard's report (the input model against the
         written or, if none, the fastest candidate; None without candidates)."""
         self._serialized, self._kept = {}, None
@@ -211,8 +211,9 @@ class Choice:
         return picked, check, report
 
     def _pick(self, input_model, cands: list[Candidate], bindings, threshold: float, input_sets, status):
-        """Step 5 on the timed candidates: verify fastest first, write the first that verifies and is faster
-        beyond the noise, here and again in its second timing (``_confirmed``). Returns the candidate (None: the
+        """Step 5 on the timed candidates, fastest first: one faster beyond the noise here is timed again with the
+        input model alone (``_confirmed``) and, faster there too, verified in that timing's sessions; the first that
+        verifies is written. Returns the candidate (None: the
         input model), its verification and the guard (the input model against it, or the fastest).
 
         The fastest candidate is also given its second timing when it is faster beyond the threshold by the
