@@ -23,6 +23,7 @@ from relsat.driver.search import comparisons
 from relsat.driver.search.candidate import CLOSE_MISS, NOT_HELD, SIMPLIFIED, Candidate
 from relsat.extract.context import graph_key
 from relsat.extract.profile import timing_kind
+from relsat.relations import runtime
 
 REOPENED_MOST = 2  # later runs that time again a candidate whose second timing was a close miss (``Recall._chance_in``)
 
@@ -34,7 +35,8 @@ class Recall:
         """The key of the comparison of the input model with ``cands``: each candidate named by its profile's
         cache key, or for one that was not profiled (next-best graphs) the key its profile would have."""
         if self._input_sha256 is None or self._input_sha256[0] is not input_model:  # hashed once a choice
-            self._input_sha256 = (input_model, comparisons.input_sha256(self._blobs([input_model])[0], input_model))
+            self._input_sha256 = (input_model, comparisons.input_sha256(runtime.serialized_already(input_model),
+                                                                        input_model))
         return comparisons.comparison_key(self._input_sha256[1], [self._name(c) for c in cands],
                                           timing_kind(self.backend), self.threads, threshold, bindings[0],
                                           simplify=self.simplify)
