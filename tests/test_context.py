@@ -382,18 +382,24 @@ def test_a_restated_profile_keeps_its_kernels_and_prices_at_the_new_latency(tmp_
         assert con.execute("SELECT op_type FROM costs WHERE key = ?", [first.key]).fetchall() == [(GRAPH_OP,)]
 
 
+def _own_rows_turned(tmp_path, monkeypatch, *, stale: bool):
+    """``relsat optimize`` of a small model on a fresh cost cache, the check's verdict on the profiles this run took
+    turned to disagreeing and ``stale`` (real timings otherwise): the cache's path and the report."""
+    real = Search.check
+
+    def moved(self):
+        return [{**r, "agrees": False, "stale": stale} if r["profile"] != "cache" else r for r in real(self)]
+
+    monkeypatch.setattr(Search, "check", moved)
+    path = tmp_path / "costs.duckdb"
+    return path, optimize(conv_bn_relu(), threads=1, cost_cache=path).report
+
+
 def test_a_profile_this_run_took_that_a_second_measurement_contradicts_is_restated(tmp_path, monkeypatch):
     """A profile taken in this run that the check calls stale is measured again: restated (its cached
     latency the new median) exactly when that does not hold it either, else left as it was. The verdict
     is the check's, turned for the profiles this run took (real timings otherwise)."""
-    real = Search.check
-
-    def moved(self):
-        return [{**r, "agrees": False, "stale": True} if r["profile"] != "cache" else r for r in real(self)]
-
-    monkeypatch.setattr(Search, "check", moved)
-    path = tmp_path / "costs.duckdb"
-    report = optimize(conv_bn_relu(), threads=1, cost_cache=path).report
+    path, report = _own_rows_turned(tmp_path, monkeypatch, stale=True)
     fid = report["fidelity"]
     assert fid["restated"] and {h["label"] for h in fid["restated"]} >= {"original"}
     now = CostCache(path).rows([h["key"] for h in fid["restated"]])
@@ -413,14 +419,7 @@ def test_a_profile_this_run_took_off_the_timing_only_as_the_others_are_is_left_a
     other rows: the machine's speed moved) is neither measured again nor restated: its cached row stays as
     it was taken, and the rows of one run keep their proportions (restating some of them moved the next
     search's candidates, so nothing was recalled)."""
-    real = Search.check
-
-    def moved(self):
-        return [{**r, "agrees": False, "stale": False} if r["profile"] != "cache" else r for r in real(self)]
-
-    monkeypatch.setattr(Search, "check", moved)
-    path = tmp_path / "costs.duckdb"
-    report = optimize(conv_bn_relu(), threads=1, cost_cache=path).report
+    path, report = _own_rows_turned(tmp_path, monkeypatch, stale=False)
     fid = report["fidelity"]
     own = [r for r in fid["checked"] if r["profile"] != "cache"]
     assert own and not fid["restated"] and not fid["remeasured"]

@@ -207,7 +207,7 @@ class Choice:
             named = [c for c in self.candidates if c.model is not None or c.status.startswith("cannot load")]
             comparisons.remember(self.cache, self._comparison_key(input_model, named, bindings, threshold),
                                  timing_kind(self.backend), self.threads, orig.timing,
-                                 [(c.label, c.timing, c.status) for c in named], report)
+                                 [(c.label, c.timing, c.status, self._name(c)) for c in named], report)
         return picked, check, report
 
     def _pick(self, input_model, cands: list[Candidate], bindings, threshold: float, input_sets, status):

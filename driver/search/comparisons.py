@@ -86,13 +86,17 @@ def recall(cache, key: str) -> dict | None:
 def remember(cache, key: str, kind: str, threads: int, original: Latency, candidates: list, guard: dict | None,
              reopened: int = 0) -> None:
     """Store the comparison under ``key``: the input model's timing, each candidate's (``(label, timing,
-    status)``, in the order of the key's graphs' candidates), the guard's report, the conditions now, and how
-    many recalls have timed a close miss among them again (``reopened``: ``Search._chance_in``)."""
+    status, graph)``, in the order of the key's graphs' candidates; ``graph``, the key that names its graph in
+    ``key``, may be left out), the guard's report, the conditions now, and how many recalls have timed a close
+    miss among them again (``reopened``: ``Search._chance_in``). A recall pairs the rows with its candidates by
+    their graphs (``Recall._paired``): ``key`` names the graphs order aside, and a later search can find the same
+    graphs under other labels."""
     if cache is None:
         return
     record = {"op_type": COMPARISON_OP, "original": asdict(original),
-              "candidates": [{"label": label, "timing": asdict(t) if t is not None else None,
-                              "status": status} for label, t, status in candidates],
+              "candidates": [{"label": label, "timing": asdict(t) if t is not None else None, "status": status,
+                              **({"graph": graph[0]} if graph else {})}
+                             for label, t, status, *graph in candidates],
               "guard": guard, "conditions": conditions(threads), "reopened": int(reopened)}
     cache.store([CostRow(key, kind, threads, COMPARISON_OP, json.loads(json.dumps(record, default=float)),
                          original.cpu_ms, original.runs, ort.__version__)])

@@ -79,8 +79,10 @@ class Recall:
             return None
         key = self._comparison_key(input_model, cands, bindings, threshold)
         record = comparisons.recall(self.cache, key)
-        if record is None or [r["label"] for r in record["candidates"]] != [c.label for c in cands]:
+        rows = self._paired(record, cands) if record is not None else None
+        if rows is None:
             return None
+        record["candidates"] = rows  # (each candidate's row at its place)
         when = record["conditions"].get("measured_at")
         orig = self.original
         written = next((c for c, r in zip(cands, record["candidates"]) if r["status"] == "written"), None)
@@ -173,8 +175,8 @@ class Recall:
         if chance:  # the row says what its second timing gave: a later run recalls it as written, or not again
             comparisons.remember(
                 self.cache, key, timing_kind(self.backend), self.threads, record["original"],
-                [(r["label"], r["timing"], (written.status if not held or fell_back else "written") if c is written
-                 else r["status"])
+                [(c.label, r["timing"], (written.status if not held or fell_back else "written") if c is written
+                 else r["status"], self._name(c))
                  for c, r in zip(cands, record["candidates"])],
                 {**guard.as_dict(), **({"simplified": less} if fell_back else {})},  # (as ``_choose`` stores it)
                 reopened=record.get("reopened", 0) + reopen)
@@ -182,6 +184,24 @@ class Recall:
         if not held:
             return None, None, report
         return written, check, report
+
+    def _paired(self, record: dict, cands: list[Candidate]) -> list[dict] | None:
+        """The stored comparison's candidate rows, one per candidate of ``cands`` in their order, paired by the graph
+        each names (``graph``: its key in the comparison's key, ``_name``); None where they are not the same graphs.
+        The comparison's key names the graphs order aside, and a search whose prices moved can find the same graphs
+        in other rounds: paired by their labels in order (as before rows named their graphs, and still for such a
+        row), a recall gave one graph the timing and the verdict of another (a test's recalled run, once: its round
+        1 carried the stored round 2's timing)."""
+        rows = record["candidates"]
+        if len(rows) != len(cands):
+            return None
+        if not all(r.get("graph") for r in rows):  # stored before the rows named their graphs: by the labels
+            return rows if [r["label"] for r in rows] == [c.label for c in cands] else None
+        by = {r["graph"]: r for r in rows}
+        names = [self._name(c) for c in cands]
+        if len(by) != len(rows) or set(by) != set(names):
+            return None
+        return [by[n] for n in names]
 
     def _chance_in(self, record: dict, cands: list[Candidate], threshold: float) -> Candidate | None:
         """The candidate of a recalled comparison that kept the input model which ``_pick`` now gives a second
