@@ -430,6 +430,32 @@ def test_a_profile_this_run_took_off_the_timing_only_as_the_others_are_is_left_a
     assert not any("restated" in n for n in report["notices"])
 
 
+def test_a_fastest_candidate_that_does_not_verify_gives_way_to_the_next_whatever_its_second_timing(monkeypatch):
+    """The fastest candidate computes something else (the input itself: no work at all) and its second timing, made
+    before its verification, does not hold (turned here): it fails verification and the next candidate, which
+    computes what the input model does with half its work, is timed again and written. A wrong graph never keeps
+    a right one out (verified first, as before the verification moved into the second timing's sessions)."""
+    original = _matmul_model(2)
+    wrong_model = _matmul_model(1)
+    wrong_model.graph.node[0].CopyFrom(helper.make_node("Identity", ["x"], ["y"]))
+    wrong = Candidate("wrong", {}, 0.1, model=wrong_model)
+    right = Candidate("right", {}, 1.0, model=_matmul_model(1))
+    real = Search._confirmed
+
+    def confirmed(self, input_model, c, *args, **kwargs):
+        if c is wrong:  # (its second timing did not hold)
+            c.status = "not faster when timed again (turned by the test)"
+            return False, self.original.timing, c.timing
+        return real(self, input_model, c, *args, **kwargs)
+
+    monkeypatch.setattr(Search, "_confirmed", confirmed)
+    s = _search(original, [wrong, right])
+    picked, check, guard = s.choose(original, bindings=[None], threshold=0.03)
+    assert wrong.measured_ms < right.measured_ms  # (the wrong one was the fastest, so it was tried first)
+    assert wrong.status.startswith("not verified") and not wrong.verified.ok
+    assert picked is right and check.ok and right.status == "written"
+
+
 def _noisy(orig_ms: float, cand_ms: float, blocks: list[tuple[float, float]]):
     """A first timing of the input model and a candidate: medians ``orig_ms``, ``cand_ms``; block medians as given
     (what a machine whose speed moved within the timing gives)."""

@@ -83,7 +83,8 @@ class VerifyResult:
     rtol: float = RTOL  # the tolerance as used
     atol: float = ATOL
     noise_floor: bool = True  # the floor includes ONNX Runtime's own optimization difference (False: the
-    # original ran under ONNX's reference evaluator, one run only)
+    # original ran under ONNX's reference evaluator, one run only, or its session without optimizations could not
+    # be made)
     bindings: int = 0  # bindings of the dynamic dims whose random draws were compared
     random_draws: list = field(default_factory=list)  # (seed, scale) of the random draws made at each binding
     input_sets: int = 0  # the user's input sets compared
@@ -381,7 +382,7 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
 
     def result(ok, abs_err, rel_err, checks, msg, n) -> VerifyResult:
         return VerifyResult(
-            ok, abs_err, rel_err, checks, msg, n, rtol=rtol, atol=atol, noise_floor=not evaluator,
+            ok, abs_err, rel_err, checks, msg, n, rtol=rtol, atol=atol, noise_floor=not evaluator and plain != [None],
             bindings=len(drawn), random_draws=[(int(s), float(c)) for s, c in draws], input_sets=sets,
             inputs=describe_inputs(drawn, roles_at, draws), worst=_worst(*worst) if worst is not None else None)
 

@@ -16,9 +16,9 @@ verifies written where it is faster beyond the noise, else one that does less wh
    and beyond the spread of the timing (every block median below every one of the input model's:
    :func:`relsat.driver.boundary.latency.judge`) is timed again with the input model alone (:meth:`Choice._confirmed`:
    the fastest of several candidates beats the threshold by noise now and then; a second timing that is faster in
-   every block but not by the threshold in all is taken once more, judged alone by the same rule) and, faster there
-   too, verified, in that timing's sessions (``_verify``: none made for it); the first that verifies is written,
-   else the input model is. A candidate that fails verification gives way to the next.
+   every block but not by the threshold in all is taken once more, judged alone by the same rule) and verified, in
+   that timing's sessions (``_verify``: none made for it); the first that verifies is written where it is faster
+   there too, else the input model is. A candidate that fails verification gives way to the next.
 6. **Simplified** (:meth:`Choice._simplified`, ``Options.simplify``): where none is written so, the fastest
    candidate not slower beyond the threshold in the first timing that ONNX Runtime runs with fewer kernels and no
    more work of any kind than the input model (:func:`relsat.driver.boundary.ort_graph.does_less`, on the graphs
@@ -28,8 +28,9 @@ verifies written where it is faster beyond the noise, else one that does less wh
 
 A graph is verified after its second timing, in the sessions of that timing's last block (``_kept``: both models
 loaded at level ALL, at these threads), so its verification makes no session of its own where the backend is ONNX
-Runtime on the CPU (GPT-2: three sessions of 1.5 s each, of a warm run's 34 s); on another backend the timing's
-sessions are not the CPU sessions verification runs in, and it makes its own.
+Runtime on the CPU and the timing runs on at least half the cores (GPT-2: three sessions of 1.5 s each, of a warm run's
+34 s); on another backend the timing's sessions are not the CPU sessions verification runs in, and on fewer threads
+its runs would cost more than the sessions: it makes its own (``_verifies_in_timing_sessions``).
 
 What of ``Search`` this uses: its candidates (``candidates``, ``usable()``, ``original``), ``cache``, ``feeds``,
 ``backend``, ``threads``, ``simplify``, ``_run_args`` and ``_retake()`` (steps 1 to 3 again), the check
@@ -38,6 +39,7 @@ What of ``Search`` this uses: its candidates (``candidates``, ``usable()``, ``or
 
 from __future__ import annotations
 
+import os
 import time
 
 import onnx
@@ -212,8 +214,8 @@ class Choice:
 
     def _pick(self, input_model, cands: list[Candidate], bindings, threshold: float, input_sets, status):
         """Step 5 on the timed candidates, fastest first: one faster beyond the noise here is timed again with the
-        input model alone (``_confirmed``) and, faster there too, verified in that timing's sessions; the first that
-        verifies is written. Returns the candidate (None: the
+        input model alone (``_confirmed``) and verified in that timing's sessions; the first that verifies is written
+        where it is faster there too (one that does not verify gives way to the next). Returns the candidate (None: the
         input model), its verification and the guard (the input model against it, or the fastest).
 
         The fastest candidate is also given its second timing when it is faster beyond the threshold by the
@@ -232,12 +234,14 @@ class Choice:
                 if c.verified is not None and not c.verified.ok:  # (verified already, for a recall)
                     continue
                 ok, o_t, c_t = self._confirmed(input_model, c, bindings, threshold, status)
-                if not ok:
-                    picked = False  # the fastest candidate did not hold: none is written
-                    continue
-                result = self._verify(input_model, c, bindings, input_sets, status)  # (in the timing's sessions)
+                # verified whether it held or not (in the timing's sessions): a candidate that does not compute what
+                # the input model does gives way to the next, whatever its second timing gave
+                result = self._verify(input_model, c, bindings, input_sets, status)
                 if not result.ok:
                     continue  # the next candidate is timed again and verified in its turn
+                if not ok:
+                    picked = False  # the fastest verified candidate did not hold: none is written
+                    continue
                 picked, check, c.status = c, result, "written"
                 confirmed = (o_t, c_t) if chance else None
                 if chance:
@@ -322,11 +326,11 @@ class Choice:
             if less is None:
                 continue
             ok, held = self._not_slower(input_model, c, bindings, threshold, status)
+            result = self._verify(input_model, c, bindings, input_sets, status)  # (in the timing's sessions; as in
+            if not result.ok:  # ``_pick``, one that does not verify gives way to the next whatever its timing gave)
+                continue
             if not ok:
                 return None
-            result = self._verify(input_model, c, bindings, input_sets, status)  # (in the timing's sessions)
-            if not result.ok:
-                continue
             c.status = SIMPLIFIED
             return c, result, held, less
         return None
@@ -391,13 +395,21 @@ class Choice:
         (``time_models``; ``runs``: its min_runs, budget_s, race), and judged (``judge``): what ``_confirmed`` and
         ``_not_slower`` decide on."""
         self._kept = None  # (the sessions of an earlier timing: released before this one makes its own)
-        kept = [] if self.backend.name == "cpu" and self.backend.ort_providers else None
+        kept = [] if self._verifies_in_timing_sessions() else None
         orig, again = time_models(self._blobs([input_model, c.model]), threads=self.threads, backend=self.backend,
                                   input_shapes=shapes, roles=feeds.input_roles(input_model, shapes), seed=seed,
                                   keep=kept, **runs)
         if kept:
             self._kept = (c, *kept)
         return judge(orig, again, threads=self.threads, backend=self.backend, threshold=threshold)
+
+    def _verifies_in_timing_sessions(self) -> bool:
+        """Whether a graph is verified in the sessions of its last timing (``_kept``): where they are ONNX Runtime's on
+        the CPU, as verification's own are, and run on at least half the cores (verification's own sessions use all of
+        them: at one thread on a machine of many cores, its runs of a big model would cost more than the two sessions
+        they save)."""
+        return (self.backend.name == "cpu" and bool(self.backend.ort_providers)
+                and 2 * self.threads >= (os.cpu_count() or 1))
 
     @staticmethod
     def _key(c: Candidate) -> tuple:
