@@ -214,8 +214,9 @@ def test_a_recall_pairs_the_stored_rows_with_the_candidates_by_their_graphs_not_
     stored = search(a, b)
     key = stored._comparison_key(stored.original.model, stored.candidates, [None], 0.03)
     named = {c.label: stored._name(c) for c in stored.candidates}
-    comparisons.remember(cache, key, "cpu", 1, orig, [("round 1", fast, "not faster beyond noise", named["round 1"]),
-                                                      ("round 2", slow, "slower", named["round 2"])], {"kept": "original"})
+    comparisons.remember(cache, key, "cpu", 1, orig,
+                         [("round 1", fast, "not faster beyond noise", named["round 1"]),
+                          ("round 2", slow, "slower", named["round 2"])], {"kept": "original"})
     swapped = search(b, a)
     assert swapped._comparison_key(swapped.original.model, swapped.candidates, [None], 0.03) == key  # (order aside)
     paired = swapped._paired(comparisons.recall(cache, key), swapped.candidates)

@@ -151,9 +151,8 @@ def time_models(models, *, threads: int = 1, backend: Backend = CPU, input_shape
     feeds = None
     blocks: list[list[tuple[int, int]]] = [[] for _ in models]  # each block's runs: (first, end) in times
     active = list(range(len(models)))
-    last = None  # the block's sessions handed out (``keep``): released before the next block makes its own
     for block in range(2):
-        starts, last = [len(t) for t in times], None
+        starts, last = [len(t) for t in times], None  # (``keep``'s sessions: the last block's, released first)
         try:
             made = {k: session(models[k], threads=threads, backend=backend) for k in active[::1 - 2 * block]}
         except RelsatError:

@@ -339,8 +339,8 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
            input_shapes: dict[str, list[int]] | None = None, draws=INPUT_DRAWS, bindings=None,
            input_sets=(), reference=None) -> VerifyResult:
     """Run ``original`` and ``optimized`` (models or paths; ``optimized`` may also be an ONNX Runtime
-    session already made for it, and ``reference`` one made for ``original`` at level ALL) under ONNX Runtime on the same random inputs (every ``(seed, scale)``
-    of ``draws`` at every binding of ``bindings``, a list of input shapes dicts, default
+    session already made for it, and ``reference`` one made for ``original`` at level ALL) under ONNX Runtime
+    on the same random inputs (every ``(seed, scale)`` of ``draws`` at every binding of ``bindings``, a list of input shapes dicts, default
     ``[input_shapes]``) and on the user's ``input_sets`` (feeds dicts), and compare every output of
     the original, element by element (module docstring).  The result records what was compared: the
     tolerance, the draws, bindings and input sets, the inputs' distributions and the worst element."""
@@ -423,9 +423,9 @@ def verify(original, optimized, *, rtol: float = RTOL, atol: float = ATOL,
             return result(False, float("inf"), float("inf"), checks,
                           f"ONNX Runtime cannot run the optimized model: {error_line(e)}", d)
         compared = [compare_output(r, got[n], rtol=rtol, atol=atol) for n, r in zip(names, ref)]
-        if not evaluator and not all(c.ok for c in compared) and plain_sess() is not None:  # the noise floor,
-            # where it can matter
-            unoptimized = original_run(plain_sess())
+        if not evaluator and not all(c.ok for c in compared) and (unopt := plain_sess()) is not None:  # the
+            # noise floor, where it can matter
+            unoptimized = original_run(unopt)
             compared = [compare_output(r, got[n], rtol=rtol, atol=atol, noise=p)
                         for n, r, p in zip(names, ref, unoptimized)]
         for n, c in zip(names, compared):
